@@ -1,0 +1,35 @@
+# Two entry points (see README): `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV   ?= .venv
+# The CPU wheel; pick another build with e.g. `make test TORCH="torch==2.11.0"`.
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.gpufeed-installed
+
+.PHONY: demo test bench sysdeps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+# libturbojpeg is a system library; without it gpufeed decodes with OpenCV (and says so once).
+sysdeps:
+	@if ldconfig -p 2>/dev/null | grep -q libturbojpeg; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && apt-get install -y -qq libturbojpeg0 >/dev/null) \
+	    || echo "note: could not install libturbojpeg0; gpufeed will use OpenCV"; \
+	else echo "note: libturbojpeg not found (Debian: apt-get install libturbojpeg0); gpufeed will use OpenCV"; fi
+
+demo: sysdeps $(STAMP)
+	$(BIN)/python -m gpufeed demo
+
+test: sysdeps $(STAMP)
+	$(BIN)/python -m pytest tests
+
+bench: sysdeps $(STAMP)
+	$(BIN)/python -m pytest benchmarks --benchmark-only
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .benchmarks

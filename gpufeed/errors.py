@@ -1,0 +1,60 @@
+"""gpufeed's exceptions and warnings.
+
+::
+
+    GpufeedError (RuntimeError)
+    ├── WorkerError            a worker process died or could not be replaced
+    ├── LoaderTimeoutError     no batch within ``timeout`` seconds (also a RuntimeError, as in torch)
+    ├── DecodeError (+ValueError)  an image could not be decoded: names the file and sample index
+    └── BackendUnavailableError    a requested decoder or device is not installed
+
+    GpufeedWarning (UserWarning)
+    └── BackendFallbackWarning  libturbojpeg missing, OpenCV used instead (said once)
+
+Errors raised *inside* user code (dataset, collate_fn, worker_init_fn) keep their original type;
+gpufeed only adds a note naming the worker, pid and sample indices.
+"""
+
+from __future__ import annotations
+
+
+class GpufeedError(RuntimeError):
+    """Base class of gpufeed's own errors."""
+
+
+class WorkerError(GpufeedError):
+    """A worker process died (signal or exit code) and was not, or could not be, replaced."""
+
+
+class LoaderTimeoutError(GpufeedError):
+    """No batch arrived within the loader's ``timeout`` (seconds)."""
+
+
+class DecodeError(GpufeedError, ValueError):
+    """An encoded image could not be decoded; the message names the file and sample index."""
+
+
+class BackendUnavailableError(GpufeedError):
+    """A requested backend (decoder, device) is not available on this machine."""
+
+
+class GpufeedWarning(UserWarning):
+    """Base class of gpufeed's warnings."""
+
+
+class BackendFallbackWarning(GpufeedWarning):
+    """A faster backend is missing and a slower one is used instead."""
+
+
+def add_note(exc: BaseException, note: str) -> BaseException:
+    """Attach ``note`` to ``exc`` (``add_note`` on 3.11+, ``__notes__`` on 3.10) and return it."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: keep the information where tracebacks of 3.11+ would show it
+        notes = list(getattr(exc, "__notes__", []))
+        notes.append(note)
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return exc
