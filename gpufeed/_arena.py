@@ -1,0 +1,210 @@
+"""The shared arena: one memfd per loader, cut into fixed-capacity batch slots.
+
+The parent owns the file and decides which slot each task writes into; a worker maps the slot
+it was told to use, writes the batch's tensor payloads there and sends back only offsets. The
+parent hands the user tensors that are *views* of the slot, and puts the slot back on the free
+list when the last of those views dies (``weakref.finalize`` on the lease's memoryview), so a batch
+stays valid for exactly as long as the user holds it.
+
+A slot's capacity is virtual: a memfd allocates pages on first write, so an unused tail costs
+nothing, and pages written once are reused by later batches (no page zeroing per batch, unlike a
+fresh shared-memory segment per batch). The memfd has no name in any filesystem, so a killed
+process leaks nothing, and it is not bounded by the size of ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import sys
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from multiprocessing import reduction
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PAGE_BYTES = mmap.PAGESIZE
+ALIGN_BYTES = 64
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _create_fd(name: str) -> int:
+    """An anonymous shared file: memfd on Linux, an unlinked temporary file elsewhere."""
+    if hasattr(os, "memfd_create") and sys.platform.startswith("linux"):
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    fd, path = tempfile.mkstemp(prefix=name + "-")
+    os.unlink(path)
+    return fd
+
+
+class Arena:
+    """Parent side of the arena: owns the file descriptor, the slot mappings and the free list.
+
+    Thread-safe: slots are released from ``weakref.finalize`` callbacks, which run in whatever
+    thread drops the user's last reference.
+    """
+
+    def __init__(self, slot_bytes: int, name: str = "gpufeed-arena") -> None:
+        self.slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
+        self._fd = _create_fd(name)
+        self._owner_pid = os.getpid()
+        self._maps: list[mmap.mmap] = []
+        self._free: list[int] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
+    def num_slots(self) -> int:
+        """Slots created so far (in use or free)."""
+        return len(self._maps)
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def handle(self) -> ArenaHandle:
+        """What a worker needs to map slots (picklable for spawn/forkserver)."""
+        return ArenaHandle(self._fd, self.slot_bytes)
+
+    def acquire(self) -> int:
+        """A free slot id; grows the file by one slot when none is free."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("gpufeed arena is closed; create a new iterator from a live loader")
+            if self._free:
+                return self._free.pop()
+            slot = len(self._maps)
+            os.ftruncate(self._fd, (slot + 1) * self.slot_bytes)
+            self._maps.append(
+                mmap.mmap(self._fd, self.slot_bytes, mmap.MAP_SHARED, offset=slot * self.slot_bytes)
+            )
+            return slot
+
+    def release(self, slot: int) -> None:
+        """Return ``slot`` to the free list (nobody may read or write it any more)."""
+        with self._lock:
+            if not self._closed:
+                self._free.append(slot)
+
+    def lease(self, slot: int, nbytes: int) -> memoryview:
+        """A view of the first ``nbytes`` of ``slot``; the slot is released when it dies."""
+        view = memoryview(self._maps[slot])[: max(nbytes, 1)]
+        weakref.finalize(view, self.release, slot)
+        return view
+
+    def close(self) -> None:
+        """Unmap what nobody holds and close the file; idempotent.
+
+        Mappings still exported to user tensors stay alive until those tensors die (their
+        memoryviews keep the mmap objects), so closing never invalidates a batch the user holds.
+        """
+        with self._lock:
+            if self._closed or os.getpid() != self._owner_pid:
+                return
+            self._closed = True
+            maps, self._maps, self._free = self._maps, [], []
+        for m in maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a user still holds a batch in this slot; the GC unmaps it later
+        os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class ArenaHandle:
+    """Worker side reference to the arena: the file descriptor and the slot size in bytes."""
+
+    fd: int
+    slot_bytes: int
+
+    def __reduce__(self):  # spawn/forkserver: hand the descriptor to the child process
+        return (_rebuild_handle, (reduction.DupFd(self.fd), self.slot_bytes))
+
+
+def _rebuild_handle(dup, slot_bytes: int) -> ArenaHandle:
+    return ArenaHandle(dup.detach(), slot_bytes)
+
+
+class SlotWriter:
+    """Worker side: maps slots on first use and bump-allocates tensor payloads inside one.
+
+    ``begin(slot)`` starts a task, ``alloc``/``tensor`` hand out 64-byte aligned regions,
+    ``end()`` finishes it. Allocation fails (returns None) when a batch outgrows the slot; the
+    caller then falls back to pickling that payload.
+    """
+
+    def __init__(self, handle: ArenaHandle) -> None:
+        self._handle = handle
+        self._slots: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
+        self._bytes: torch.Tensor | None = None
+        self._base = 0
+        self.pos = 0
+
+    @property
+    def active(self) -> bool:
+        return self._bytes is not None
+
+    def begin(self, slot: int) -> None:
+        mapped = self._slots.get(slot)
+        if mapped is None:
+            size = self._handle.slot_bytes
+            m = mmap.mmap(self._handle.fd, size, mmap.MAP_SHARED, offset=slot * size)
+            mapped = (m, torch.frombuffer(m, dtype=torch.uint8))
+            self._slots[slot] = mapped
+        self._bytes = mapped[1]
+        self._base = self._bytes.data_ptr()
+        self.pos = 0
+
+    def end(self) -> None:
+        self._bytes = None
+
+    def contains(self, ptr: int, nbytes: int) -> bool:
+        """Whether ``[ptr, ptr + nbytes)`` lies in the current slot."""
+        return self._bytes is not None and self._base <= ptr and ptr + nbytes <= self._base + len(
+            self._bytes
+        )
+
+    def offset_of(self, ptr: int) -> int:
+        return ptr - self._base
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of a fresh region of ``nbytes`` in the current slot, or None if it is full."""
+        if self._bytes is None:
+            return None
+        start = _round_up(self.pos, ALIGN_BYTES)
+        if start + nbytes > len(self._bytes):
+            return None
+        self.pos = start + nbytes
+        return start
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        """uint8 tensor over ``[offset, offset + nbytes)`` of the current slot."""
+        assert self._bytes is not None  # internal invariant: only called between begin and end
+        return self._bytes[offset : offset + nbytes]
+
+    def tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """A contiguous tensor of ``shape``/``dtype`` inside the slot, or None if it is full."""
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        if nbytes == 0:
+            return None
+        off = self.alloc(nbytes)
+        if off is None:
+            return None
+        return self.region(off, nbytes).view(dtype).view(shape)

@@ -1,0 +1,198 @@
+"""Worker processes: start, watch, replace, tear down.
+
+Each worker has two one-way pipes of its own (tasks in, results out), so a worker killed in the
+middle of a write corrupts nothing shared: the parent sees EOF on that worker's pipe and its
+sentinel, and nobody else is blocked on a lock the dead process held. The parent waits on all
+result pipes *and* all process sentinels at once, so a death is noticed as soon as it happens.
+
+Teardown order (``shutdown``): send the exit message, join within ``shutdown_timeout_s``,
+SIGTERM, join 1 s, SIGKILL, join; then close the parent's pipe ends. The caller releases the
+arena slots of unfinished tasks only after this returns (no writer is left).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import multiprocessing
+import multiprocessing.connection as mpc
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpufeed._worker import WorkerSpec, worker_main
+
+log = logging.getLogger(__name__)
+
+_PIPE_BYTES = 1 << 20  # larger pipe buffers: a result never blocks a worker on a busy parent
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _grow_pipe(conn: mpc.Connection) -> None:
+    try:
+        fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass  # capped by /proc/sys/fs/pipe-max-size: the default buffer still works
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """'killed by SIGKILL' / 'exited with code 3' / 'still running'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+@dataclass
+class _Worker:
+    process: Any
+    tasks: mpc.Connection  # parent writes
+    results: mpc.Connection  # parent reads
+
+
+class WorkerPool:
+    """The worker processes of one iterator, indexed by worker id."""
+
+    def __init__(self, ctx: Any, spec: WorkerSpec, num_workers: int, shutdown_timeout_s: float) -> None:
+        self._ctx = ctx
+        self._spec = spec
+        self._fork = ctx.get_start_method() == "fork"
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._owner_pid = os.getpid()
+        self._workers: list[_Worker | None] = [None] * num_workers
+        self.closed = False
+        for worker_id in range(num_workers):
+            self._start(worker_id)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w is not None]
+
+    def pid(self, worker_id: int) -> int:
+        w = self._workers[worker_id]
+        return -1 if w is None else w.process.pid
+
+    def _parent_fds(self) -> tuple[int, ...]:
+        return tuple(
+            fd for w in self._workers if w is not None for fd in (w.tasks.fileno(), w.results.fileno())
+        )
+
+    def _start(self, worker_id: int) -> None:
+        task_r, task_w = self._ctx.Pipe(duplex=False)
+        res_r, res_w = self._ctx.Pipe(duplex=False)
+        for c in (task_w, res_w):
+            _grow_pipe(c)
+        inherited = self._parent_fds() + (task_w.fileno(), res_r.fileno()) if self._fork else ()
+        spec = replace(self._spec, worker_id=worker_id, inherited_fds=inherited)
+        proc = self._ctx.Process(
+            target=worker_main, args=(spec, task_r, res_w), name=f"gpufeed-worker-{worker_id}", daemon=True
+        )
+        try:
+            proc.start()
+        finally:
+            task_r.close()
+            res_w.close()
+        self._workers[worker_id] = _Worker(proc, task_w, res_r)
+
+    def send(self, worker_id: int, msg: Any) -> None:
+        w = self._workers[worker_id]
+        assert w is not None
+        try:
+            w.tasks.send(msg)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # the worker is dead; its sentinel reports it and the task is re-sent
+
+    def wait(self, timeout_s: float) -> tuple[list[tuple[int, Any]], list[int]]:
+        """Block up to ``timeout_s`` for results or deaths.
+
+        Returns (messages as (worker id, message) in arrival order per worker, dead worker ids).
+        A dead worker's complete messages are drained before it is reported dead.
+        """
+        by_obj: dict[Any, tuple[int, str]] = {}
+        for i, w in enumerate(self._workers):
+            if w is not None:
+                by_obj[w.results] = (i, "r")
+                by_obj[w.process.sentinel] = (i, "s")
+        ready = mpc.wait(list(by_obj), timeout_s)
+        messages: list[tuple[int, Any]] = []
+        dead: list[int] = []
+        for obj in ready:
+            worker_id, kind = by_obj[obj]
+            w = self._workers[worker_id]
+            if kind == "r":
+                if not self._drain(worker_id, w.results, messages):
+                    if worker_id not in dead:
+                        dead.append(worker_id)
+            elif worker_id not in dead:
+                self._drain(worker_id, w.results, messages)
+                dead.append(worker_id)
+        for worker_id in dead:  # a closed pipe alone may precede the exit by a moment
+            self._workers[worker_id].process.join(timeout=1.0)
+        return messages, dead
+
+    @staticmethod
+    def _drain(worker_id: int, conn: mpc.Connection, out: list[tuple[int, Any]]) -> bool:
+        """Read every complete message waiting on ``conn``; False once the pipe is closed."""
+        try:
+            while conn.poll(0):
+                out.append((worker_id, conn.recv()))
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def exitcode(self, worker_id: int) -> int | None:
+        w = self._workers[worker_id]
+        return None if w is None else w.process.exitcode
+
+    def replace(self, worker_id: int) -> int:
+        """Start a fresh process for ``worker_id`` (same id, same seed); returns its pid."""
+        old = self._workers[worker_id]
+        if old is not None:
+            self._stop([old])
+        self._workers[worker_id] = None
+        self._start(worker_id)
+        return self.pid(worker_id)
+
+    def shutdown(self) -> None:
+        """Stop every worker (idempotent; a no-op in processes other than the owner)."""
+        if self.closed or os.getpid() != self._owner_pid:
+            return
+        self.closed = True
+        workers = [w for w in self._workers if w is not None]
+        self._workers = [None] * len(self._workers)
+        self._stop(workers)
+
+    def _stop(self, workers: list[_Worker]) -> None:
+        for w in workers:
+            try:
+                w.tasks.send(None)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass
+        deadline = time.monotonic() + self._shutdown_timeout_s
+        for w in workers:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for sig_step in ("terminate", "kill"):
+            alive = [w for w in workers if w.process.is_alive()]
+            if not alive:
+                break
+            log.debug("gpufeed: %s %d worker(s) that did not exit in time", sig_step, len(alive))
+            for w in alive:
+                getattr(w.process, sig_step)()
+            for w in alive:
+                w.process.join(timeout=1.0)
+        for w in workers:
+            for c in (w.tasks, w.results):
+                try:
+                    c.close()
+                except OSError:
+                    pass
+            try:
+                w.process.close()
+            except ValueError:
+                pass  # still running after SIGKILL (uninterruptible sleep): the OS reaps it later

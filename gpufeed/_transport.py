@@ -1,0 +1,133 @@
+"""Batch transport: the batch's structure is pickled, its tensor payloads stay in the arena.
+
+Worker side, ``pack`` pickles any structure (dicts, tuples, namedtuples, user classes) with a
+``persistent_id`` hook: every plain CPU tensor or numeric ndarray inside it is replaced by a small
+reference (offset, dtype, shape, strides) into the current slot. Tensors already written into the
+slot (by the arena-backed collate) cost nothing; others are copied in once per storage, so views
+that shared a storage in the worker share it in the parent too. Parent side, ``unpack`` turns the
+references back into views of the lease.
+
+What cannot live in the arena (sparse, quantized, nested, tensors that require grad, tensor
+subclasses, object arrays, payloads larger than the slot) is pickled inline, as torch would.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpufeed._arena import SlotWriter
+
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to the end of its last one (non-negative strides)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size()
+
+
+def _arena_eligible(t: torch.Tensor) -> bool:
+    return (
+        type(t) is torch.Tensor
+        and t.layout == torch.strided
+        and t.device.type == "cpu"
+        and not t.requires_grad
+        and not t.is_quantized
+        and not t.is_nested
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.numel() > 0
+        and min(t.stride(), default=0) >= 0
+    )
+
+
+class _Packer(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, writer: SlotWriter) -> None:
+        super().__init__(file, protocol=_PROTOCOL)
+        self._writer = writer
+        self._storages: dict[int, tuple[int, int]] = {}  # storage data_ptr -> (offset, nbytes)
+        self.overflow_bytes = 0
+
+    def _copy_storage(self, storage: torch.UntypedStorage) -> tuple[int, int] | None:
+        """Copy a storage into the slot once (views of it keep sharing it); (offset, nbytes)."""
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        placed = self._storages.get(ptr)
+        if placed is None:
+            off = self._writer.alloc(nbytes)
+            if off is None:
+                self.overflow_bytes += nbytes
+                return None
+            self._writer.region(off, nbytes).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            placed = self._storages[ptr] = (off, nbytes)
+        return placed
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if not _arena_eligible(obj):
+                return None
+            span = _span_bytes(obj)
+            if self._writer.contains(obj.data_ptr(), span):  # written in place by the collate
+                off = self._writer.offset_of(obj.data_ptr())
+                return ("t", off, span, obj.dtype, tuple(obj.shape), obj.stride(), 0)
+            placed = self._copy_storage(obj.untyped_storage())
+            if placed is None:
+                return None
+            off, nbytes = placed
+            return ("t", off, nbytes, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+        if type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes > 0:
+            off = self._writer.alloc(obj.nbytes)
+            if off is None:
+                self.overflow_bytes += obj.nbytes
+                return None
+            dst = self._writer.region(off, obj.nbytes).numpy()
+            dst.view(obj.dtype).reshape(obj.shape)[...] = obj
+            return ("n", off, obj.nbytes, obj.dtype, obj.shape)
+        return None
+
+
+def pack(data: Any, writer: SlotWriter) -> tuple[bytes, int, int]:
+    """Pickle ``data`` with payloads in the current slot.
+
+    Returns (skeleton bytes, slot bytes used, bytes that overflowed the slot and went inline).
+    """
+    buf = io.BytesIO()
+    packer = _Packer(buf, writer)
+    packer.dump(data)
+    return buf.getvalue(), writer.pos, packer.overflow_bytes
+
+
+class _Unpacker(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, lease: memoryview) -> None:
+        super().__init__(file)
+        self._lease = lease
+        self._bases: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _base(self, off: int, nbytes: int) -> torch.Tensor:
+        base = self._bases.get((off, nbytes))
+        if base is None:
+            base = torch.frombuffer(self._lease, dtype=torch.uint8, count=nbytes, offset=off)
+            self._bases[(off, nbytes)] = base
+        return base
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind = pid[0]
+        if kind == "t":
+            _, off, nbytes, dtype, shape, stride, storage_offset = pid
+            return self._base(off, nbytes).view(dtype).as_strided(shape, stride, storage_offset)
+        if kind == "n":
+            _, off, nbytes, dtype, shape = pid
+            # Through a tensor, so the array keeps the lease (and the slot) alive.
+            return self._base(off, nbytes).numpy().view(dtype).reshape(shape)
+        raise pickle.UnpicklingError(f"gpufeed: unknown persistent id {kind!r} in a batch")
+
+
+def unpack(skeleton: bytes, lease: memoryview) -> Any:
+    """Rebuild a packed batch; its tensors are views of ``lease``."""
+    return _Unpacker(io.BytesIO(skeleton), lease).load()

@@ -1,0 +1,256 @@
+"""Worker process entry: setup, the task loop, error wrapping.
+
+Messages (pickled over per-worker pipes; payloads never travel here, they stay in the arena):
+
+parent -> worker
+    ("task", epoch, task_idx, slot, index)   fetch ``index`` (a batch of indices, one index, or
+                                             None for iterable datasets), collate, pack into ``slot``
+    ("reset", epoch)                         new epoch (persistent workers): fresh dataset iterator
+    None                                     exit
+worker -> parent
+    ("ok", epoch, task_idx, skeleton, slot_bytes_used, overflow_bytes, fetch_s, collate_s, pack_s)
+    ("err", epoch, task_idx, error)          a ``WorkerException`` from dataset/collate code
+    ("end", epoch, task_idx)                 the worker's IterableDataset is exhausted
+    ("init_err", error)                      worker_init_fn (or fetcher set-up) raised
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.utils.data._utils.collate as torch_collate
+import torch.utils.data._utils.worker as torch_worker
+from torch.utils.data import IterableDataset
+
+from gpufeed._arena import ArenaHandle, SlotWriter
+from gpufeed._transport import pack
+
+PARENT_POLL_S = 0.25
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs; pickled as the process argument under spawn/forkserver."""
+
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    base_seed: int
+    worker_init_fn: Callable[[int], None] | None
+    worker_id: int
+    num_workers: int
+    shared_seed: int | None
+    arena: ArenaHandle
+    parent_pid: int
+    inherited_fds: tuple[int, ...]  # parent-side pipe ends to close after a fork
+
+
+@dataclass
+class WorkerException:
+    """An exception from user code, in a form that survives pickling whatever its type."""
+
+    pickled: bytes | None
+    pickled_type: bytes | None
+    type_name: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, exc: BaseException) -> WorkerException:
+        def dumps(obj: object) -> bytes | None:
+            try:
+                return pickle.dumps(obj)
+            except Exception:  # unpicklable exception: rebuilt from its type and message
+                return None
+
+        return cls(
+            pickled=dumps(exc),
+            pickled_type=dumps(type(exc)),
+            type_name=type(exc).__qualname__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+
+    def rebuild(self) -> BaseException:
+        """The original exception if it unpickles, else its type with the message, else RuntimeError."""
+        for attempt in (self._from_instance, self._from_type):
+            try:
+                exc = attempt()
+            except Exception:
+                continue
+            if isinstance(exc, BaseException):
+                return exc
+        return RuntimeError(f"{self.type_name}: {self.message}")
+
+    def _from_instance(self) -> BaseException | None:
+        return None if self.pickled is None else pickle.loads(self.pickled)
+
+    def _from_type(self) -> BaseException | None:
+        return None if self.pickled_type is None else pickle.loads(self.pickled_type)(self.message)
+
+
+class _MapFetcher:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.dataset, self.auto, self.collate = spec.dataset, spec.auto_collation, spec.collate_fn
+
+    def fetch(self, index: Any) -> Any:
+        if self.auto:
+            getitems = getattr(self.dataset, "__getitems__", None)
+            data = getitems(index) if getitems else [self.dataset[i] for i in index]
+        else:
+            data = self.dataset[index]
+        return data
+
+
+class _IterableFetcher:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.iterator = iter(spec.dataset)
+        self.auto, self.drop_last = spec.auto_collation, spec.drop_last
+        self.ended = False
+
+    def fetch(self, index: Any) -> Any:
+        if self.ended:
+            raise StopIteration
+        if not self.auto:
+            return next(self.iterator)
+        data = []
+        for _ in index:
+            try:
+                data.append(next(self.iterator))
+            except StopIteration:
+                self.ended = True
+                break
+        if not data or (self.drop_last and len(data) < len(index)):
+            raise StopIteration
+        return data
+
+
+_writer: SlotWriter | None = None  # the current process's slot writer (worker processes only)
+_torch_collate_tensor = torch_collate.collate_tensor_fn
+
+
+def _collate_tensor_into_slot(batch, *, collate_fn_map=None):
+    """torch's tensor collate, but the stacked output lives in the current arena slot.
+
+    Installed in worker processes only, so ``default_collate`` (ours or one a user's collate_fn
+    calls) never allocates torch shared memory, which lives in ``/dev/shm``.
+    """
+    elem = batch[0]
+    w = _writer
+    if w is not None and w.active and _stackable(elem):
+        out = w.tensor((len(batch), *elem.shape), elem.dtype)
+        if out is not None:
+            return torch.stack(batch, 0, out=out)
+    return _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)
+
+
+def _stackable(t: torch.Tensor) -> bool:
+    return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu" and not t.is_nested
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # A blocked recv or a long __getitem__ cannot notice a SIGKILLed parent; this thread can.
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _setup(spec: WorkerSpec) -> Any:
+    """Seeds, worker info, dataset pipes: mirrors torch's worker set-up so results match."""
+    seed = spec.base_seed + spec.worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))
+    dataset = spec.dataset
+    from torch.utils.data import IterDataPipe
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    if isinstance(dataset, IterDataPipe) and spec.shared_seed is not None:
+        dataset = apply_random_seed(dataset, torch.Generator().manual_seed(spec.shared_seed))
+        spec.dataset = dataset
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=spec.worker_id, num_workers=spec.num_workers, seed=seed, dataset=dataset
+    )
+    return dataset
+
+
+def worker_main(spec: WorkerSpec, tasks, results) -> None:
+    """Entry point of a gpufeed worker process (module level so spawn can import it)."""
+    global _writer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    for fd in spec.inherited_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    threading.Thread(target=_watch_parent, args=(spec.parent_pid,), name="gpufeed-parent-watch", daemon=True).start()
+    torch.set_num_threads(1)
+    _setup(spec)
+    _writer = SlotWriter(spec.arena)
+    torch_collate.default_collate_fn_map[torch.Tensor] = _collate_tensor_into_slot
+    try:
+        if spec.worker_init_fn is not None:
+            spec.worker_init_fn(spec.worker_id)
+        fetcher = _make_fetcher(spec)
+    except Exception as exc:
+        results.send(("init_err", WorkerException.capture(exc)))
+        return
+    try:
+        _loop(spec, fetcher, tasks, results)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent went away: nothing left to do
+
+
+def _make_fetcher(spec: WorkerSpec) -> _MapFetcher | _IterableFetcher:
+    return _IterableFetcher(spec) if spec.is_iterable else _MapFetcher(spec)
+
+
+def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
+    w = _writer
+    assert w is not None
+    while True:
+        msg = tasks.recv()
+        if msg is None:
+            return
+        if msg[0] == "reset":
+            fetcher = _make_fetcher(spec)
+            continue
+        _, epoch, task_idx, slot, index = msg
+        if isinstance(fetcher, _IterableFetcher) and fetcher.ended:
+            continue  # like torch: after reporting the end, later tasks of the epoch get no reply
+        w.begin(slot)
+        try:
+            t0 = time.perf_counter()
+            data = fetcher.fetch(index)
+            t1 = time.perf_counter()
+            data = spec.collate_fn(data)
+            t2 = time.perf_counter()
+            skeleton, used, overflow = pack(data, w)
+            t3 = time.perf_counter()
+            reply = ("ok", epoch, task_idx, skeleton, used, overflow, t1 - t0, t2 - t1, t3 - t2)
+        except StopIteration as exc:
+            if isinstance(fetcher, _IterableFetcher):
+                fetcher.ended = True
+                reply = ("end", epoch, task_idx)
+            else:
+                reply = ("err", epoch, task_idx, WorkerException.capture(exc))
+        except Exception as exc:
+            reply = ("err", epoch, task_idx, WorkerException.capture(exc))
+        finally:
+            w.end()
+            data = None
+        results.send(reply)
+        del reply
