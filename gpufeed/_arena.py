@@ -36,6 +36,27 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+CHUNK_BASE_SLOTS = 4
+
+
+def chunk_of(slot: int) -> tuple[int, int, int]:
+    """(chunk number, first slot, slot count) of the chunk holding ``slot``.
+
+    Slots are mapped in chunks of 4, 8, 16, ... slots: each mmap object holds a duplicated file
+    descriptor, so one mapping per slot would run into the descriptor limit when a user keeps
+    many batches; chunks keep mappings (and descriptors) logarithmic in the slot count.
+    """
+    chunk = (slot // CHUNK_BASE_SLOTS + 1).bit_length() - 1
+    first = CHUNK_BASE_SLOTS * ((1 << chunk) - 1)
+    return chunk, first, CHUNK_BASE_SLOTS << chunk
+
+
+def map_chunk(fd: int, slot_bytes: int, slot: int) -> tuple[int, mmap.mmap]:
+    """Map the chunk holding ``slot``; returns (chunk number, mapping)."""
+    chunk, first, count = chunk_of(slot)
+    return chunk, mmap.mmap(fd, count * slot_bytes, mmap.MAP_SHARED, offset=first * slot_bytes)
+
+
 def _create_fd(name: str) -> int:
     """An anonymous shared file: memfd on Linux, an unlinked temporary file elsewhere."""
     if hasattr(os, "memfd_create") and sys.platform.startswith("linux"):
@@ -56,7 +77,8 @@ class Arena:
         self.slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
         self._fd = _create_fd(name)
         self._owner_pid = os.getpid()
-        self._maps: list[mmap.mmap] = []
+        self._maps: list[mmap.mmap] = []  # one per chunk
+        self._num_slots = 0
         self._free: list[int] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -68,7 +90,7 @@ class Arena:
     @property
     def num_slots(self) -> int:
         """Slots created so far (in use or free)."""
-        return len(self._maps)
+        return self._num_slots
 
     @property
     def num_free(self) -> int:
@@ -86,11 +108,12 @@ class Arena:
                 raise RuntimeError("gpufeed arena is closed; create a new iterator from a live loader")
             if self._free:
                 return self._free.pop()
-            slot = len(self._maps)
-            os.ftruncate(self._fd, (slot + 1) * self.slot_bytes)
-            self._maps.append(
-                mmap.mmap(self._fd, self.slot_bytes, mmap.MAP_SHARED, offset=slot * self.slot_bytes)
-            )
+            slot = self._num_slots
+            chunk, first, count = chunk_of(slot)
+            if chunk == len(self._maps):
+                os.ftruncate(self._fd, (first + count) * self.slot_bytes)
+                self._maps.append(map_chunk(self._fd, self.slot_bytes, slot)[1])
+            self._num_slots += 1
             return slot
 
     def release(self, slot: int) -> None:
@@ -101,7 +124,9 @@ class Arena:
 
     def lease(self, slot: int, nbytes: int) -> memoryview:
         """A view of the first ``nbytes`` of ``slot``; the slot is released when it dies."""
-        view = memoryview(self._maps[slot])[: max(nbytes, 1)]
+        chunk, first, _ = chunk_of(slot)
+        start = (slot - first) * self.slot_bytes
+        view = memoryview(self._maps[chunk])[start : start + max(nbytes, 1)]
         weakref.finalize(view, self.release, slot)
         return view
 
@@ -149,7 +174,7 @@ class SlotWriter:
 
     def __init__(self, handle: ArenaHandle) -> None:
         self._handle = handle
-        self._slots: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
+        self._chunks: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self._bytes: torch.Tensor | None = None
         self._base = 0
         self.pos = 0
@@ -159,13 +184,14 @@ class SlotWriter:
         return self._bytes is not None
 
     def begin(self, slot: int) -> None:
-        mapped = self._slots.get(slot)
+        chunk, first, _ = chunk_of(slot)
+        mapped = self._chunks.get(chunk)
         if mapped is None:
-            size = self._handle.slot_bytes
-            m = mmap.mmap(self._handle.fd, size, mmap.MAP_SHARED, offset=slot * size)
-            mapped = (m, torch.frombuffer(m, dtype=torch.uint8))
-            self._slots[slot] = mapped
-        self._bytes = mapped[1]
+            _, m = map_chunk(self._handle.fd, self._handle.slot_bytes, slot)
+            mapped = self._chunks[chunk] = (m, torch.frombuffer(m, dtype=torch.uint8))
+        size = self._handle.slot_bytes
+        start = (slot - first) * size
+        self._bytes = mapped[1][start : start + size]
         self._base = self._bytes.data_ptr()
         self.pos = 0
 

@@ -1,0 +1,103 @@
+"""Datasets that misbehave on purpose, shared by the fault tests (module level: picklable)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+
+class Squares(Dataset):
+    """Deterministic samples: (i, i*i as a 3x4 float tensor)."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return i, torch.full((3, 4), float(i * i))
+
+
+class DiesOnce(Squares):
+    """Kills its own worker with ``sig`` the first time it loads each index in ``at``.
+
+    A marker file per index makes the death happen once, so the replacement succeeds.
+    """
+
+    def __init__(self, n: int, at: tuple[int, ...], marker_dir: str, sig: int = signal.SIGKILL) -> None:
+        super().__init__(n)
+        self.at, self.marker_dir, self.sig = set(at), marker_dir, sig
+
+    def __getitem__(self, i: int):
+        if i in self.at:
+            marker = Path(self.marker_dir) / f"died-{i}"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), self.sig)
+                time.sleep(5)  # not reached for SIGKILL/SIGSEGV
+        return super().__getitem__(i)
+
+
+class AlwaysDies(Squares):
+    def __getitem__(self, i: int):
+        if i == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class StreamThatDies(IterableDataset):
+    def __iter__(self):
+        for i in range(100):
+            if i == 7:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield torch.tensor(i)
+
+
+class Slow(Squares):
+    def __init__(self, n: int, delay_s: float) -> None:
+        super().__init__(n)
+        self.delay_s = delay_s
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay_s)
+        return super().__getitem__(i)
+
+
+class BadSampleError(Exception):
+    """An exception whose constructor takes two arguments (does not round-trip through pickle)."""
+
+    def __init__(self, path: str, code: int) -> None:
+        super().__init__(f"cannot read {path} (code {code})")
+        self.path, self.code = path, code
+
+
+class RaisesAt(Squares):
+    def __init__(self, n: int, at: int, exc: str = "key") -> None:
+        super().__init__(n)
+        self.at, self.exc = at, exc
+
+    def __getitem__(self, i: int):
+        if i == self.at:
+            if self.exc == "key":
+                raise KeyError(f"sample {i} missing")
+            raise BadSampleError(f"/data/{i}.jpg", 7)
+        return super().__getitem__(i)
+
+
+class Big(Dataset):
+    """Samples of ``mb`` MiB each, so batches outgrow a small /dev/shm."""
+
+    def __init__(self, n: int, mb: int) -> None:
+        self.n, self.mb = n, mb
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((self.mb, 1024, 1024), i % 251, dtype=torch.uint8)

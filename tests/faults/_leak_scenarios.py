@@ -1,0 +1,125 @@
+"""Run one exit-path scenario, then print what is left (JSON): child pids, gpufeed threads,
+memfd descriptors and /dev/shm entries. Used by test_leaks.py in a fresh interpreter.
+
+    python -m tests.faults._leak_scenarios SCENARIO
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+
+import psutil
+
+import gpufeed._pool
+from gpufeed import FastLoader
+from tests.faults._datasets import RaisesAt, Squares
+
+# Every process of this scenario, so /dev/shm entries made by other programs on the machine
+# (torch names its files torch_<pid>_...) are not blamed on gpufeed.
+_OURS = {os.getpid()}
+_start_worker = gpufeed._pool.WorkerPool._start
+
+
+def _recording_start(self, worker_id: int) -> None:
+    _start_worker(self, worker_id)
+    _OURS.add(self.pid(worker_id))
+
+
+gpufeed._pool.WorkerPool._start = _recording_start
+
+
+def _ours(name: str) -> bool:
+    return "gpufeed" in name or any(f"_{pid}_" in name for pid in _OURS)
+
+
+def _memfds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd:gpufeed" in target:
+            out.append(target)
+    return out
+
+
+def _state() -> dict:
+    me = psutil.Process()
+    return {
+        "children": [c.pid for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE],
+        "threads": [t.name for t in threading.enumerate() if t.name.startswith("gpufeed")],
+        "memfds": _memfds(),
+        "shm": sorted(os.listdir("/dev/shm")),
+    }
+
+
+def _loader(**kw) -> FastLoader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_workers", 2)
+    return FastLoader(Squares(64), **kw)
+
+
+def run(scenario: str) -> dict:
+    shm_before = sorted(os.listdir("/dev/shm"))
+    if scenario == "epoch_end":
+        loader = _loader()
+        list(loader)
+        del loader
+    elif scenario == "break":
+        loader = _loader()
+        for k, batch in enumerate(loader):
+            if k == 2:
+                break
+        del loader, batch  # the user drops the batch it held too
+    elif scenario == "exception_in_loop":
+        loader = _loader()
+        try:
+            for k, batch in enumerate(loader):
+                if k == 2:
+                    raise ValueError("user code failed")
+        except ValueError:
+            pass
+        del loader, batch
+    elif scenario == "exception_in_worker":
+        loader = FastLoader(RaisesAt(64, at=9), batch_size=4, num_workers=2)
+        try:
+            list(loader)
+        except KeyError:
+            pass
+        del loader
+    elif scenario == "del_iterator":
+        loader = _loader(persistent_workers=True)
+        it = iter(loader)
+        next(it)
+        del it, loader
+    elif scenario == "close":
+        loader = _loader(persistent_workers=True)
+        batch = next(iter(loader))
+        loader.close()
+        assert float(batch[1].sum()) >= 0  # a held batch stays readable after close
+        del batch
+    elif scenario == "keyboard_interrupt":
+        loader = _loader()
+        try:
+            for k, batch in enumerate(loader):
+                if k == 2:
+                    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C reaches the main thread
+        except KeyboardInterrupt:
+            pass
+        del loader, batch
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    gc.collect()
+    state = _state()
+    state["shm_new"] = sorted(n for n in set(state.pop("shm")) - set(shm_before) if _ours(n))
+    return state
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1])))
