@@ -98,7 +98,13 @@ class WorkerException:
         return None if self.pickled is None else pickle.loads(self.pickled)
 
     def _from_type(self) -> BaseException | None:
-        return None if self.pickled_type is None else pickle.loads(self.pickled_type)(self.message)
+        """The type, without running its ``__init__`` (which may want other arguments)."""
+        if self.pickled_type is None:
+            return None
+        exc_type = pickle.loads(self.pickled_type)
+        exc = exc_type.__new__(exc_type, self.message)
+        exc.args = (self.message,)
+        return exc
 
 
 class _MapFetcher:

@@ -1,0 +1,87 @@
+"""User-code exceptions keep their type and gain a note; timeouts name what was waited for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpufeed import FastLoader
+from gpufeed.errors import LoaderTimeoutError
+from tests.faults._datasets import BadSampleError, RaisesAt, Slow, Squares
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _notes(exc: BaseException) -> str:
+    return "\n".join(getattr(exc, "__notes__", []))
+
+
+def test_dataset_exception_keeps_type_and_names_worker_pid_indices():
+    loader = FastLoader(RaisesAt(32, at=9), batch_size=4, num_workers=2)
+    with pytest.raises(KeyError, match="sample 9 missing") as info:
+        list(loader)
+    notes = _notes(info.value)
+    assert "worker 0" in notes and "pid" in notes
+    assert "sample indices [8, 9, 10, 11]" in notes
+    assert "RaisesAt" in notes or "__getitem__" in notes  # the worker's traceback
+
+
+def test_exception_that_does_not_unpickle_is_rebuilt_with_its_type():
+    loader = FastLoader(RaisesAt(32, at=2, exc="custom"), batch_size=4, num_workers=1)
+    with pytest.raises(BadSampleError, match="cannot read /data/2.jpg"):
+        list(loader)
+
+
+def test_iteration_continues_after_a_worker_exception_like_torch():
+    loader = FastLoader(RaisesAt(16, at=5), batch_size=4, num_workers=2)
+    it = iter(loader)
+    assert next(it)[0].tolist() == [0, 1, 2, 3]
+    with pytest.raises(KeyError):
+        next(it)
+    assert [b[0].tolist() for b in it] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def _bad_collate(batch):
+    raise TypeError("collate cannot handle this")
+
+
+def test_collate_exception_reaches_user():
+    loader = FastLoader(Squares(8), batch_size=4, num_workers=1, collate_fn=_bad_collate)
+    with pytest.raises(TypeError, match="collate cannot handle this") as info:
+        next(iter(loader))
+    assert "sample indices [0, 1, 2, 3]" in _notes(info.value)
+
+
+def _bad_init(worker_id):
+    raise RuntimeError(f"init failed in {worker_id}")
+
+
+def test_worker_init_fn_exception_reaches_user_and_stops_workers():
+    loader = FastLoader(Squares(8), batch_size=4, num_workers=2, worker_init_fn=_bad_init)
+    it = iter(loader)
+    with pytest.raises(RuntimeError, match="init failed in") as info:
+        next(it)
+    assert "worker_init_fn" in _notes(info.value)
+    assert it.worker_pids == []
+
+
+def test_timeout_names_batch_worker_and_option():
+    loader = FastLoader(Slow(8, 2.0), batch_size=2, num_workers=1, timeout=0.3)
+    with pytest.raises(RuntimeError, match="timed out after 0.3 seconds") as info:
+        next(iter(loader))
+    assert isinstance(info.value, LoaderTimeoutError)
+    msg = str(info.value)
+    assert "sample indices [0, 1]" in msg and "worker 0" in msg and "`timeout`" in msg
+
+
+def test_batch_larger_than_slot_capacity_still_arrives():
+    loader = FastLoader(Squares(16), batch_size=8, num_workers=1, max_batch_bytes=1 << 16,
+                        collate_fn=lambda b: torch.zeros(40_000))  # 160 kB > 64 kB slot
+    loader.collate_fn = _big_collate
+    batches = list(loader)
+    assert all(b.shape == (40_000,) and b.sum() == 0 for b in batches)
+    assert loader.stats()["overflow_bytes"] >= 2 * 160_000
+
+
+def _big_collate(batch):
+    return torch.zeros(40_000)
