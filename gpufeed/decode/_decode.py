@@ -1,0 +1,165 @@
+"""decode(): encoded bytes to an (H, W, 3) uint8 RGB array, optionally at a reduced DCT scale.
+
+Both backends follow one contract: RGB, C-contiguous, grey expanded to three channels, alpha
+dropped, EXIF orientation of JPEGs applied (by us, from :func:`read_header`, so that both
+backends agree: OpenCV is told to ignore it), and every failure raised as
+:class:`~gpufeed.errors.DecodeError`. libjpeg-turbo fills a truncated JPEG with grey and only
+warns; such warnings are errors here, except "extraneous bytes before marker", which leaves the
+pixels intact (PIL and OpenCV accept such files too).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import numpy as np
+
+from gpufeed.decode import _backends
+from gpufeed.decode._header import Buffer, ImageHeader, as_buffer, read_header
+from gpufeed.errors import DecodeError
+
+# DCT scaling factors used, as (num, denom), ascending. libjpeg-turbo offers n/8 for n = 1..16,
+# but measured here (libjpeg-turbo 2.1.5, x86-64) the factors other than 1/8, 1/4, 1/2 and 1
+# have no SIMD path and decode *slower* than full size (7/8, 3/4, 5/8: 1.3-2x the full decode
+# time; 3/8: no faster than 1/2). OpenCV's IMREAD_REDUCED_* offers the same four, so both
+# backends return the same sizes.
+FACTORS = ((1, 8), (1, 4), (1, 2), (1, 1))
+_BENIGN_WARNINGS = ("extraneous bytes before marker",)
+
+
+def scaled_size(height: int, width: int, factor: tuple[int, int]) -> tuple[int, int]:
+    """Output (height, width) of a DCT-scaled decode by ``factor`` = (num, denom): ceil(d*num/denom)."""
+    num, den = factor
+    return -(-height * num // den), -(-width * num // den)
+
+
+def choose_factor(header: ImageHeader, min_height: Optional[int], min_width: Optional[int],
+                  backend: Optional[str] = None) -> tuple[int, int]:
+    """The smallest DCT scaling factor whose output is >= (min_height, min_width) on both axes.
+
+    Factors are taken from ``FACTORS`` (those libjpeg-turbo reports in
+    ``TurboJPEG.scaling_factors``). Sizes are in pixels of the oriented image (as :func:`decode`
+    returns it). Returns (1, 1) for non-JPEG input or when no minimum is given.
+    """
+    if header.fmt != "jpeg" or (min_height is None and min_width is None):
+        return (1, 1)
+    if jpeg_decoder(header, backend) == "turbojpeg":
+        supported = set(_backends.turbo_state().scaling_factors)
+        factors = tuple(f for f in FACTORS if f in supported) or ((1, 1),)
+    else:
+        factors = FACTORS
+    need_h = 1 if min_height is None else int(min_height)
+    need_w = 1 if min_width is None else int(min_width)
+    for factor in factors:  # ascending
+        h, w = scaled_size(header.height, header.width, factor)
+        if h >= need_h and w >= need_w:
+            return factor
+    return (1, 1)
+
+
+def jpeg_decoder(header: ImageHeader, backend: Optional[str]) -> str:
+    """Which backend decodes this image: "turbojpeg" or "opencv"."""
+    if header.fmt != "jpeg" or header.cmyk:
+        _backends.jpeg_backend(backend)  # still validate the request and warn on fallback
+        return "opencv"
+    return _backends.jpeg_backend(backend)
+
+
+def decode(data: Buffer, *, min_height: Optional[int] = None, min_width: Optional[int] = None,
+           backend: Optional[str] = None, header: Optional[ImageHeader] = None) -> np.ndarray:
+    """Decode an encoded image into an (H, W, 3) uint8 RGB C-contiguous array.
+
+    ``min_height``/``min_width`` (pixels of the oriented output): JPEGs are decoded at the
+    smallest DCT scaling factor of 1/8, 1/4, 1/2, 1 (see ``FACTORS``) whose output is still at
+    least that large on both axes; other formats at full size.
+    ``backend``: None (libjpeg-turbo when it loads, else OpenCV), "turbojpeg" or "opencv"; it
+    selects the JPEG decoder: PNG, WebP, BMP, TIFF and CMYK JPEGs always go to OpenCV.
+    ``header``: the result of :func:`read_header` for ``data``, if the caller already has it.
+    Raises :class:`~gpufeed.errors.DecodeError` on empty, truncated, corrupt or non-image input.
+    """
+    buf = as_buffer(data)
+    if header is None:
+        header = read_header(buf)
+    factor = choose_factor(header, min_height, min_width, backend)
+    if jpeg_decoder(header, backend) == "turbojpeg":
+        img = _decode_turbojpeg(buf, header, factor)
+    else:
+        img = _decode_opencv(buf, header, factor)
+    img = apply_orientation(img, header.orientation)
+    expected = scaled_size(header.height, header.width, factor)
+    if img.shape[:2] != expected:
+        raise DecodeError(f"{header.fmt}: decoded size {img.shape[1]}x{img.shape[0]} differs from "
+                          f"the header's {expected[1]}x{expected[0]} (at scale "
+                          f"{factor[0]}/{factor[1]}): corrupt file")
+    return img
+
+
+def _decode_turbojpeg(buf: memoryview, header: ImageHeader, factor: tuple[int, int]) -> np.ndarray:
+    from turbojpeg import TJPF_RGB
+
+    decoder = _backends.turbo_state().decoder
+    arr = np.frombuffer(buf, np.uint8)
+    scaling = None if factor == (1, 1) else factor
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            img = decoder.decode(arr, pixel_format=TJPF_RGB, scaling_factor=scaling)
+        except OSError as exc:
+            raise DecodeError(f"turbojpeg: {exc} ({len(buf)} bytes)") from None
+    for warning in caught:
+        message = str(warning.message)
+        if not any(benign in message for benign in _BENIGN_WARNINGS):
+            raise DecodeError(f"turbojpeg: {message} ({len(buf)} bytes): truncated or corrupt JPEG")
+    return img
+
+
+def _decode_opencv(buf: memoryview, header: ImageHeader, factor: tuple[int, int]) -> np.ndarray:
+    import cv2
+
+    flags = cv2.IMREAD_IGNORE_ORIENTATION
+    if factor != (1, 1):
+        reduced = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                   8: cv2.IMREAD_REDUCED_COLOR_8}[factor[1]]
+        flags |= reduced & ~cv2.IMREAD_COLOR
+    rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10
+    flags |= rgb_flag if rgb_flag is not None else cv2.IMREAD_COLOR
+    try:
+        img = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
+    except cv2.error as exc:
+        raise DecodeError(f"opencv: {str(exc).strip()} ({len(buf)} bytes)") from None
+    if img is None:
+        raise DecodeError(f"opencv: could not decode {len(buf)} bytes of {header.fmt} "
+                          f"(cv2.imdecode returned None): truncated, corrupt or not an image")
+    if rgb_flag is None:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    return img
+
+
+def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn a stored image into its displayed orientation (EXIF tag value 1-8, as PIL's
+    ``ImageOps.exif_transpose``). Returns ``img`` itself for orientation 1."""
+    if orientation <= 1 or orientation > 8:
+        return img
+    import cv2
+
+    if orientation == 2:
+        return cv2.flip(img, 1)
+    if orientation == 3:
+        return cv2.rotate(img, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(img, 0)
+    if orientation == 5:
+        return cv2.transpose(img)
+    if orientation == 6:
+        return cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.flip(cv2.transpose(img), -1)
+    return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+
+
+def min_size_for_scale(header: ImageHeader, scale: float) -> tuple[int, int]:
+    """(min_height, min_width) to pass to :func:`decode` for output at least ``scale`` x full size."""
+    return (max(1, math.ceil(header.height * scale - 1e-9)),
+            max(1, math.ceil(header.width * scale - 1e-9)))

@@ -1,0 +1,300 @@
+"""Declarative image transforms that run in workers and write straight into a batch row.
+
+A transform turns encoded bytes into a fixed-size RGB image in ``out``, a C-contiguous uint8
+array of shape (H, W, 3) or (3, H, W) (a row of the shared batch buffer). It first computes the
+crop box in source pixels from the header alone, then decodes at the smallest DCT scale that
+keeps the crop at least as large as the output (JPEG only), then crops and resizes just that
+region into ``out``.
+
+Resampling: ``cv2.INTER_AREA`` when the region shrinks (the box filter is the antialiased
+downscale that comes closest to torchvision's ``antialias=True`` bilinear resize) and
+``cv2.INTER_LINEAR`` when it grows (INTER_AREA degenerates to nearest/bilinear there anyway).
+``interpolation="linear"`` uses INTER_LINEAR throughout: several times faster for fractional
+downscales, at the cost of some aliasing for ratios >= 2 (rare after DCT scaling, where the
+remaining ratio is < 2).
+
+Randomness comes from (seed, epoch, sample index) only, hashed with SHAKE-128, so the same
+sample gets the same crop in whatever process computes it, and a new crop every epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from gpufeed.decode import decode, min_size_for_scale, read_header
+from gpufeed.decode._header import Buffer
+
+Size = Union[int, Tuple[int, int]]
+_INTERPOLATIONS = ("area", "linear")
+
+
+@dataclass(frozen=True)
+class CropParams:
+    """A crop box in source pixels (of the oriented, full-size image) and a horizontal flip."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool = False
+
+
+class ImageTransform:
+    """Base of gpufeed's transforms: a crop box from the header, then decode/crop/resize/flip.
+
+    Subclasses implement :meth:`_box` and set ``size`` (output (height, width) in pixels).
+    """
+
+    size: Tuple[int, int]
+    interpolation: str
+    dct_scaling: bool
+    deterministic: bool = True
+    seed: Optional[int] = None
+
+    @property
+    def output_size(self) -> Tuple[int, int]:
+        """(height, width) of the output in pixels."""
+        return self.size
+
+    def _box(self, height: int, width: int, seed: int, epoch: int,
+             index: int) -> Tuple[float, float, float, float, bool]:
+        """(top, left, height, width, flip): the source box, in (fractional) source pixels."""
+        raise NotImplementedError
+
+    def apply(self, data: Buffer, *, index: int = 0, epoch: int = 0, seed: int = 0,
+              out: np.ndarray) -> None:
+        """Decode ``data`` (encoded image bytes) and write the transformed RGB image into ``out``.
+
+        ``out`` is a C-contiguous uint8 array, (H, W, 3) or (3, H, W) with (H, W) = output_size.
+        Raises :class:`~gpufeed.errors.DecodeError` for undecodable input.
+        """
+        layout = _check_out(out, self.size)
+        header = read_header(data)
+        top, left, bh, bw, flip = self._box(header.height, header.width, seed, epoch, index)
+        oh, ow = self.size
+        scale = max(oh / bh, ow / bw)
+        if self.dct_scaling and scale < 1.0:
+            min_h, min_w = min_size_for_scale(header, scale)
+            img = decode(data, min_height=min_h, min_width=min_w, header=header)
+        else:
+            img = decode(data, header=header)
+        _crop_resize(img, header.height, header.width, (top, left, bh, bw), flip, out, layout,
+                     self.interpolation)
+
+    def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
+                    out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Apply to an already-decoded (H, W, 3) uint8 RGB image; returns ``out`` (allocated
+        (H, W, 3) when None)."""
+        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+            raise ValueError(f"`img` must be an (H, W, 3) uint8 array. "
+                             f"Found: shape {img.shape}, dtype {img.dtype}.")
+        if out is None:
+            out = np.empty((*self.size, 3), np.uint8)
+        layout = _check_out(out, self.size)
+        height, width = img.shape[:2]
+        top, left, bh, bw, flip = self._box(height, width, seed, epoch, index)
+        _crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
+                     self.interpolation)
+        return out
+
+
+@dataclass(frozen=True)
+class ResizeCenterCrop(ImageTransform):
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(size)``, computed as one crop + resize.
+
+    ``resize`` (pixels) is the length the shorter side is resized to (the longer one becomes
+    ``int(resize * long / short)``); ``size`` is the crop, an int or (height, width), and must fit
+    (``resize >= max(size)``). The crop offsets are torchvision's ``int(round((h - th) / 2))``.
+    """
+
+    size: Size = 224
+    resize: int = 256
+    interpolation: str = "area"
+    dct_scaling: bool = True
+    deterministic = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _check_size(self.size))
+        if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
+            raise ValueError(f"`resize` must be an int > 0. Found: {self.resize!r}.")
+        if self.resize < max(self.size):
+            raise ValueError(f"`resize` must be >= the crop size so the crop fits. Found: "
+                             f"resize={self.resize}, size={self.size}; fix: raise `resize` "
+                             f"or lower `size`.")
+        _check_interpolation(self.interpolation)
+
+    def resized_size(self, height: int, width: int) -> Tuple[int, int]:
+        """(height, width) in pixels of the image after torchvision's ``Resize(resize)``."""
+        if width <= height:
+            return int(self.resize * height / width), self.resize
+        return self.resize, int(self.resize * width / height)
+
+    def source_box(self, height: int, width: int) -> Tuple[float, float, float, float]:
+        """The center crop as (top, left, height, width) in (fractional) source pixels."""
+        nh, nw = self.resized_size(height, width)
+        th, tw = self.size
+        top = int(round((nh - th) / 2.0))
+        left = int(round((nw - tw) / 2.0))
+        sy, sx = height / nh, width / nw
+        return top * sy, left * sx, th * sy, tw * sx
+
+    def _box(self, height, width, seed, epoch, index):
+        return (*self.source_box(height, width), False)
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(ImageTransform):
+    """torchvision's ``RandomResizedCrop`` (+ ``RandomHorizontalFlip(0.5)`` when ``flip``).
+
+    ``scale``: range of the crop's area as a fraction of the image's; ``ratio``: range of its
+    aspect ratio (width / height); ``size``: output, int or (height, width). Parameters are
+    drawn as torchvision does (10 tries, then the center-crop fallback) from random numbers
+    that depend only on (seed, epoch, index): :meth:`params`. ``seed`` (optional) is the seed a
+    dataset uses when it applies the transform itself.
+    """
+
+    size: Size = 224
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    seed: Optional[int] = None
+    interpolation: str = "area"
+    dct_scaling: bool = True
+    deterministic = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _check_size(self.size))
+        for name in ("scale", "ratio"):
+            value = getattr(self, name)
+            try:
+                lo, hi = (float(v) for v in value)
+            except (TypeError, ValueError):
+                raise ValueError(f"`{name}` must be a pair (min, max). Found: {value!r}.") from None
+            if not (0 < lo <= hi and math.isfinite(hi)):
+                raise ValueError(f"`{name}` must satisfy 0 < min <= max. Found: {value!r}.")
+            object.__setattr__(self, name, (lo, hi))
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise TypeError(f"`seed` must be an int or None. Found: {self.seed!r}.")
+        _check_interpolation(self.interpolation)
+
+    def params(self, seed: int, epoch: int, index: int, height: int, width: int) -> CropParams:
+        """The crop of sample ``index`` in ``epoch`` for an image of height x width pixels."""
+        u = _uniforms(seed, epoch, index)
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        s_lo, s_hi = self.scale
+        for k in range(10):
+            target_area = area * (s_lo + (s_hi - s_lo) * u[2 * k])
+            aspect = math.exp(log_lo + (log_hi - log_lo) * u[2 * k + 1])
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = min(int(u[20] * (height - h + 1)), height - h)
+                left = min(int(u[21] * (width - w + 1)), width - w)
+                return CropParams(top, left, h, w, self.flip and u[22] < 0.5)
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            h, w = height, int(round(height * self.ratio[1]))
+        else:
+            w, h = width, height
+        h, w = max(1, min(h, height)), max(1, min(w, width))
+        return CropParams((height - h) // 2, (width - w) // 2, h, w, self.flip and u[22] < 0.5)
+
+    def _box(self, height, width, seed, epoch, index):
+        p = self.params(seed, epoch, index, height, width)
+        return p.top, p.left, p.height, p.width, p.flip
+
+
+def _uniforms(seed: int, epoch: int, index: int) -> Tuple[float, ...]:
+    """24 uniform floats in [0, 1) that depend only on (seed, epoch, index)."""
+    digest = hashlib.shake_128(f"gpufeed:{int(seed)}:{int(epoch)}:{int(index)}".encode()).digest(192)
+    return tuple((x >> 11) * (1.0 / 9007199254740992.0) for x in struct.unpack("<24Q", digest))
+
+
+def _check_size(size: Size) -> Tuple[int, int]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        pair = (size, size)
+    elif isinstance(size, (tuple, list)) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in size):
+        pair = (int(size[0]), int(size[1]))
+    else:
+        raise ValueError(f"`size` must be an int or a (height, width) pair of ints. Found: {size!r}.")
+    if min(pair) <= 0:
+        raise ValueError(f"`size` must be > 0. Found: {size!r}.")
+    return pair
+
+
+def _check_interpolation(value: str) -> None:
+    if value not in _INTERPOLATIONS:
+        raise ValueError(f"`interpolation` must be one of {_INTERPOLATIONS}. Found: {value!r}.")
+
+
+def _check_out(out: np.ndarray, size: Tuple[int, int]) -> str:
+    """Return "hwc" or "chw" for a valid ``out``; raise ValueError naming the problem otherwise."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"`out` must be a C-contiguous uint8 numpy array. Found: "
+                         f"{type(out).__name__} {getattr(out, 'dtype', '')}.")
+    oh, ow = size
+    if out.shape == (oh, ow, 3):
+        return "hwc"
+    if out.shape == (3, oh, ow):
+        return "chw"
+    raise ValueError(f"`out` must have shape {(oh, ow, 3)} or {(3, oh, ow)}. Found: {out.shape}.")
+
+
+_scratch = threading.local()
+
+
+def _scratch_hwc(oh: int, ow: int) -> np.ndarray:
+    """A per-thread reusable (oh, ow, 3) buffer, for the planar (CHW) output path."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.shape != (oh, ow, 3):
+        buf = np.empty((oh, ow, 3), np.uint8)
+        _scratch.buf = buf
+    return buf
+
+
+def _crop_resize(img: np.ndarray, full_h: int, full_w: int,
+                 box: Tuple[float, float, float, float], flip: bool, out: np.ndarray,
+                 layout: str, interpolation: str) -> None:
+    """Crop ``box`` (in full-size source pixels) out of ``img`` (possibly DCT-scaled), resize it
+    to ``out``'s size, flip it horizontally if asked, and write it into ``out``."""
+    import cv2
+
+    dh, dw = img.shape[:2]
+    sy, sx = dh / full_h, dw / full_w
+    top, left, bh, bw = box
+    y0 = min(max(int(round(top * sy)), 0), dh - 1)
+    x0 = min(max(int(round(left * sx)), 0), dw - 1)
+    y1 = min(max(int(round((top + bh) * sy)), y0 + 1), dh)
+    x1 = min(max(int(round((left + bw) * sx)), x0 + 1), dw)
+    region = img[y0:y1, x0:x1]
+    oh, ow = (out.shape[0], out.shape[1]) if layout == "hwc" else (out.shape[1], out.shape[2])
+    target = out if layout == "hwc" else _scratch_hwc(oh, ow)
+    rh, rw = region.shape[:2]
+    if (rh, rw) == (oh, ow):
+        if flip:
+            cv2.flip(region, 1, dst=target)
+        else:
+            np.copyto(target, region)
+    else:
+        shrink = rh >= oh and rw >= ow
+        mode = cv2.INTER_AREA if shrink and interpolation == "area" else cv2.INTER_LINEAR
+        result = cv2.resize(region, (ow, oh), dst=target, interpolation=mode)
+        if result is not target:  # OpenCV allocated instead of writing in place
+            np.copyto(target, result)
+        if flip:
+            cv2.flip(target, 1, dst=target)
+    if layout == "chw":
+        planes = cv2.split(target, [out[0], out[1], out[2]])
+        if planes[0].ctypes.data != out[0].ctypes.data:
+            np.copyto(out, target.transpose(2, 0, 1))

@@ -1,0 +1,331 @@
+"""gpufeed.decode: headers, both backends, DCT scaling, EXIF orientation, bad input."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import io
+import subprocess
+import sys
+import warnings
+
+import cv2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufeed.decode import (
+    ImageHeader,
+    apply_orientation,
+    backends,
+    choose_factor,
+    decode,
+    read_header,
+    scaled_size,
+)
+from gpufeed.decode import _backends
+from gpufeed.decode._decode import FACTORS
+from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, DecodeError
+from gpufeed.synth import encode, photo_like, with_exif_orientation
+
+TURBO = backends()["turbojpeg"]["available"]
+requires_turbojpeg = pytest.mark.skipif(
+    not TURBO, reason=f"libturbojpeg not loadable: {backends()['turbojpeg']['reason']}")
+
+# Both backends are libjpeg-turbo underneath (OpenCV bundles it) with the same IDCT, so they agree
+# to within this many 8-bit levels per pixel (measured: identical; the slack covers an OpenCV
+# built against another libjpeg).
+PARITY_MAX_ABS = 4
+PARITY_MEAN_ABS = 0.5
+
+SIZES = [(350, 400), (17, 23), (480, 640), (1, 1)]
+
+
+def _jpeg_variants():
+    img = photo_like(120, 161, seed=3, noise=2)
+    return {
+        "baseline420": encode(img, quality=90),
+        "baseline444": encode(img, quality=90, subsampling="444"),
+        "baseline422": encode(img, quality=90, subsampling="422"),
+        "progressive420": encode(img, quality=90, progressive=True),
+        "progressive444": encode(img, quality=85, progressive=True, subsampling="444"),
+        "gray": encode(img[..., 1], quality=90),
+    }
+
+
+JPEGS = _jpeg_variants()
+
+
+def _cmyk_jpeg(img: np.ndarray) -> bytes:
+    pil = pytest.importorskip("PIL.Image", reason="pillow is needed to write a CMYK JPEG")
+    bio = io.BytesIO()
+    pil.fromarray(img).convert("CMYK").save(bio, "JPEG", quality=95)
+    return bio.getvalue()
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp", "bmp"])
+def test_header_matches_decoded_shape(size, fmt):
+    data = encode(photo_like(*size, seed=1), fmt)
+    header = read_header(data)
+    assert (header.height, header.width) == size
+    assert header.fmt == (fmt if fmt in ("jpeg", "png") else "other")
+    img = decode(data)
+    assert img.shape == (*size, 3) and img.dtype == np.uint8 and img.flags.c_contiguous
+
+
+@pytest.mark.parametrize("name", sorted(JPEGS))
+def test_jpeg_variants_decode_close_to_source(name):
+    data = JPEGS[name]
+    header = read_header(data)
+    assert header.progressive == name.startswith("progressive")
+    assert header.channels == (1 if name == "gray" else 3)
+    img = decode(data)
+    assert img.shape == (120, 161, 3)
+    source = photo_like(120, 161, seed=3, noise=2)
+    if name == "gray":
+        assert np.array_equal(img[..., 0], img[..., 1]) and np.array_equal(img[..., 1], img[..., 2])
+        source = np.repeat(source[..., 1:2], 3, axis=2)
+    assert np.abs(img.astype(np.int16) - source).mean() < 5  # JPEG loss at quality 85-90
+
+
+@requires_turbojpeg
+@pytest.mark.parametrize("name", sorted(JPEGS))
+@pytest.mark.parametrize("min_side", [None, 20, 40, 60])
+def test_backend_parity(name, min_side):
+    data = JPEGS[name]
+    a = decode(data, min_height=min_side, min_width=min_side, backend="turbojpeg")
+    b = decode(data, min_height=min_side, min_width=min_side, backend="opencv")
+    assert a.shape == b.shape
+    diff = np.abs(a.astype(np.int16) - b)
+    assert diff.max() <= PARITY_MAX_ABS and diff.mean() <= PARITY_MEAN_ABS
+
+
+def test_png_variants_decode_exactly():
+    img = photo_like(31, 47, seed=5)
+    assert np.array_equal(decode(encode(img, "png")), img)
+    gray = decode(encode(img[..., 0], "png"))
+    assert np.array_equal(gray, np.repeat(img[..., :1], 3, axis=2))
+    ok, rgba = cv2.imencode(".png", np.dstack([img[..., ::-1], np.full(img.shape[:2], 7, np.uint8)]))
+    assert ok
+    assert read_header(rgba.tobytes()).channels == 4
+    assert np.array_equal(decode(rgba.tobytes()), img)  # alpha dropped, as PIL's convert("RGB")
+
+
+def test_buffer_types_accepted():
+    data = JPEGS["baseline420"]
+    ref = decode(data)
+    for buf in (bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
+        assert np.array_equal(decode(buf), ref)
+    with pytest.raises(TypeError, match="encoded image must be bytes"):
+        decode("not bytes")  # type: ignore[arg-type]
+
+
+# --- DCT scaling ----------------------------------------------------------------------------
+
+@requires_turbojpeg
+def test_turbojpeg_scaled_sizes_follow_ceil_rule():
+    data = encode(photo_like(349, 401, seed=2))
+    header = read_header(data)
+    for num, den in FACTORS:
+        min_h, min_w = scaled_size(349, 401, (num, den))
+        img = decode(data, min_height=min_h, min_width=min_w, backend="turbojpeg")
+        assert img.shape[:2] == (-(-349 * num // den), -(-401 * num // den))
+        assert choose_factor(header, min_h, min_w, "turbojpeg") == (num, den)
+
+
+def test_opencv_scaled_sizes_follow_ceil_rule():
+    data = encode(photo_like(349, 401, seed=2))
+    for den, expect in [(8, (44, 51)), (4, (88, 101)), (2, (175, 201)), (1, (349, 401))]:
+        img = decode(data, min_height=expect[0], min_width=expect[1], backend="opencv")
+        assert img.shape[:2] == expect, den
+
+
+@requires_turbojpeg
+@settings(max_examples=200, deadline=None)
+@given(h=st.integers(1, 5000), w=st.integers(1, 5000), mh=st.integers(1, 6000),
+       mw=st.integers(1, 6000))
+def test_choose_factor_is_smallest_sufficient(h, w, mh, mw):
+    header = ImageHeader(height=h, width=w, fmt="jpeg")
+    factors = FACTORS
+    chosen = choose_factor(header, mh, mw, "turbojpeg")
+    ch, cw = scaled_size(h, w, chosen)
+    if chosen != (1, 1):
+        assert ch >= mh and cw >= mw
+    for f in factors:
+        if f[0] / f[1] < chosen[0] / chosen[1]:
+            fh, fw = scaled_size(h, w, f)
+            assert fh < mh or fw < mw, f"{f} is smaller than {chosen} and still large enough"
+
+
+def test_non_jpeg_ignores_min_size():
+    data = encode(photo_like(64, 80, seed=1), "png")
+    assert decode(data, min_height=8, min_width=8).shape == (64, 80, 3)
+
+
+def test_min_size_larger_than_image_gives_full_size():
+    data = JPEGS["baseline420"]
+    assert decode(data, min_height=1000, min_width=1000).shape == (120, 161, 3)
+
+
+# --- EXIF orientation -----------------------------------------------------------------------
+
+def _reference_orientation(img: np.ndarray, o: int) -> np.ndarray:
+    # As PIL's ImageOps.exif_transpose, written with numpy.
+    t = img.transpose(1, 0, 2)
+    return {1: img, 2: img[:, ::-1], 3: img[::-1, ::-1], 4: img[::-1], 5: t,
+            6: t[:, ::-1], 7: t[::-1, ::-1], 8: t[::-1]}[o]
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_apply_orientation_matches_reference(orientation):
+    img = photo_like(5, 7, seed=0)
+    assert np.array_equal(apply_orientation(img, orientation),
+                          _reference_orientation(img, orientation))
+
+
+@pytest.mark.parametrize("backend", [None, "opencv"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_exif_orientation_applied(backend, orientation, big_endian):
+    plain = JPEGS["baseline444"]
+    data = with_exif_orientation(plain, orientation, big_endian=big_endian)
+    header = read_header(data)
+    assert header.orientation == orientation
+    expect = _reference_orientation(decode(plain, backend=backend), orientation)
+    assert (header.height, header.width) == expect.shape[:2]
+    assert np.array_equal(decode(data, backend=backend), expect)
+
+
+def test_exif_orientation_matches_pillow():
+    pil = pytest.importorskip("PIL.Image", reason="pillow compares EXIF handling")
+    ops = pytest.importorskip("PIL.ImageOps")
+    data = with_exif_orientation(JPEGS["baseline444"], 6)
+    ref = np.asarray(ops.exif_transpose(pil.open(io.BytesIO(data))).convert("RGB"))
+    assert np.abs(decode(data).astype(np.int16) - ref).mean() < 1.5
+
+
+@pytest.mark.parametrize("backend", [None, "opencv"])
+def test_exif_min_size_is_in_displayed_axes(backend):
+    data = with_exif_orientation(encode(photo_like(160, 320, seed=4)), 6)
+    assert read_header(data).height == 320
+    img = decode(data, min_height=160, min_width=40, backend=backend)
+    assert img.shape == (160, 80, 3)  # 1/2 scale; 1/4 would give width 40 but height 80
+
+
+# --- CMYK -----------------------------------------------------------------------------------
+
+def test_cmyk_jpeg_decodes_through_opencv():
+    img = photo_like(64, 96, seed=6)
+    data = _cmyk_jpeg(img)
+    header = read_header(data)
+    assert header.cmyk and header.channels == 4
+    full = decode(data)
+    assert full.shape == (64, 96, 3)
+    assert np.abs(full.astype(np.int16) - img).mean() < 6
+    small = decode(data, min_height=16, min_width=16)  # OpenCV DCT-scales CMYK too
+    assert small.shape == (16, 24, 3)
+    ref = cv2.resize(full, (24, 16), interpolation=cv2.INTER_AREA)
+    assert np.abs(small.astype(np.int16) - ref).mean() < 6
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def _bad_inputs():
+    jpeg = JPEGS["baseline420"]
+    png = encode(photo_like(40, 40, seed=1), "png")
+    return {
+        "empty": b"",
+        "text": b"hello, this is not an image",
+        "zeros": bytes(1000),
+        "jpeg_soi_only": b"\xff\xd8\xff",
+        "jpeg_header_cut": jpeg[:120],
+        "jpeg_truncated_half": jpeg[: len(jpeg) // 2],
+        "jpeg_truncated_end": jpeg[:-2],
+        "progressive_truncated": JPEGS["progressive420"][: len(JPEGS["progressive420"]) * 2 // 3],
+        "png_truncated": png[: len(png) // 2],
+        "png_header_cut": png[:20],
+    }
+
+
+BAD = _bad_inputs()
+
+
+@pytest.mark.parametrize("backend", [None, "opencv"])
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_raises_decode_error(name, backend):
+    with pytest.raises(DecodeError) as info:
+        decode(BAD[name], backend=backend)
+    assert str(info.value)  # says what failed
+    assert isinstance(info.value, ValueError)
+
+
+@requires_turbojpeg
+def test_truncated_jpeg_message_says_premature_end():
+    with pytest.raises(DecodeError, match="Premature end of JPEG"):
+        decode(BAD["jpeg_truncated_half"], backend="turbojpeg")
+
+
+def test_trailing_bytes_after_eoi_are_fine():
+    data = JPEGS["baseline420"]
+    assert np.array_equal(decode(data + b"\x00" * 100), decode(data))
+
+
+# --- backends and the fallback --------------------------------------------------------------
+
+def test_skip_condition_matches_library_presence():
+    """The turbojpeg skip condition is what backends() says, and backends() tells the truth."""
+    info = backends()
+    name = ctypes.util.find_library("turbojpeg")
+    loadable = True
+    try:
+        ctypes.CDLL(name or "libturbojpeg.so.0")
+    except OSError:
+        loadable = False
+    try:
+        import turbojpeg  # noqa: F401
+    except ImportError:
+        loadable = False
+    assert info["turbojpeg"]["available"] == loadable == TURBO
+    assert info["jpeg"] == ("turbojpeg" if loadable else "opencv")
+    assert (info["turbojpeg"]["reason"] is None) == loadable
+    if loadable:
+        assert "turbojpeg" in info["turbojpeg"]["library"]
+    assert info["opencv"]["version"] == cv2.__version__
+
+
+@pytest.fixture
+def without_turbojpeg():
+    state = _backends.load_turbojpeg("/nonexistent/libturbojpeg.so.0")
+    _backends.set_turbo_state(state)
+    yield state
+    _backends.set_turbo_state(None)
+
+
+def test_fallback_to_opencv_warns_once(without_turbojpeg):
+    assert not without_turbojpeg.available and "nonexistent" in without_turbojpeg.reason
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = decode(JPEGS["baseline420"])
+        b = decode(JPEGS["baseline420"], min_height=30, min_width=30)
+    fallback = [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert len(fallback) == 1 and "apt-get install libturbojpeg0" in str(fallback[0].message)
+    assert a.shape == (120, 161, 3) and b.shape == (30, 41, 3)
+    info = backends()
+    assert info["jpeg"] == "opencv" and "nonexistent" in info["turbojpeg"]["reason"]
+    with pytest.raises(BackendUnavailableError, match="backend='turbojpeg'"):
+        decode(JPEGS["baseline420"], backend="turbojpeg")
+
+
+def test_unknown_backend_rejected():
+    with pytest.raises(ValueError, match="`backend` must be None or one of"):
+        decode(JPEGS["baseline420"], backend="pil")
+
+
+def test_import_loads_no_backend():
+    code = ("import sys; import gpufeed.decode, gpufeed.transforms, gpufeed.sources, gpufeed.synth;"
+            "bad = [m for m in ('turbojpeg', 'cv2', 'lmdb') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
