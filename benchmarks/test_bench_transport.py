@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufeed.bench.compare import touch_batch
+from gpufeed.bench.compare import touch_pages
 from gpufeed.bench.datasets import SyntheticImageDataset
 from gpufeed.bench.memory import PeakPSS
 
@@ -30,7 +30,7 @@ def test_transport(benchmark, loader_cls: type) -> None:
         loader = loader_cls(dataset, batch_size=BATCH_SIZE, num_workers=NUM_WORKERS)
         n = 0
         for batch in loader:
-            touch_batch(batch)
+            touch_pages(batch)
             n += 1
         del loader
         return n

@@ -5,13 +5,16 @@ The machine is shared and noisy, so a lone timing means little; what a result qu
 (warm-up A, B; then A, B, A, B, ...) so that drift in the machine's load hits both alike.
 
 Each round builds a fresh loader from its factory, iterates ``num_batches`` batches (or one
-epoch), touches one element of each batch (so transport is measured, not compute), then drops
-the iterator and the loader and waits for their worker processes to exit before the next round.
+epoch), consumes each batch minimally (by default one byte per memory page, see
+:func:`touch_pages`: transport is measured, not compute, yet every page handed over is mapped and
+counted), then drops the iterator and the loader and waits for their worker processes to exit
+before the next round.
 """
 
 from __future__ import annotations
 
 import gc
+import mmap
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -19,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
+import torch
 
 from gpufeed.bench.memory import PeakPSS, format_bytes
 
@@ -30,6 +34,7 @@ __all__ = [
     "batch_size_of",
     "compare",
     "touch_batch",
+    "touch_pages",
 ]
 
 LoaderFactory = Callable[[], Iterable[Any]]
@@ -49,6 +54,7 @@ class RoundResult:
     total_s: float  # startup_s + steady_s
     peak_pss_bytes: int
     mean_pss_bytes: float
+    peak_footprint_bytes: int  # PSS with shared memory counted whole, mapped or not
     teardown_s: float  # dropping the loader until its worker processes are gone
 
     @property
@@ -112,6 +118,11 @@ class LoaderSummary:
         return max(r.peak_pss_bytes for r in self.rounds)
 
     @property
+    def peak_footprint_bytes(self) -> int:
+        """Highest footprint (bytes: PSS with all shared memory counted, see PeakPSS) in any round."""
+        return max(r.peak_footprint_bytes for r in self.rounds)
+
+    @property
     def mean_pss_bytes(self) -> float:
         """Mean over rounds of each round's mean PSS (bytes)."""
         return statistics.fmean(r.mean_pss_bytes for r in self.rounds)
@@ -127,6 +138,7 @@ class LoaderSummary:
             "min_batches_per_s": self.min_batches_per_s,
             "max_batches_per_s": self.max_batches_per_s,
             "peak_pss_bytes": self.peak_pss_bytes,
+            "peak_footprint_bytes": self.peak_footprint_bytes,
             "mean_pss_bytes": self.mean_pss_bytes,
             "rounds": [
                 {
@@ -175,6 +187,11 @@ class CompareResult:
         base = self.summary(baseline or self.baseline).peak_pss_bytes
         return self.summary(name).peak_pss_bytes / base if base > 0 else float("nan")
 
+    def footprint_ratio(self, name: str, baseline: str | None = None) -> float:
+        """Peak footprint of ``name`` divided by the baseline's (< 1: ``name`` uses less)."""
+        base = self.summary(baseline or self.baseline).peak_footprint_bytes
+        return self.summary(name).peak_footprint_bytes / base if base > 0 else float("nan")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (bytes, seconds, per second)."""
         return {
@@ -188,6 +205,7 @@ class CompareResult:
                     "batches_per_s": self.ratio(s.name),
                     "paired_batches_per_s": self.paired_ratios(s.name),
                     "peak_pss": self.memory_ratio(s.name),
+                    "peak_footprint": self.footprint_ratio(s.name),
                 }
                 for s in self.loaders
             },
@@ -196,26 +214,27 @@ class CompareResult:
         }
 
     def format_table(self) -> str:
-        """A fixed-width table for people: medians, spread, start-up, peak PSS and ratios."""
+        """A fixed-width table for people: medians, spread, start-up, memory and ratios."""
         w = max(len("loader"), *(len(s.name) for s in self.loaders))
         header = (
-            f"{'loader':<{w}} {'batches/s':>10} {'min..max':>15} {'images/s':>10} {'startup':>8} "
-            f"{'peak PSS':>11} {'mean PSS':>11} {'speed x':>8} {'mem x':>6}"
+            f"{'loader':<{w}} {'batches/s':>10} {'min..max':>13} {'images/s':>9} {'startup':>8} "
+            f"{'peak PSS':>10} {'footprint':>10} {'speed x':>8} {'PSS x':>6} {'fp x':>5}"
         )
         lines = [header, "-" * len(header)]
         for s in self.loaders:
             spread = f"{s.min_batches_per_s:.1f}..{s.max_batches_per_s:.1f}"
             lines.append(
-                f"{s.name:<{w}} {s.median_batches_per_s:>10.1f} {spread:>15} "
-                f"{s.median_samples_per_s:>10.0f} {s.median_startup_s:>7.2f}s "
-                f"{format_bytes(s.peak_pss_bytes):>11} {format_bytes(s.mean_pss_bytes):>11} "
-                f"{self.ratio(s.name):>8.2f} {self.memory_ratio(s.name):>6.2f}"
+                f"{s.name:<{w}} {s.median_batches_per_s:>10.1f} {spread:>13} "
+                f"{s.median_samples_per_s:>9.0f} {s.median_startup_s:>7.2f}s "
+                f"{format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10} "
+                f"{self.ratio(s.name):>8.2f} {self.memory_ratio(s.name):>6.2f} {self.footprint_ratio(s.name):>5.2f}"
             )
         per = "one epoch" if self.num_batches is None else f"{self.num_batches} batches"
         lines.append(
             f"({self.num_rounds} rounds of {per} per loader, alternating, after "
             f"{self.num_warmup_rounds} warm-up round(s); medians; ratios vs {self.baseline}; "
-            "batches/s excludes the first batch, startup is time to it)"
+            "batches/s excludes the first batch, startup is time to it; peak PSS summed over the "
+            "process tree; footprint = that PSS with shared memory counted whole, mapped or not)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -262,6 +281,37 @@ def touch_batch(batch: Any) -> Any:
     if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         return touch_batch(batch[0]) if batch else None
     return batch
+
+
+def _tensors(batch: Any) -> Iterator[Any]:
+    """Every tensor/array in a (nested) batch, depth-first."""
+    if getattr(batch, "shape", None) is not None:
+        yield batch
+    elif isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def touch_pages(batch: Any) -> int:
+    """Reads one byte in every memory page of every tensor in ``batch``; returns the bytes covered.
+
+    The main process thereby maps every page it was handed, as a real consumer (a host-to-device
+    copy, a normalize) would: page faults are paid, and the pages count in this process's PSS.
+    Compute stays negligible (one read per 4 KiB). Non-contiguous tensors get one element read.
+    """
+    covered = 0
+    for t in _tensors(batch):
+        if isinstance(t, torch.Tensor) and t.is_contiguous() and t.numel() > 0:
+            flat = t.reshape(-1)
+            step = max(1, mmap.PAGESIZE // t.element_size())
+            flat[::step].sum()
+            covered += t.numel() * t.element_size()
+        else:
+            touch_batch(t)
+    return covered
 
 
 def _run_round(
@@ -327,6 +377,7 @@ def _run_round(
         total_s=startup_s + steady_s,
         peak_pss_bytes=mem.peak_bytes,
         mean_pss_bytes=mem.mean_bytes,
+        peak_footprint_bytes=mem.peak_footprint_bytes,
         teardown_s=teardown_s,
     )
 
@@ -358,7 +409,7 @@ def compare(
     num_rounds: int = 5,
     num_warmup_rounds: int = 1,
     baseline: str | None = None,
-    consume: Callable[[Any], Any] = touch_batch,
+    consume: Callable[[Any], Any] = touch_pages,
     sample_interval_s: float = 0.05,
     teardown_timeout_s: float = 30.0,
     environment: Mapping[str, Any] | None = None,
@@ -372,7 +423,9 @@ def compare(
         num_rounds: counted rounds per loader (medians are taken over these).
         num_warmup_rounds: uncounted rounds per loader run first (imports, page cache, allocator).
         baseline: the loader ratios are relative to (default: the first factory).
-        consume: called on every batch (default: :func:`touch_batch`, reads one element).
+        consume: called on every batch (default: :func:`touch_pages`, one byte per page;
+            :func:`touch_batch` reads one element only, leaving unread pages unmapped and
+            so uncounted in PSS).
         sample_interval_s: PSS sampling period in seconds.
         teardown_timeout_s: how long to wait for a dropped loader's processes to exit.
         environment: stored in the result as is (see ``describe_environment``).

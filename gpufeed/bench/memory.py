@@ -10,19 +10,33 @@ Sources, best first: ``/proc/PID/smaps_rollup`` (Linux >= 4.14, cheap), psutil's
 ``memory_full_info().pss`` (walks ``/proc/PID/smaps``), then RSS where PSS cannot be read
 (the figure is then an over-estimate for shared memory; :attr:`PeakPSS.source` says which).
 
-Memory that no process maps (e.g. a ``/dev/shm`` file nobody has open) is not counted.
+PSS misses shared memory that exists but that no process has mapped (or touched): torch's
+DataLoader keeps prefetched batches in shared-memory files the main process maps lazily, so a
+consumer that never reads them leaves those pages out of every PSS. :class:`PeakPSS` therefore
+also records a *footprint*: the tree's PSS with its shared-memory part (``Pss_Shmem``) replaced by
+the growth of the system's ``Shmem`` (``/proc/meminfo``) since the sampler started, which counts
+every shared page created meanwhile once, mapped or not. Other processes creating shared memory
+during the measurement inflate it; on a quiet machine it is the fairer figure.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
+from dataclasses import dataclass
 from types import TracebackType
 
 import psutil
 
-__all__ = ["PeakPSS", "format_bytes", "process_pss_bytes", "tree_pss_bytes"]
+__all__ = [
+    "PeakPSS",
+    "TreeMemory",
+    "format_bytes",
+    "process_pss_bytes",
+    "system_shmem_bytes",
+    "tree_memory",
+    "tree_pss_bytes",
+]
 
 SAMPLER_THREAD_NAME = "gpufeed-pss-sampler"
 
@@ -31,18 +45,32 @@ _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError, FileNot
 _SOURCE_RANK = {"rss": 0, "psutil": 1, "smaps_rollup": 2, "n/a": 3}
 
 
-def _smaps_rollup_pss_bytes(pid: int) -> int | None:
-    """PSS of ``pid`` in bytes from ``/proc/PID/smaps_rollup``, or None if unreadable."""
+@dataclass(frozen=True)
+class TreeMemory:
+    """One reading of a process tree. Bytes; ``pss_shmem_bytes`` is None where unreadable."""
+
+    pss_bytes: int
+    pss_shmem_bytes: int | None
+    num_processes: int
+    source: str  # the weakest source used: "smaps_rollup", "psutil", "rss" or "n/a"
+
+
+def _smaps_rollup(pid: int) -> tuple[int, int | None] | None:
+    """``(Pss, Pss_Shmem)`` of ``pid`` in bytes from ``/proc/PID/smaps_rollup``, or None."""
+    pss: int | None = None
+    pss_shmem: int | None = None
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
                 if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB
+                    pss = int(line.split()[1]) * 1024  # the kernel reports kB
+                elif line.startswith(b"Pss_Shmem:"):
+                    pss_shmem = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         # A kernel without smaps_rollup, no permission, or the process is gone; the caller's
         # fallback tells the last case apart (psutil.NoSuchProcess).
         return None
-    return None
+    return None if pss is None else (pss, pss_shmem)
 
 
 def process_pss_bytes(pid: int) -> tuple[int, str]:
@@ -50,23 +78,26 @@ def process_pss_bytes(pid: int) -> tuple[int, str]:
 
     Raises ``psutil.NoSuchProcess`` when the process is gone.
     """
-    pss = _smaps_rollup_pss_bytes(pid)
-    if pss is not None:
-        return pss, "smaps_rollup"
+    nbytes, _, source = _process_memory(pid)
+    return nbytes, source
+
+
+def _process_memory(pid: int) -> tuple[int, int | None, str]:
+    """``(pss bytes, pss_shmem bytes or None, source)`` of one process."""
+    rollup = _smaps_rollup(pid)
+    if rollup is not None:
+        return rollup[0], rollup[1], "smaps_rollup"
     proc = psutil.Process(pid)
     try:
-        return int(proc.memory_full_info().pss), "psutil"
+        return int(proc.memory_full_info().pss), None, "psutil"
     except (psutil.AccessDenied, AttributeError):
         # AttributeError: a platform whose memory_full_info() has no pss field (macOS).
-        return int(proc.memory_info().rss), "rss"
+        return int(proc.memory_info().rss), None, "rss"
 
 
-def tree_pss_bytes(pid: int | None = None) -> tuple[int, int, str]:
-    """PSS summed over ``pid`` (default: this process) and all its descendants.
-
-    Returns ``(bytes, number of processes counted, weakest source used)``. Processes that exit
-    while being measured are skipped.
-    """
+def tree_memory(pid: int | None = None) -> TreeMemory:
+    """PSS (and its shared-memory part) summed over ``pid`` (default: this process) and all its
+    descendants. Processes that exit while being measured are skipped."""
     root_pid = os.getpid() if pid is None else pid
     root = psutil.Process(root_pid)
     try:
@@ -74,18 +105,42 @@ def tree_pss_bytes(pid: int | None = None) -> tuple[int, int, str]:
     except _GONE:
         children = []
     total_bytes = 0
+    shmem_bytes: int | None = 0
     num_processes = 0
     sources: set[str] = set()
     for child_pid in [root_pid, *(c.pid for c in children)]:
         try:
-            nbytes, source = process_pss_bytes(child_pid)
+            nbytes, nshmem, source = _process_memory(child_pid)
         except _GONE:
             continue
         total_bytes += nbytes
+        shmem_bytes = None if shmem_bytes is None or nshmem is None else shmem_bytes + nshmem
         num_processes += 1
         sources.add(source)
     weakest = min(sources, key=_SOURCE_RANK.__getitem__, default="n/a")
-    return total_bytes, num_processes, weakest
+    return TreeMemory(total_bytes, shmem_bytes, num_processes, weakest)
+
+
+def tree_pss_bytes(pid: int | None = None) -> tuple[int, int, str]:
+    """PSS summed over ``pid`` (default: this process) and all its descendants.
+
+    Returns ``(bytes, number of processes counted, weakest source used)``.
+    """
+    m = tree_memory(pid)
+    return m.pss_bytes, m.num_processes, m.source
+
+
+def system_shmem_bytes(meminfo_path: str = "/proc/meminfo") -> int | None:
+    """The system's shared memory in bytes (``Shmem:`` of ``/proc/meminfo``: tmpfs, memfd, shared
+    anonymous pages, mapped or not), or None where unreadable."""
+    try:
+        with open(meminfo_path, "rb") as f:
+            for line in f:
+                if line.startswith(b"Shmem:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class PeakPSS:
@@ -95,7 +150,11 @@ class PeakPSS:
 
         with PeakPSS() as mem:
             run()
-        mem.peak_bytes, mem.mean_bytes
+        mem.peak_bytes, mem.mean_bytes, mem.peak_footprint_bytes
+
+    ``peak_footprint_bytes`` is the peak of PSS with shared memory counted whole, mapped or not
+    (see the module docstring); it equals ``peak_bytes`` where ``Pss_Shmem`` or ``Shmem`` cannot
+    be read (``footprint_exact`` is then False).
 
     One sample is taken synchronously on entry and one on exit, so even a short block has two.
     The thread is named ``gpufeed-pss-sampler``, is a daemon, and is joined on exit.
@@ -116,6 +175,10 @@ class PeakPSS:
         self.max_processes = 0
         self.num_samples = 0
         self.source = "n/a"
+        self.peak_footprint_bytes = 0
+        self.footprint_exact = True
+        self._shm_start: int | None = None
+        self._tree_shmem_start: int | None = None
         self._sum_bytes = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -133,18 +196,30 @@ class PeakPSS:
         return self._thread is not None
 
     def sample(self) -> int:
-        """Takes one sample now and returns it (bytes)."""
-        nbytes, nproc, source = tree_pss_bytes(self.pid)
+        """Takes one sample now and returns its PSS (bytes)."""
+        m = tree_memory(self.pid)
+        shm = system_shmem_bytes()
         with self._lock:
             if self.num_samples == 0:
-                self.baseline_bytes = nbytes
+                self.baseline_bytes = m.pss_bytes
+                self._shm_start = shm
+                self._tree_shmem_start = m.pss_shmem_bytes
+            if m.pss_shmem_bytes is None or shm is None or self._shm_start is None or self._tree_shmem_start is None:
+                footprint = m.pss_bytes
+                self.footprint_exact = False
+            else:
+                # Shared memory: what the tree had mapped at the start plus all the system gained
+                # since, but never less than what the tree has mapped now.
+                shared = max(m.pss_shmem_bytes, self._tree_shmem_start + shm - self._shm_start)
+                footprint = m.pss_bytes - m.pss_shmem_bytes + shared
             self.num_samples += 1
-            self._sum_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, nbytes)
-            self.max_processes = max(self.max_processes, nproc)
-            self.final_bytes = nbytes
-            self.source = min(self.source, source, key=_SOURCE_RANK.__getitem__)
-        return nbytes
+            self._sum_bytes += m.pss_bytes
+            self.peak_bytes = max(self.peak_bytes, m.pss_bytes)
+            self.peak_footprint_bytes = max(self.peak_footprint_bytes, footprint)
+            self.max_processes = max(self.max_processes, m.num_processes)
+            self.final_bytes = m.pss_bytes
+            self.source = min(self.source, m.source, key=_SOURCE_RANK.__getitem__)
+        return m.pss_bytes
 
     def start(self) -> PeakPSS:
         """Takes a first sample and starts the sampler thread."""
@@ -180,11 +255,13 @@ class PeakPSS:
     ) -> None:
         self.stop()
 
-    def to_dict(self) -> dict[str, float | int | str]:
+    def to_dict(self) -> dict[str, float | int | str | bool]:
         """The figures as plain data (bytes, counts)."""
         return {
             "peak_bytes": self.peak_bytes,
             "mean_bytes": self.mean_bytes,
+            "peak_footprint_bytes": self.peak_footprint_bytes,
+            "footprint_exact": self.footprint_exact,
             "baseline_bytes": self.baseline_bytes,
             "final_bytes": self.final_bytes,
             "num_samples": self.num_samples,

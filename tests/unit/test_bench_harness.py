@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import mmap
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 import threading
@@ -97,6 +98,23 @@ def test_memory_shared_with_a_child_is_counted_once() -> None:
         assert 180 * MiB <= rise <= 280 * MiB, format_bytes(rise)
     finally:
         buf.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs os.memfd_create (Linux)")
+def test_footprint_counts_shared_memory_nobody_maps() -> None:
+    fd = os.memfd_create("gpufeed-test-unmapped")
+    try:
+        with PeakPSS(interval_s=0.01) as mem:
+            chunk = b"\x03" * MiB
+            for _ in range(100):
+                os.write(fd, chunk)  # shared pages exist, held by an fd, mapped by no process
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+    if not mem.footprint_exact:
+        pytest.skip("Pss_Shmem or /proc/meminfo Shmem not readable here")
+    assert mem.peak_bytes - mem.baseline_bytes < 20 * MiB  # PSS cannot see them
+    assert mem.peak_footprint_bytes - mem.baseline_bytes >= 90 * MiB  # the footprint does
 
 
 def test_sampler_thread_is_named_and_gone_after_exit() -> None:
