@@ -186,19 +186,19 @@ class RandomResizedCrop(ImageTransform):
 
     def params(self, seed: int, epoch: int, index: int, height: int, width: int) -> CropParams:
         """The crop of sample ``index`` in ``epoch`` for an image of height x width pixels."""
-        u = _uniforms(seed, epoch, index)
+        raw = _random_words(seed, epoch, index)
         area = height * width
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         s_lo, s_hi = self.scale
         for k in range(10):
-            target_area = area * (s_lo + (s_hi - s_lo) * u[2 * k])
-            aspect = math.exp(log_lo + (log_hi - log_lo) * u[2 * k + 1])
+            target_area = area * (s_lo + (s_hi - s_lo) * (raw[2 * k] >> 11) * _TO_UNIT)
+            aspect = math.exp(log_lo + (log_hi - log_lo) * (raw[2 * k + 1] >> 11) * _TO_UNIT)
             w = int(round(math.sqrt(target_area * aspect)))
             h = int(round(math.sqrt(target_area / aspect)))
             if 0 < w <= width and 0 < h <= height:
-                top = min(int(u[20] * (height - h + 1)), height - h)
-                left = min(int(u[21] * (width - w + 1)), width - w)
-                return CropParams(top, left, h, w, self.flip and u[22] < 0.5)
+                top = min(int((raw[20] >> 11) * _TO_UNIT * (height - h + 1)), height - h)
+                left = min(int((raw[21] >> 11) * _TO_UNIT * (width - w + 1)), width - w)
+                return CropParams(top, left, h, w, self.flip and raw[22] >> 63 == 1)
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
             w, h = width, int(round(width / self.ratio[0]))
@@ -207,17 +207,22 @@ class RandomResizedCrop(ImageTransform):
         else:
             w, h = width, height
         h, w = max(1, min(h, height)), max(1, min(w, width))
-        return CropParams((height - h) // 2, (width - w) // 2, h, w, self.flip and u[22] < 0.5)
+        return CropParams((height - h) // 2, (width - w) // 2, h, w,
+                          self.flip and raw[22] >> 63 == 1)
 
     def _box(self, height, width, seed, epoch, index):
         p = self.params(seed, epoch, index, height, width)
         return p.top, p.left, p.height, p.width, p.flip
 
 
-def _uniforms(seed: int, epoch: int, index: int) -> Tuple[float, ...]:
-    """24 uniform floats in [0, 1) that depend only on (seed, epoch, index)."""
-    digest = hashlib.shake_128(f"gpufeed:{int(seed)}:{int(epoch)}:{int(index)}".encode()).digest(192)
-    return tuple((x >> 11) * (1.0 / 9007199254740992.0) for x in struct.unpack("<24Q", digest))
+_TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53: (word >> 11) * _TO_UNIT is uniform in [0, 1)
+
+
+def _random_words(seed: int, epoch: int, index: int) -> Tuple[int, ...]:
+    """23 uniform 64-bit words that depend only on (seed, epoch, index) (SHAKE-128 output):
+    2 per try (area, aspect ratio) x 10 tries, then top, left and flip."""
+    key = f"gpufeed-rrc:{int(seed)}:{int(epoch)}:{int(index)}".encode()
+    return struct.unpack("<23Q", hashlib.shake_128(key).digest(184))
 
 
 def _check_size(size: Size) -> Tuple[int, int]:
