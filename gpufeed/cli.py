@@ -1,0 +1,72 @@
+"""The ``gpufeed`` command line: a thin dispatcher, each subcommand's work lives in its module.
+
+::
+
+    gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--no-progress]
+    gpufeed backends
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable, Optional, Sequence
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from gpufeed.sources import pack
+
+    result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
+                  progress=not args.no_progress)
+    sys.stdout.write(f"packed {result.count} images in {len(result.classes)} classes into "
+                     f"{result.path} ({result.bytes_read / 1e6:.1f} MB -> "
+                     f"{result.bytes_written / 1e6:.1f} MB, {result.reencoded} re-encoded, "
+                     f"{result.seconds:.1f} s)\n")
+    return 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from gpufeed.decode import backends
+
+    sys.stdout.write(json.dumps(backends(), indent=2) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand; each sets ``args.run``."""
+    parser = argparse.ArgumentParser(prog="gpufeed", description="gpufeed: keeps GPUs fed.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("pack", help="pack an image folder (ImageFolder layout) into an LMDB")
+    p.add_argument("src", metavar="SRC_FOLDER", help="root of CLASS/IMAGE folders")
+    p.add_argument("dst", metavar="DST.lmdb", help="LMDB to create (must not exist)")
+    p.add_argument("--max-side", type=int, default=None, metavar="N",
+                   help="downscale so the longer side is at most N pixels (re-encodes as JPEG)")
+    p.add_argument("--quality", type=int, default=None, metavar="Q",
+                   help="re-encode every image as JPEG at quality Q (1-100)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_pack)
+
+    p = sub.add_parser("backends", help="print the active image decoders as JSON")
+    p.set_defaults(run=_backends)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``gpufeed`` command line with ``argv`` (default ``sys.argv[1:]``); exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    run: Command = args.run
+    try:
+        return run(args)
+    except (OSError, ValueError) as exc:  # user errors: one line, no traceback
+        sys.stderr.write(f"gpufeed {args.command}: error: {exc}\n")
+        return 1

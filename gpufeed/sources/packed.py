@@ -1,0 +1,336 @@
+"""LMDBDataset and pack(): an image folder packed into one LMDB file for fast random reads.
+
+Layout (format "gpufeed-lmdb", version 1), all in the main database:
+
+=================  ========================================================================
+key                value
+=================  ========================================================================
+``0000000000``...  encoded image bytes of sample i (``%010d``), as stored or re-encoded JPEG
+``__labels__``     int64 little-endian labels, one per sample
+``__paths__``      JSON list of the source paths relative to the packed folder (for messages)
+``__gpufeed__``    JSON metadata: format, version, count, classes, max_side, quality;
+                   written last, so a pack that did not finish has none
+=================  ========================================================================
+
+An LMDB environment must not cross ``fork``: each process opens its own, read-only, without
+locking or read-ahead, on first read; pickling (for spawn) drops it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from gpufeed.errors import DecodeError
+from gpufeed.sources._base import ImageSource
+from gpufeed.sources._paths import labels_array
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "gpufeed-lmdb"
+VERSION = 1
+META_KEY = b"__gpufeed__"
+LABELS_KEY = b"__labels__"
+PATHS_KEY = b"__paths__"
+
+
+def sample_key(index: int) -> bytes:
+    """The LMDB key of sample ``index``."""
+    return b"%010d" % index
+
+
+class LMDBDataset(ImageSource):
+    """Images and labels from an LMDB written by :func:`pack` (a directory or a single file)."""
+
+    def __init__(self, path: str | os.PathLike, transform: Optional[Any] = None) -> None:
+        self.path = os.fspath(path)
+        self.transform = transform
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"LMDB {self.path!r} does not exist; create it with "
+                                    f"`gpufeed pack SRC_FOLDER {self.path}`")
+        env, temporary = _shared_env(self.path, create=False)
+        try:
+            with env.begin() as txn:
+                raw_meta = txn.get(META_KEY)
+                raw_labels = txn.get(LABELS_KEY)
+        finally:
+            if temporary:
+                env.close()
+        if raw_meta is None or raw_labels is None:
+            raise ValueError(f"{self.path!r} is not a complete gpufeed LMDB (no {META_KEY!r} "
+                             f"record): was `gpufeed pack` interrupted? Pack it again.")
+        meta = json.loads(raw_meta)
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(f"{self.path!r} has format {meta.get('format')!r} version "
+                             f"{meta.get('version')!r}; this gpufeed reads {FORMAT!r} version "
+                             f"{VERSION}. Pack it again with this version.")
+        self.meta = meta
+        self.classes = list(meta["classes"])
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._labels = labels_array(np.frombuffer(raw_labels, dtype="<i8"))
+        if len(self._labels) != meta["count"]:
+            raise ValueError(f"{self.path!r}: {len(self._labels)} labels for {meta['count']} "
+                             f"samples: corrupt file. Pack it again.")
+        self._paths: Optional[list[str]] = None
+
+    def _environment(self) -> Any:
+        return _shared_env(self.path)[0]
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def read(self, index: int) -> bytes:
+        key = sample_key(index)
+        with self._environment().begin() as txn:
+            value = txn.get(key)
+        if value is None:
+            raise OSError(f"LMDB {self.path!r} has no record {key.decode()}: incomplete or not "
+                          f"written by gpufeed pack. Pack it again.")
+        return value
+
+    def label(self, index: int) -> int:
+        return int(self._labels[index])
+
+    def describe(self, index: int) -> str:
+        where = f"lmdb:{sample_key(index).decode()} in {self.path}"
+        if self._paths is None:
+            try:
+                with self._environment().begin() as txn:
+                    raw = txn.get(PATHS_KEY)
+                self._paths = json.loads(raw) if raw else []
+            except (OSError, ValueError):
+                self._paths = []
+        if 0 <= index < len(self._paths):
+            where += f" (packed from {self._paths[index]})"
+        return where
+
+    @property
+    def labels(self) -> np.ndarray:
+        """All labels, int64 (read-only)."""
+        return self._labels
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_paths"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(path={self.path!r}, {len(self)} images, "
+                f"{len(self.classes)} classes, transform={self.transform!r})")
+
+
+# One read-only environment per LMDB path and process: LMDB refuses to open the same file
+# twice in a process, and an environment must not be used across fork. realpath -> (pid, env).
+_envs: dict[str, tuple[int, Any]] = {}
+
+
+def _shared_env(path: str, create: bool = True) -> tuple[Any, bool]:
+    """(environment, temporary) for ``path`` in this process. With ``create``, a new environment
+    is cached for later reads; without, one that is not yet cached is returned as temporary
+    (the caller closes it), so that merely constructing a dataset leaves nothing open."""
+    import lmdb
+
+    key = os.path.realpath(path)
+    pid = os.getpid()
+    entry = _envs.get(key)
+    if entry is not None and entry[0] == pid:
+        return entry[1], False
+    if entry is not None:
+        # Inherited through fork: close this process's copy of the parent's mapping (the
+        # parent's stays open), since LMDB will not open the file again while it is registered.
+        del _envs[key]
+        try:
+            entry[1].close()
+        except lmdb.Error:
+            pass
+    env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False,
+                    readahead=False, meminit=False, max_readers=2048)
+    if create:
+        _envs[key] = (pid, env)
+    return env, not create
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`pack` wrote: sample count, bytes read and written, re-encoded count, seconds."""
+
+    path: str
+    count: int
+    classes: tuple[str, ...]
+    bytes_read: int
+    bytes_written: int
+    reencoded: int
+    seconds: float
+
+
+def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
+         max_side: Optional[int] = None, quality: Optional[int] = None, progress: bool = True,
+         txn_bytes: int = 64 << 20) -> PackResult:
+    """Pack an image folder (torchvision ``ImageFolder`` layout and order) into a new LMDB.
+
+    ``max_side`` (pixels): images whose longer side exceeds it are downscaled to it (DCT-scaled
+    decode, then INTER_AREA) and re-encoded as JPEG. ``quality`` (1-100): re-encode every image
+    as JPEG at this quality (default 90 for the downscaled ones). Otherwise the original bytes are
+    stored unchanged, after a header check that rejects empty and non-image files
+    (:class:`~gpufeed.errors.DecodeError` naming the file). ``txn_bytes`` bounds one write
+    transaction. The LMDB is written beside ``dst_lmdb`` and renamed into place when complete.
+    ``progress``: a tqdm bar if tqdm is installed, else a log line every 5 s.
+    """
+    import lmdb
+
+    from gpufeed.sources.folder import ImageFolder
+
+    if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
+                                 or max_side <= 0):
+        raise ValueError(f"`max_side` must be None or an int > 0. Found: {max_side!r}.")
+    if quality is not None and (isinstance(quality, bool) or not isinstance(quality, int)
+                                or not 1 <= quality <= 100):
+        raise ValueError(f"`quality` must be None or an int in 1..100. Found: {quality!r}.")
+    if txn_bytes <= 0:
+        raise ValueError(f"`txn_bytes` must be > 0. Found: {txn_bytes!r}.")
+    dst = os.fspath(dst_lmdb)
+    if os.path.exists(dst):
+        raise FileExistsError(f"{dst!r} already exists; pass a new path or delete it first")
+    folder = ImageFolder(src_folder)
+    n = len(folder)
+    total_in = sum(os.path.getsize(folder.path(i)) for i in range(n))
+    partial = f"{dst}.partial-{os.getpid()}"
+    start = time.perf_counter()
+    env = lmdb.open(partial, map_size=_round_map_size(total_in * 1.25 + (32 << 20)),
+                    subdir=True, meminit=False, max_dbs=0)
+    bar = _Progress(n, dst, progress)
+    written = reencoded = 0
+    try:
+        batch: list[tuple[bytes, bytes]] = []
+        batch_bytes = 0
+        for i in range(n):
+            path = folder.path(i)
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                value, changed = _prepare(data, max_side, quality)
+            except DecodeError as exc:
+                raise DecodeError(f"cannot pack {path} (sample index {i}): {exc}. Remove or "
+                                  f"replace the file and pack again.") from exc
+            reencoded += changed
+            batch.append((sample_key(i), value))
+            batch_bytes += len(value)
+            written += len(value)
+            bar.update(len(data))
+            if batch_bytes >= txn_bytes or len(batch) >= 10000:
+                _put_all(env, batch, append=True)
+                batch, batch_bytes = [], 0
+        if batch:
+            _put_all(env, batch, append=True)
+        meta = {"format": FORMAT, "version": VERSION, "count": n, "classes": folder.classes,
+                "max_side": max_side, "quality": quality}
+        paths = [os.path.relpath(folder.path(i), folder.root) for i in range(n)]
+        _put_all(env, [(LABELS_KEY, folder.labels.astype("<i8").tobytes()),
+                       (PATHS_KEY, json.dumps(paths).encode()),
+                       (META_KEY, json.dumps(meta).encode())], append=False)
+        env.sync(True)
+        env.close()
+        os.rename(partial, dst)
+    except BaseException:
+        env.close()
+        _remove_tree(partial)
+        raise
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    logger.debug("packed %d images (%d re-encoded) from %s into %s: %.1f MB -> %.1f MB in %.1f s",
+                 n, reencoded, folder.root, dst, total_in / 1e6, written / 1e6, seconds)
+    return PackResult(dst, n, tuple(folder.classes), total_in, written, reencoded, seconds)
+
+
+def _prepare(data: bytes, max_side: Optional[int], quality: Optional[int]) -> tuple[bytes, bool]:
+    """The bytes to store for one image, and whether they were re-encoded."""
+    from gpufeed.decode import decode, read_header
+
+    header = read_header(data)
+    longest = max(header.height, header.width)
+    shrink = max_side is not None and longest > max_side
+    if not shrink and quality is None:
+        return data, False
+    import cv2
+
+    if shrink:
+        s = max_side / longest
+        th, tw = max(1, round(header.height * s)), max(1, round(header.width * s))
+        img = decode(data, min_height=th, min_width=tw, header=header)
+        if img.shape[:2] != (th, tw):
+            img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
+    else:
+        img = decode(data, header=header)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, 90 if quality is None else quality])
+    if not ok:
+        raise RuntimeError(f"OpenCV could not encode a {img.shape} image as JPEG")
+    return buf.tobytes(), True
+
+
+def _put_all(env: Any, items: list[tuple[bytes, bytes]], *, append: bool) -> None:
+    """Write ``items`` in one transaction, doubling the map size while it is full."""
+    import lmdb
+
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for key, value in items:
+                    txn.put(key, value, append=append)
+            return
+        except lmdb.MapFullError:
+            size = env.info()["map_size"] * 2
+            logger.debug("LMDB map full; growing it to %d bytes", size)
+            env.set_mapsize(size)
+
+
+def _round_map_size(nbytes: float) -> int:
+    mib = 1 << 20
+    return int(-(-int(nbytes) // mib) * mib)
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _Progress:
+    """A tqdm bar when available and wanted, else a log line every 5 s (or nothing)."""
+
+    def __init__(self, total: int, name: str, enabled: bool) -> None:
+        self.total, self.done, self.nbytes = total, 0, 0
+        self.start = self.last = time.perf_counter()
+        self.bar = None
+        self.enabled = enabled
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, unit="img", desc=f"pack {os.path.basename(name)}")
+
+    def update(self, nbytes: int) -> None:
+        self.done += 1
+        self.nbytes += nbytes
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled:
+            now = time.perf_counter()
+            if now - self.last >= 5.0 or self.done == self.total:
+                self.last = now
+                rate = self.nbytes / max(now - self.start, 1e-9) / 1e6
+                logger.info("pack: %d/%d images (%.0f%%), %.1f MB/s read", self.done, self.total,
+                            100.0 * self.done / max(self.total, 1), rate)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,104 @@
+"""ImageDataset: gpufeed's image path over an existing dataset of (path or bytes, label)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from gpufeed.sources._base import ImageSource
+from gpufeed.sources._paths import PathTable, labels_array
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+class ImageDataset(ImageSource):
+    """Wrap ``source`` so gpufeed decodes its images.
+
+    ``source`` is either
+
+    - an object with a ``samples`` list of ``(path, class_index)`` (e.g. a torchvision
+      ``ImageFolder``/``DatasetFolder``), or a list/tuple of such pairs: the pairs are copied into
+      numpy arrays and ``source`` is not kept; ``classes``/``class_to_idx`` are copied if present;
+    - any map-style dataset whose items are ``(path or encoded bytes, label)``: items are fetched
+      from it on each read.
+    """
+
+    def __init__(self, source: Any, transform: Optional[Any] = None) -> None:
+        self.transform = transform
+        self.classes = list(getattr(source, "classes", []) or [])
+        self.class_to_idx = dict(getattr(source, "class_to_idx", {}) or {})
+        pairs = getattr(source, "samples", None)
+        if pairs is None and isinstance(source, (list, tuple)):
+            pairs = source
+        self._source: Any = None
+        if pairs is not None:
+            pairs = list(pairs)
+            for k, pair in enumerate(pairs[:1] + pairs[-1:]):
+                if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                        and isinstance(pair[0], (str, os.PathLike))):
+                    raise TypeError(f"`source.samples` must be a list of (path, class_index). "
+                                    f"Found: {pair!r}.")
+            self._paths: Optional[PathTable] = PathTable(p for p, _ in pairs)
+            self._labels = labels_array([int(c) for _, c in pairs])
+        elif hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+            self._source = source
+            self._paths = None
+        else:
+            raise TypeError(f"`source` must be a map-style dataset of (path or bytes, label) or "
+                            f"have a `samples` list. Found: {type(source).__name__}.")
+
+    def __len__(self) -> int:
+        return len(self._labels) if self._paths is not None else len(self._source)
+
+    def _item(self, index: int) -> tuple[Any, int]:
+        item = self._source[index]
+        if not (isinstance(item, (tuple, list)) and len(item) >= 2
+                and isinstance(item[0], (str, os.PathLike) + _BYTES)):
+            raise TypeError(f"items of the wrapped dataset must be (path or encoded bytes, label). "
+                            f"Found at index {index}: {type(item).__name__} "
+                            f"{_short(item)}.")
+        return item[0], int(item[1])
+
+    def read_item(self, index: int) -> tuple[Any, int]:
+        if self._paths is not None:
+            return self.read(index), self.label(index)
+        what, label = self._item(index)
+        return (_read_file(what) if isinstance(what, (str, os.PathLike)) else what), label
+
+    def read(self, index: int) -> Any:
+        if self._paths is not None:
+            return _read_file(self._paths[index])
+        return self.read_item(index)[0]
+
+    def label(self, index: int) -> int:
+        if self._paths is not None:
+            return int(self._labels[index])
+        return self._item(index)[1]
+
+    def describe(self, index: int) -> str:
+        if self._paths is not None:
+            return self._paths[index]
+        try:
+            what = self._source[index][0]
+        except Exception:  # noqa: BLE001 - only naming the sample; the real error is raised elsewhere
+            what = None
+        if isinstance(what, (str, os.PathLike)):
+            return os.fspath(what)
+        return f"{type(self._source).__name__}[{index}]"
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """[(path, class_index), ...] when built from paths (on each access)."""
+        if self._paths is None:
+            raise AttributeError("this ImageDataset wraps a dataset of items, not a samples list")
+        return [(self._paths[i], int(c)) for i, c in enumerate(self._labels)]
+
+
+def _read_file(path: str | os.PathLike) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _short(item: Any) -> str:
+    text = repr(item)
+    return text if len(text) <= 80 else text[:77] + "..."
