@@ -241,7 +241,8 @@ def _check_size(size: Size) -> Tuple[int, int]:
             isinstance(v, int) and not isinstance(v, bool) for v in size):
         pair = (int(size[0]), int(size[1]))
     else:
-        raise ValueError(f"`size` must be an int or a (height, width) pair of ints. Found: {size!r}.")
+        raise ValueError(f"`size` must be an int or a (height, width) pair of ints. "
+                         f"Found: {size!r}.")
     if min(pair) <= 0:
         raise ValueError(f"`size` must be > 0. Found: {size!r}.")
     return pair

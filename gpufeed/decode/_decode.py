@@ -30,7 +30,8 @@ _BENIGN_WARNINGS = ("extraneous bytes before marker",)
 
 
 def scaled_size(height: int, width: int, factor: tuple[int, int]) -> tuple[int, int]:
-    """Output (height, width) of a DCT-scaled decode by ``factor`` = (num, denom): ceil(d*num/denom)."""
+    """Output (height, width) in pixels of a DCT-scaled decode by ``factor`` = (num, denom):
+    ``ceil(d * num / denom)`` per axis, as libjpeg computes it."""
     num, den = factor
     return -(-height * num // den), -(-width * num // den)
 
@@ -160,6 +161,7 @@ def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 
 
 def min_size_for_scale(header: ImageHeader, scale: float) -> tuple[int, int]:
-    """(min_height, min_width) to pass to :func:`decode` for output at least ``scale`` x full size."""
+    """(min_height, min_width) in pixels to pass to :func:`decode` for an output at least
+    ``scale`` times the full size."""
     return (max(1, math.ceil(header.height * scale - 1e-9)),
             max(1, math.ceil(header.width * scale - 1e-9)))

@@ -33,7 +33,7 @@ class ImageDataset(ImageSource):
         self._source: Any = None
         if pairs is not None:
             pairs = list(pairs)
-            for k, pair in enumerate(pairs[:1] + pairs[-1:]):
+            for pair in pairs[:1] + pairs[-1:]:  # spot checks; a full pass would be slow
                 if not (isinstance(pair, (tuple, list)) and len(pair) == 2
                         and isinstance(pair[0], (str, os.PathLike))):
                     raise TypeError(f"`source.samples` must be a list of (path, class_index). "
@@ -80,7 +80,7 @@ class ImageDataset(ImageSource):
             return self._paths[index]
         try:
             what = self._source[index][0]
-        except Exception:  # noqa: BLE001 - only naming the sample; the real error is raised elsewhere
+        except Exception:  # noqa: BLE001 - only names the sample; the real error is raised later
             what = None
         if isinstance(what, (str, os.PathLike)):
             return os.fspath(what)

@@ -107,7 +107,8 @@ def test_png_variants_decode_exactly():
     assert np.array_equal(decode(encode(img, "png")), img)
     gray = decode(encode(img[..., 0], "png"))
     assert np.array_equal(gray, np.repeat(img[..., :1], 3, axis=2))
-    ok, rgba = cv2.imencode(".png", np.dstack([img[..., ::-1], np.full(img.shape[:2], 7, np.uint8)]))
+    alpha = np.full(img.shape[:2], 7, np.uint8)
+    ok, rgba = cv2.imencode(".png", np.dstack([img[..., ::-1], alpha]))
     assert ok
     assert read_header(rgba.tobytes()).channels == 4
     assert np.array_equal(decode(rgba.tobytes()), img)  # alpha dropped, as PIL's convert("RGB")

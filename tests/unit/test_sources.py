@@ -12,7 +12,14 @@ from torch.utils.data import DataLoader
 
 from gpufeed.decode import decode
 from gpufeed.errors import DecodeError
-from gpufeed.sources import IMG_EXTENSIONS, ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
+from gpufeed.sources import (
+    IMG_EXTENSIONS,
+    ImageDataset,
+    ImageFolder,
+    ImageSource,
+    LMDBDataset,
+    pack,
+)
 from gpufeed.synth import encode, make_image_folder, photo_like
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 

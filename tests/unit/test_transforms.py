@@ -31,7 +31,8 @@ def reference_resize_center_crop(img: np.ndarray, size: tuple[int, int], resize:
     else:
         nh, nw = resize, int(resize * w / h)
     shrink = nh <= h and nw <= w  # torchvision: antialiased bilinear; cv2: area down, linear up
-    resized = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    mode = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+    resized = cv2.resize(img, (nw, nh), interpolation=mode)
     th, tw = size
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
     return resized[top:top + th, left:left + tw]
