@@ -108,6 +108,11 @@ class ImageFolder(ImageSource):
         """[(path, class_index), ...] as torchvision's ``samples`` (built on each access)."""
         return [(self.path(i), int(c)) for i, c in enumerate(self._labels)]
 
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        """Alias of :attr:`samples`, as in torchvision."""
+        return self.samples
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(root={self.root!r}, {len(self)} images, "
                 f"{len(self.classes)} classes, transform={self.transform!r})")

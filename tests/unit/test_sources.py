@@ -76,6 +76,7 @@ def test_image_folder_indexing_matches_torchvision(tricky_tree):
     assert ds.class_to_idx == class_to_idx
     assert ds.samples == tv_make_dataset(tricky_tree, class_to_idx)
     assert ds.targets == [c for _, c in ds.samples]
+    assert ds.imgs == ds.samples
     assert len(ds) == 11
 
 
