@@ -1,10 +1,47 @@
 """gpufeed: keeps GPUs fed.
 
 A drop-in replacement for ``torch.utils.data.DataLoader`` on gpufeed's own shared-memory worker
-engine. Importing gpufeed starts nothing: no processes, threads or CUDA context.
+engine, with an image fast path (decode, crop and resize straight into shared batch slots).
+Importing gpufeed starts nothing: no processes, threads, decoders or CUDA context.
 """
 
+from gpufeed.cache import HostCache, parse_cache_bytes
+from gpufeed.config import EngineConfig
+from gpufeed.decode import backends, decode, read_header
+from gpufeed.errors import (
+    BackendFallbackWarning,
+    BackendUnavailableError,
+    DecodeError,
+    GpufeedError,
+    GpufeedWarning,
+    LoaderTimeoutError,
+    WorkerError,
+)
 from gpufeed.loader import FastLoader
+from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
+from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
-__all__ = ["FastLoader"]
+__all__ = [
+    "BackendFallbackWarning",
+    "BackendUnavailableError",
+    "DecodeError",
+    "EngineConfig",
+    "FastLoader",
+    "GpufeedError",
+    "GpufeedWarning",
+    "HostCache",
+    "ImageDataset",
+    "ImageFolder",
+    "ImageSource",
+    "LMDBDataset",
+    "LoaderTimeoutError",
+    "RandomResizedCrop",
+    "ResizeCenterCrop",
+    "WorkerError",
+    "backends",
+    "decode",
+    "pack",
+    "parse_cache_bytes",
+    "read_header",
+]
 __version__ = "0.1.0"

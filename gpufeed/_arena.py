@@ -14,6 +14,7 @@ process leaks nothing, and it is not bounded by the size of ``/dev/shm``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import mmap
 import os
@@ -24,6 +25,9 @@ import weakref
 from dataclasses import dataclass
 from multiprocessing import reduction
 
+from typing import Any
+
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ class Arena:
         self._free: list[int] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._users = 0  # live iterators; closing waits for the last one
+        self._close_requested = False
 
     @property
     def fd(self) -> int:
@@ -122,6 +128,12 @@ class Arena:
             if not self._closed:
                 self._free.append(slot)
 
+    def slot_tensor(self, slot: int) -> torch.Tensor:
+        """The whole of ``slot`` as a uint8 tensor, for the parent's own short-lived writes."""
+        chunk, first, _ = chunk_of(slot)
+        start = (slot - first) * self.slot_bytes
+        return torch.frombuffer(self._maps[chunk], dtype=torch.uint8)[start : start + self.slot_bytes]
+
     def lease(self, slot: int, nbytes: int) -> memoryview:
         """A view of the first ``nbytes`` of ``slot``; the slot is released when it dies."""
         chunk, first, _ = chunk_of(slot)
@@ -130,14 +142,35 @@ class Arena:
         weakref.finalize(view, self.release, slot)
         return view
 
+    def attach(self) -> None:
+        """An iterator starts using the arena (it stays open until every user detached)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("gpufeed arena is closed; iterate a live loader")
+            self._users += 1
+
+    def detach(self) -> None:
+        """An iterator is done; closes the arena if the loader already asked for it."""
+        with self._lock:
+            self._users -= 1
+            close_now = self._users == 0 and self._close_requested
+        if close_now:
+            self.close()
+
     def close(self) -> None:
-        """Unmap what nobody holds and close the file; idempotent.
+        """Close now, or as soon as the last iterator detaches (a loader may die before the
+        iterator it made: ``for b in FastLoader(...)``). Idempotent.
+
+        Unmaps what nobody holds and closes the file.
 
         Mappings still exported to user tensors stay alive until those tensors die (their
         memoryviews keep the mmap objects), so closing never invalidates a batch the user holds.
         """
         with self._lock:
             if self._closed or os.getpid() != self._owner_pid:
+                return
+            if self._users > 0:
+                self._close_requested = True
                 return
             self._closed = True
             maps, self._maps, self._free = self._maps, [], []
@@ -178,10 +211,30 @@ class SlotWriter:
         self._bytes: torch.Tensor | None = None
         self._base = 0
         self.pos = 0
+        self._allocs: list[tuple[int, int]] = []  # (offset, nbytes) of this task's regions, ascending
 
     @property
     def active(self) -> bool:
         return self._bytes is not None
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The current slot as a uint8 tensor (between ``begin`` and ``end``)."""
+        assert self._bytes is not None  # internal invariant
+        return self._bytes
+
+    def seek(self, pos: int) -> None:
+        """Move the allocation cursor (regions below ``pos`` are laid out by the caller)."""
+        self.pos = pos
+
+    def stage(self, data: Any) -> tuple[int, int] | None:
+        """Copy ``data`` (bytes-like) to a fresh region; (offset, nbytes) or None if full."""
+        view = memoryview(data).cast("B")
+        off = self.alloc(view.nbytes)
+        if off is None:
+            return None
+        self.region(off, view.nbytes).numpy()[:] = np.frombuffer(view, np.uint8)
+        return off, view.nbytes
 
     def begin(self, slot: int) -> None:
         chunk, first, _ = chunk_of(slot)
@@ -194,6 +247,7 @@ class SlotWriter:
         self._bytes = mapped[1][start : start + size]
         self._base = self._bytes.data_ptr()
         self.pos = 0
+        self._allocs = []
 
     def end(self) -> None:
         self._bytes = None
@@ -215,7 +269,26 @@ class SlotWriter:
         if start + nbytes > len(self._bytes):
             return None
         self.pos = start + nbytes
+        self._allocs.append((start, nbytes))
         return start
+
+    def mark(self, offset: int, nbytes: int) -> None:
+        """Declare a region laid out by the caller (not by ``alloc``), e.g. the image rows."""
+        bisect.insort(self._allocs, (offset, nbytes))
+
+    def region_of(self, ptr: int) -> tuple[int, int] | None:
+        """(offset, nbytes) of the allocated region holding address ``ptr``, if any.
+
+        Tensors carved from one region keep sharing one storage in the parent, as they would
+        have in torch (views of a collated batch, for instance).
+        """
+        off = ptr - self._base
+        i = bisect.bisect_right(self._allocs, (off, float("inf"))) - 1
+        if i >= 0:
+            start, nbytes = self._allocs[i]
+            if start <= off < start + nbytes:
+                return start, nbytes
+        return None
 
     def region(self, offset: int, nbytes: int) -> torch.Tensor:
         """uint8 tensor over ``[offset, offset + nbytes)`` of the current slot."""

@@ -42,6 +42,7 @@ class _Task:
     idx: int
     slot: int
     index: Any
+    extra: Any = None  # ImageTask on the image path
     reply: Any = None  # the worker's message once it arrived
 
 
@@ -85,10 +86,11 @@ class _Ledger:
 
 def _shutdown(pool: WorkerPool, ledger: _Ledger) -> None:
     """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
-    if pool.closed:
+    if pool.closed or not pool.owned_here:
         return
     pool.shutdown()
     ledger.release_all()
+    ledger.arena.detach()
 
 
 class FastIter(_BaseDataLoaderIter):
@@ -98,9 +100,12 @@ class FastIter(_BaseDataLoaderIter):
         super().__init__(loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
+        if self._prefetch_factor <= 0:  # torch accepts 0 at construction and fails here, so do we
+            raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._config = loader.engine_config
         self._stats: Stats = loader._stats
         self._arena = loader._get_arena()
+        self._feed = loader._image_feed
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         init_fn = loader.worker_init_fn
         if isinstance(self._dataset, (IterDataPipe, MapDataPipe)):
@@ -119,12 +124,18 @@ class FastIter(_BaseDataLoaderIter):
             arena=self._arena.handle(),
             parent_pid=os.getpid(),
             inherited_fds=(),
+            image_plan=None if self._feed is None else self._feed.plan,
         )
         self._is_iterable = spec.is_iterable
         self._ledger = _Ledger(self._arena, self._num_workers)
         self._restarts = 0
         self._epoch = 0
-        self._pool = WorkerPool(ctx, spec, self._num_workers, self._config.shutdown_timeout_s)
+        self._arena.attach()
+        try:
+            self._pool = WorkerPool(ctx, spec, self._num_workers, self._config.shutdown_timeout_s)
+        except BaseException:
+            self._arena.detach()
+            raise
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._ledger)
         self._reset(loader, first_iter=True)
 
@@ -145,6 +156,7 @@ class FastIter(_BaseDataLoaderIter):
     # -- epoch set-up -----------------------------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        self._aug_epoch = loader._begin_epoch()
         if self._pool.closed:
             raise RuntimeError("gpufeed: this iterator's workers were shut down (loader closed)")
         if not first_iter:
@@ -189,11 +201,19 @@ class FastIter(_BaseDataLoaderIter):
             return
         task_idx = self._send_idx
         slot = self._ledger.take((self._epoch, task_idx), worker_id)
-        self._task_info[task_idx] = _Task(worker_id, task_idx, slot, index)
-        self._pool.send(worker_id, ("task", self._epoch, task_idx, slot, index))
+        task = self._task_info[task_idx] = _Task(worker_id, task_idx, slot, index, self._prepare(slot, index))
+        self._send(task)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1
         self._send_idx += 1
+
+    def _prepare(self, slot: int, index: Any) -> Any:
+        if self._feed is None:
+            return None
+        return self._feed.prepare(self._aug_epoch, index, self._arena.slot_tensor(slot))
+
+    def _send(self, task: _Task) -> None:
+        self._pool.send(task.worker_id, ("task", self._epoch, task.idx, task.slot, task.index, task.extra))
 
     # -- receiving --------------------------------------------------------------------------
     def _next_data(self) -> Any:
@@ -228,11 +248,11 @@ class FastIter(_BaseDataLoaderIter):
             task_idx, reply = self._get_reply()
             self._tasks_outstanding -= 1
             task = self._task_info[task_idx]
-            task.reply = reply
-            if task.reply[0] == "end":
+            if reply[0] == "end":  # like torch: the task stays unanswered and is skipped above
                 self._workers_status[task.worker_id] = False
                 self._try_put_index()
                 continue
+            task.reply = reply
             if task_idx != self._rcvd_idx:
                 if not self._in_order:
                     del self._task_info[task_idx]
@@ -275,7 +295,7 @@ class FastIter(_BaseDataLoaderIter):
             self._ledger.release((epoch, task_idx))
             return
         if kind == "ok":
-            self._stats.add_batch(fetch_s=msg[6], collate_s=msg[7], pack_s=msg[8])
+            self._stats.add_batch(fetch_s=msg[6], collate_s=msg[7], pack_s=msg[8], report=msg[9])
         self._ready.append((task_idx, msg))
 
     def _process(self, task: _Task) -> Any:
@@ -296,6 +316,8 @@ class FastIter(_BaseDataLoaderIter):
         _, _, _, skeleton, used, overflow = reply[:6]
         if overflow:
             self._stats.add_overflow(overflow)
+        if self._feed is not None:
+            self._feed.absorb(task.index, task.extra, reply[9], self._arena.slot_tensor(task.slot))
         lease = self._ledger.lease(key, used)
         data = unpack(skeleton, lease)
         del lease  # the slot returns to the free list when the batch's last view dies
@@ -334,7 +356,8 @@ class FastIter(_BaseDataLoaderIter):
         log.warning("%s; replaced by pid %d, re-running %d batch(es)", where, new_pid, len(current))
         for idx in current:
             task = self._task_info[idx]
-            self._pool.send(worker_id, ("task", self._epoch, idx, task.slot, task.index))
+            task.extra = self._prepare(task.slot, task.index)  # the dead worker may have moved rows
+            self._send(task)
 
     def _timeout_error(self, timeout_s: float) -> LoaderTimeoutError:
         task = self._task_info.get(self._rcvd_idx)

@@ -12,12 +12,14 @@ arena slots of unfinished tasks only after this returns (no writer is left).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection as mpc
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,6 +51,26 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+@contextlib.contextmanager
+def _cv2_single_threaded_for_fork():
+    """Fork with OpenCV's thread pool at one thread, then restore the parent's setting.
+
+    ``cv2.setNumThreads`` hangs in a forked child once the parent's pool has run (it waits for
+    pool threads that do not exist after fork), so the child cannot reconfigure itself: it has
+    to inherit a single-threaded pool. Without cv2 imported, the child imports and sets it.
+    """
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None or not hasattr(cv2, "setNumThreads"):
+        yield
+        return
+    previous = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(previous)
+
+
 @dataclass
 class _Worker:
     process: Any
@@ -67,8 +89,17 @@ class WorkerPool:
         self._owner_pid = os.getpid()
         self._workers: list[_Worker | None] = [None] * num_workers
         self.closed = False
-        for worker_id in range(num_workers):
-            self._start(worker_id)
+        try:
+            for worker_id in range(num_workers):
+                self._start(worker_id)
+        except BaseException:  # e.g. an unpicklable dataset under spawn: stop those started
+            self.shutdown()
+            raise
+
+    @property
+    def owned_here(self) -> bool:
+        """False in a forked child that inherited this object: it must not act on it."""
+        return os.getpid() == self._owner_pid
 
     @property
     def pids(self) -> list[int]:
@@ -89,12 +120,14 @@ class WorkerPool:
         for c in (task_w, res_w):
             _grow_pipe(c)
         inherited = self._parent_fds() + (task_w.fileno(), res_r.fileno()) if self._fork else ()
-        spec = replace(self._spec, worker_id=worker_id, inherited_fds=inherited)
+        parent_pid = 0 if self._ctx.get_start_method() == "forkserver" else self._spec.parent_pid
+        spec = replace(self._spec, worker_id=worker_id, inherited_fds=inherited, parent_pid=parent_pid)
         proc = self._ctx.Process(
             target=worker_main, args=(spec, task_r, res_w), name=f"gpufeed-worker-{worker_id}", daemon=True
         )
         try:
-            proc.start()
+            with _cv2_single_threaded_for_fork() if self._fork else contextlib.nullcontext():
+                proc.start()
         finally:
             task_r.close()
             res_w.close()

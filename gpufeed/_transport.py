@@ -73,8 +73,14 @@ class _Packer(pickle.Pickler):
             if not _arena_eligible(obj):
                 return None
             span = _span_bytes(obj)
-            if self._writer.contains(obj.data_ptr(), span):  # written in place by the collate
-                off = self._writer.offset_of(obj.data_ptr())
+            ptr = obj.data_ptr()
+            if self._writer.contains(ptr, span):  # written in place (arena-backed collate)
+                off = self._writer.offset_of(ptr)
+                region = self._writer.region_of(ptr)
+                if region is not None and off + span <= region[0] + region[1]:
+                    elems, rem = divmod(off - region[0], obj.element_size())
+                    if rem == 0:  # share the region's storage, as views of one tensor do
+                        return ("t", *region, obj.dtype, tuple(obj.shape), obj.stride(), elems)
                 return ("t", off, span, obj.dtype, tuple(obj.shape), obj.stride(), 0)
             placed = self._copy_storage(obj.untyped_storage())
             if placed is None:
@@ -120,7 +126,9 @@ class _Unpacker(pickle.Unpickler):
         kind = pid[0]
         if kind == "t":
             _, off, nbytes, dtype, shape, stride, storage_offset = pid
-            return self._base(off, nbytes).view(dtype).as_strided(shape, stride, storage_offset)
+            base = self._base(off, nbytes)
+            usable = nbytes - nbytes % dtype.itemsize
+            return base[:usable].view(dtype).as_strided(shape, stride, storage_offset)
         if kind == "n":
             _, off, nbytes, dtype, shape = pid
             # Through a tensor, so the array keeps the lease (and the slot) alive.

@@ -3,12 +3,15 @@
 Messages (pickled over per-worker pipes; payloads never travel here, they stay in the arena):
 
 parent -> worker
-    ("task", epoch, task_idx, slot, index)   fetch ``index`` (a batch of indices, one index, or
-                                             None for iterable datasets), collate, pack into ``slot``
+    ("task", epoch, task_idx, slot, index, extra)
+                                             fetch ``index`` (a batch of indices, one index, or
+                                             None for iterable datasets), collate, pack into
+                                             ``slot``; ``extra`` is an ImageTask on the image path
     ("reset", epoch)                         new epoch (persistent workers): fresh dataset iterator
     None                                     exit
 worker -> parent
-    ("ok", epoch, task_idx, skeleton, slot_bytes_used, overflow_bytes, fetch_s, collate_s, pack_s)
+    ("ok", epoch, task_idx, skeleton, slot_bytes_used, overflow_bytes, fetch_s, collate_s, pack_s,
+     report)                                 report: a FillReport on the image path, else None
     ("err", epoch, task_idx, error)          a ``WorkerException`` from dataset/collate code
     ("end", epoch, task_idx)                 the worker's IterableDataset is exhausted
     ("init_err", error)                      worker_init_fn (or fetcher set-up) raised
@@ -19,7 +22,9 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -33,6 +38,7 @@ import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import IterableDataset
 
 from gpufeed._arena import ArenaHandle, SlotWriter
+from gpufeed._imagepath import ImagePlan, fill_batch
 from gpufeed._transport import pack
 
 PARENT_POLL_S = 0.25
@@ -53,8 +59,9 @@ class WorkerSpec:
     num_workers: int
     shared_seed: int | None
     arena: ArenaHandle
-    parent_pid: int
+    parent_pid: int  # the loader's process when it is our parent (fork, spawn), else 0
     inherited_fds: tuple[int, ...]  # parent-side pipe ends to close after a fork
+    image_plan: ImagePlan | None = None  # the image fast path replaces fetch + collate
 
 
 @dataclass
@@ -166,11 +173,17 @@ def _stackable(t: torch.Tensor) -> bool:
     return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu" and not t.is_nested
 
 
-def _watch_parent(parent_pid: int) -> None:
-    # A blocked recv or a long __getitem__ cannot notice a SIGKILLed parent; this thread can.
+def _watch_parent(parent_pid: int, task_fd: int) -> None:
+    """Exit when the loader's process is gone, even while the main thread is busy.
+
+    Two signs: the parent pid changed (fork/spawn: the loader's process is our parent), or the
+    task pipe hung up (every start method, forkserver included, whose parent is the server).
+    """
+    poller = select.poll()
+    poller.register(task_fd, select.POLLHUP)
     while True:
-        time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:
+        hung_up = any(ev & (select.POLLHUP | select.POLLERR) for _, ev in poller.poll(PARENT_POLL_S * 1000))
+        if hung_up or (parent_pid and os.getppid() != parent_pid):
             os._exit(0)
 
 
@@ -202,8 +215,14 @@ def worker_main(spec: WorkerSpec, tasks, results) -> None:
             os.close(fd)
         except OSError:
             pass
-    threading.Thread(target=_watch_parent, args=(spec.parent_pid,), name="gpufeed-parent-watch", daemon=True).start()
-    torch.set_num_threads(1)
+    threading.Thread(
+        target=_watch_parent, args=(spec.parent_pid, tasks.fileno()), name="gpufeed-parent-watch", daemon=True
+    ).start()
+    torch.set_num_threads(1)  # one core per worker, or the workers oversubscribe the machine
+    if spec.image_plan is not None and "cv2" not in sys.modules:
+        import cv2  # a fresh import (spawn, or a parent without cv2) may be configured safely
+
+        cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
     _setup(spec)
     _writer = SlotWriter(spec.arena)
     torch_collate.default_collate_fn_map[torch.Tensor] = _collate_tensor_into_slot
@@ -227,29 +246,37 @@ def _make_fetcher(spec: WorkerSpec) -> _MapFetcher | _IterableFetcher:
 def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
     w = _writer
     assert w is not None
+    reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
     while True:
         msg = tasks.recv()
         if msg is None:
             return
         if msg[0] == "reset":
             fetcher = _make_fetcher(spec)
+            reported_end = False
             continue
-        _, epoch, task_idx, slot, index = msg
-        if isinstance(fetcher, _IterableFetcher) and fetcher.ended:
-            continue  # like torch: after reporting the end, later tasks of the epoch get no reply
+        _, epoch, task_idx, slot, index, extra = msg
+        if reported_end:
+            continue
         w.begin(slot)
         try:
             t0 = time.perf_counter()
-            data = fetcher.fetch(index)
-            t1 = time.perf_counter()
-            data = spec.collate_fn(data)
-            t2 = time.perf_counter()
+            report = None
+            if spec.image_plan is None:
+                data = fetcher.fetch(index)
+                t1 = time.perf_counter()
+                data = spec.collate_fn(data)
+                t2 = time.perf_counter()
+            else:
+                data, report = _fill(spec.image_plan, spec.dataset, index, extra, w)
+                t1 = t0 + report.read_s
+                t2 = time.perf_counter()
             skeleton, used, overflow = pack(data, w)
             t3 = time.perf_counter()
-            reply = ("ok", epoch, task_idx, skeleton, used, overflow, t1 - t0, t2 - t1, t3 - t2)
+            reply = ("ok", epoch, task_idx, skeleton, used, overflow, t1 - t0, t2 - t1, t3 - t2, report)
         except StopIteration as exc:
             if isinstance(fetcher, _IterableFetcher):
-                fetcher.ended = True
+                reported_end = True
                 reply = ("end", epoch, task_idx)
             else:
                 reply = ("err", epoch, task_idx, WorkerException.capture(exc))
@@ -260,3 +287,21 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
             data = None
         results.send(reply)
         del reply
+
+
+def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWriter):
+    """Image path: lay the batch out in the slot, stage encoded misses after the parent's hits."""
+    staging = plan.offsets(len(indices))[2]
+    if staging > len(w.buffer):
+        raise ValueError(
+            f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
+            f"more than max_batch_bytes={len(w.buffer)}; raise max_batch_bytes or lower batch_size"
+        )
+    labels, floats, _, _ = plan.offsets(len(indices))
+    w.mark(0, len(indices) * plan.row_bytes)
+    w.mark(labels, 8 * len(indices))
+    if floats != staging:
+        w.mark(floats, staging - floats)
+    w.seek(staging + task.staging_used)
+    stage = (lambda pos, data: w.stage(data)) if plan.cache == "encoded" else None
+    return fill_batch(plan, source, indices, task, w.buffer, stage)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpufeed._arena import Arena
+from gpufeed._imagefeed import make_image_feed
+from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.stats import Stats
 
@@ -24,10 +27,26 @@ class FastLoader(DataLoader[T_co]):
     tensor payloads into one shared memfd arena owned by the loader, and the batches you receive
     are views of it, valid for as long as you hold them.
 
+    With a gpufeed image dataset (``ImageFolder``, ``ImageDataset``, ``LMDBDataset``) that has a
+    transform, and the default ``collate_fn``, batches take the image fast path: workers decode,
+    crop and resize straight into the batch, which arrives as ``(images, labels)``: images a
+    ``[N, 3, H, W]`` tensor (uint8, or normalized floats), labels int64 ``[N]``.
+
     gpufeed options (keyword-only):
         max_worker_restarts: dead workers replaced per iterator before raising ``WorkerError``.
         max_batch_bytes: arena slot capacity in bytes (virtual; larger batches still work).
         shutdown_timeout_s: wait for workers to exit before terminating them, in seconds.
+        channels_last: image path: NHWC memory for the ``[N, 3, H, W]`` images.
+        normalize: image path: ``(mean, std)`` per RGB channel in torchvision's 0-1 scale; the
+            batch becomes ``(x / 255 - mean) / std`` in ``dtype`` (float32 by default).
+        dtype: image path: output dtype, ``torch.uint8`` (default without normalize), float32,
+            float16 or bfloat16 (floats without normalize are ``x / 255``).
+        on_error: image path: ``"raise"`` (default) an error naming the file and sample index, or
+            ``"skip"``: leave undecodable samples out of their batch, count and log them.
+        cache_bytes: image path: budget of the loader's LRU host cache, an int (bytes), a size
+            like ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache.
+        seed: image path: seed of the random augmentations; default: the ``generator``'s
+            initial seed (or torch's), so the same seed gives the same batches at any num_workers.
     """
 
     def __init__(
@@ -37,6 +56,12 @@ class FastLoader(DataLoader[T_co]):
         max_worker_restarts: int = EngineConfig.max_worker_restarts,
         max_batch_bytes: int = EngineConfig.max_batch_bytes,
         shutdown_timeout_s: float = EngineConfig.shutdown_timeout_s,
+        channels_last: bool = False,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype | None = None,
+        on_error: str = "raise",
+        cache_bytes: CacheSize = None,
+        seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         # gpufeed's options are validated first: nothing is started before every check passed.
@@ -45,14 +70,44 @@ class FastLoader(DataLoader[T_co]):
             max_batch_bytes=max_batch_bytes,
             shutdown_timeout_s=shutdown_timeout_s,
         )
+        cache_budget = parse_cache_bytes(cache_bytes)
         super().__init__(dataset, *args, **kwargs)
         self.engine_config = config
         self._stats = Stats()
         self._arena: Arena | None = None
         self._arena_finalizer: weakref.finalize | None = None
+        self._epoch = 0
+        self._image_feed = make_image_feed(
+            self,
+            channels_last=channels_last,
+            normalize=normalize,
+            dtype=dtype,
+            on_error=on_error,
+            cache_budget=cache_budget,
+            seed=seed,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch number the next ``iter()`` uses for random augmentations (then +1 each).
+
+        Epochs are counted automatically; call this when resuming a run from a checkpoint.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"`epoch` must be an int >= 0. Found: {epoch!r}.")
+        self._epoch = epoch
+
+    def _begin_epoch(self) -> int:
+        """The augmentation epoch of the iteration that starts now."""
+        epoch = self._epoch
+        self._epoch += 1
+        return epoch
 
     def _get_iterator(self):
         if self.num_workers == 0:
+            if self._image_feed is not None:
+                from gpufeed._local import LocalImageIter
+
+                return LocalImageIter(self)
             return super()._get_iterator()
         from gpufeed._iterator import FastIter
 
@@ -67,8 +122,27 @@ class FastLoader(DataLoader[T_co]):
         return self._arena
 
     def stats(self) -> dict[str, float | int]:
-        """Counters since the loader was created: batches, stage seconds, data wait, restarts."""
-        return self._stats.snapshot()
+        """Counters since the loader was created.
+
+        Always: batches, batches_per_s, per-stage worker seconds, wait_s and data_wait_fraction
+        (time ``__next__`` blocked), worker_restarts. Image path: images, skipped, cache_hits,
+        cache_misses, cache_bytes, cache_hit_rate.
+        """
+        out = self._stats.snapshot()
+        feed = self._image_feed
+        if feed is not None:
+            cache = feed.cache
+            hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
+            out.update(
+                images=feed.images,
+                skipped=feed.skipped,
+                cache_hits=hits,
+                cache_misses=misses,
+                cache_bytes=cache.nbytes if cache is not None else 0,
+                cache_hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+                images_per_s=feed.images / out["elapsed_s"] if out["elapsed_s"] > 0 else 0.0,
+            )
+        return out
 
     def close(self) -> None:
         """Stop persistent workers and release the arena now (idempotent).

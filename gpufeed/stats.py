@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -14,17 +15,21 @@ class Stats:
     """Running totals for one loader (all iterators, all epochs)."""
 
     batches: int = 0
-    samples: int = 0
-    fetch_s: float = 0.0  # worker time reading samples (dataset __getitem__ / decode)
+    fetch_s: float = 0.0  # worker time getting samples (__getitem__; image path: reading bytes)
     collate_s: float = 0.0  # worker time in collate_fn
     pack_s: float = 0.0  # worker time placing payloads into the arena
+    read_s: float = 0.0  # image path: worker time reading encoded bytes
+    decode_s: float = 0.0  # image path: worker time decoding + cropping + resizing
     wait_s: float = 0.0  # main-thread time blocked in __next__ (the consumer's starvation)
     worker_restarts: int = 0
     overflow_bytes: int = 0  # payload bytes that did not fit a slot and were pickled
     started_at: float = field(default_factory=time.perf_counter)
 
-    def add_batch(self, *, fetch_s: float, collate_s: float, pack_s: float) -> None:
+    def add_batch(self, *, fetch_s: float, collate_s: float, pack_s: float, report: Any = None) -> None:
         self.batches += 1
+        if report is not None:  # image path: the worker's read / decode+transform split
+            self.read_s += report.read_s
+            self.decode_s += report.decode_s
         self.fetch_s += fetch_s
         self.collate_s += collate_s
         self.pack_s += pack_s

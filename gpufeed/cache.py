@@ -1,0 +1,95 @@
+"""The host-memory cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
+
+Workers never hold a cache of their own (N workers would mean N copies and N cold starts).
+The parent looks samples up when it dispatches a batch and writes hits straight into the batch's
+arena slot; workers only work on the misses, and the parent adds what they produced. What is
+cached depends on the transform: the decoded, transformed row when the transform is
+deterministic (evaluation, inference), the encoded bytes when it is random (training).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Union
+
+import cachetools
+import psutil
+
+CacheSize = Union[int, str, None]
+
+_UNITS = {
+    "": 1, "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+    "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+}
+
+
+def parse_cache_bytes(value: CacheSize) -> int:
+    """Bytes from an int, a size string (``"2GB"``, ``"512MiB"``) or a share of available
+    memory (``"60%"``). None or 0 means no cache."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise TypeError(f"`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. Found: {value!r}.")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"`cache_bytes` must be >= 0. Found: {value}.")
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. Found: {value!r}.")
+    text = value.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 100:
+            raise ValueError(f"`cache_bytes` as a share of available memory must be 0%..100%. Found: {value!r}.")
+        return int(psutil.virtual_memory().available * share / 100)
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([A-Za-z]*)", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(
+            f"`cache_bytes` must be an int, a size like '2GB' / '512MiB', or a share like '60%'. Found: {value!r}."
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+class HostCache:
+    """A byte-budgeted LRU of ``bytes`` values keyed by sample index; counts hits and misses."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize=budget_bytes, getsizeof=len)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: int) -> bytes | None:
+        value = self._lru.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def peek(self, key: int) -> bytes | None:
+        """The value without counting a hit or refreshing its LRU position."""
+        try:
+            return cachetools.Cache.__getitem__(self._lru, key)
+        except KeyError:
+            return None
+
+    def put(self, key: int, value: bytes) -> None:
+        if len(value) <= self.budget_bytes:  # cachetools raises for a value over the budget
+            self._lru[key] = value
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (never above ``budget_bytes``)."""
+        return int(self._lru.currsize)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def clear(self) -> None:
+        self._lru.clear()
