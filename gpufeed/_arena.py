@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass
 from multiprocessing import reduction
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -88,6 +88,7 @@ class Arena:
         self._closed = False
         self._users = 0  # live iterators; closing waits for the last one
         self._close_requested = False
+        self._close_hooks: list[Callable[[], None]] = []
 
     @property
     def fd(self) -> int:
@@ -142,6 +143,10 @@ class Arena:
         weakref.finalize(view, self.release, slot)
         return view
 
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` before the mappings go (e.g. cudaHostUnregister)."""
+        self._close_hooks.append(hook)
+
     def attach(self) -> None:
         """An iterator starts using the arena (it stays open until every user detached)."""
         with self._lock:
@@ -174,6 +179,9 @@ class Arena:
                 return
             self._closed = True
             maps, self._maps, self._free = self._maps, [], []
+            hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            hook()
         for m in maps:
             try:
                 m.close()

@@ -9,6 +9,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._imagepath import ImageFeed, ImagePlan
 from gpufeed.cache import HostCache
+from gpufeed.cuda import GpuTransform
 
 
 def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed) -> list[str]:
@@ -51,8 +52,12 @@ def make_image_feed(
     on_error: str,
     cache_budget: int,
     seed: int | None,
+    on_gpu: bool = False,
 ) -> ImageFeed | None:
-    """The loader's ImageFeed, or None for the generic path (where image options are errors)."""
+    """The loader's ImageFeed, or None for the generic path (where image options are errors).
+
+    ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
         given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed)
@@ -71,12 +76,13 @@ def make_image_feed(
     transform = loader.dataset.transform
     if seed is None:
         seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
+    gpu_transform = GpuTransform(dtype, normalize, bool(channels_last)) if on_gpu else None
     plan = ImagePlan(
         transform=transform,
         channels_last=bool(channels_last),
         on_error=on_error,
-        normalize=normalize,
-        dtype=dtype,
+        normalize=None if on_gpu else normalize,
+        dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
         cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
     )
@@ -89,7 +95,7 @@ def make_image_feed(
             "or lower batch_size."
         )
     cache = HostCache(cache_budget) if cache_budget else None
-    return ImageFeed(plan, loader.dataset, cache)
+    return ImageFeed(plan, loader.dataset, cache, gpu_transform)
 
 
 def _default_seed(generator: torch.Generator | None) -> int:

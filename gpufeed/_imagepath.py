@@ -195,8 +195,9 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
 class ImageFeed:
     """Parent side of the image path: cache look-ups before dispatch, cache fills after."""
 
-    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None) -> None:
+    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None, gpu_transform: Any = None) -> None:
         self.plan = plan
+        self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
         self.source = source
         self.cache = cache if plan.cache else None
         self.images = 0

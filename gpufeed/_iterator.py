@@ -105,6 +105,7 @@ class FastIter(_BaseDataLoaderIter):
         self._config = loader.engine_config
         self._stats: Stats = loader._stats
         self._arena = loader._get_arena()
+        self._registrar = loader._registrar  # page-locks slots when CUDA will read them
         self._feed = loader._image_feed
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         init_fn = loader.worker_init_fn
@@ -318,10 +319,12 @@ class FastIter(_BaseDataLoaderIter):
             self._stats.add_overflow(overflow)
         if self._feed is not None:
             self._feed.absorb(task.index, task.extra, reply[9], self._arena.slot_tensor(task.slot))
+        if self._registrar is not None:
+            self._registrar.ensure(task.slot, used)  # once per slot extent, never per batch
         lease = self._ledger.lease(key, used)
         data = unpack(skeleton, lease)
         del lease  # the slot returns to the free list when the batch's last view dies
-        if self._pin_memory:
+        if self._pin_memory and (self._registrar is None or overflow):
             data = torch_pin_memory(data, self._pin_memory_device)
         return data
 

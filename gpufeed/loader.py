@@ -13,6 +13,7 @@ from gpufeed._arena import Arena
 from gpufeed._imagefeed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
+from gpufeed.cuda import CudaFeed, HostRegistrar, resolve_device
 from gpufeed.stats import Stats
 
 T_co = TypeVar("T_co", covariant=True)
@@ -47,6 +48,10 @@ class FastLoader(DataLoader[T_co]):
             like ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache.
         seed: image path: seed of the random augmentations; default: the ``generator``'s
             initial seed (or torch's), so the same seed gives the same batches at any num_workers.
+        device: ``"cuda"``, ``"cuda:N"`` or a ``torch.device``: batches arrive on that device,
+            copied from the page-locked arena on the loader's own stream ahead of use; on the
+            image path uint8 crosses PCIe and dtype/normalize/layout run on the GPU.
+        prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
     """
 
     def __init__(
@@ -62,6 +67,8 @@ class FastLoader(DataLoader[T_co]):
         on_error: str = "raise",
         cache_bytes: CacheSize = None,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        prefetch_batches: int = 2,
         **kwargs: Any,
     ) -> None:
         # gpufeed's options are validated first: nothing is started before every check passed.
@@ -71,6 +78,9 @@ class FastLoader(DataLoader[T_co]):
             shutdown_timeout_s=shutdown_timeout_s,
         )
         cache_budget = parse_cache_bytes(cache_bytes)
+        if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 1:
+            raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {prefetch_batches!r}.")
+        cuda_device = resolve_device(device)
         super().__init__(dataset, *args, **kwargs)
         self.engine_config = config
         self._stats = Stats()
@@ -85,7 +95,13 @@ class FastLoader(DataLoader[T_co]):
             on_error=on_error,
             cache_budget=cache_budget,
             seed=seed,
+            on_gpu=cuda_device is not None,
         )
+        self._cuda_feed: CudaFeed | None = None
+        if cuda_device is not None:
+            gpu_transform = self._image_feed.gpu_transform if self._image_feed is not None else None
+            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform)
+        self._registrar: HostRegistrar | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch number the next ``iter()`` uses for random augmentations (then +1 each).
@@ -114,11 +130,20 @@ class FastLoader(DataLoader[T_co]):
         self.check_worker_number_rationality()
         return FastIter(self)
 
+    def __iter__(self):
+        iterator = super().__iter__()
+        if self._cuda_feed is None:
+            return iterator
+        return self._cuda_feed.wrap(iterator)
+
     def _get_arena(self) -> Arena:
         """The loader's arena, created on first use and reused by every later iterator."""
         if self._arena is None:
             self._arena = Arena(self.engine_config.max_batch_bytes)
             self._arena_finalizer = weakref.finalize(self, self._arena.close)
+            wants_pinned = self._cuda_feed is not None or self.pin_memory
+            if wants_pinned and torch.cuda.is_available():
+                self._registrar = HostRegistrar(self._arena)
         return self._arena
 
     def stats(self) -> dict[str, float | int]:
@@ -157,6 +182,7 @@ class FastLoader(DataLoader[T_co]):
             self._arena_finalizer()
         self._arena = None
         self._arena_finalizer = None
+        self._registrar = None
 
     def __enter__(self) -> FastLoader[T_co]:
         return self

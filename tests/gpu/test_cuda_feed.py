@@ -1,0 +1,115 @@
+"""The CUDA feed on a real GPU: byte-identical batches, held batches, streams, memory, teardown.
+
+Skipped without CUDA (see conftest.py); the CPU-side pieces are tested in tests/unit/test_cuda_cpu.py.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed.synth import make_image_folder
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-images")
+    make_image_folder(root, num_classes=4, per_class=24, seed=1)
+    return root
+
+
+def _dataset(folder):
+    return ImageFolder(folder, transform=ResizeCenterCrop(64, 72))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_device_batches_byte_identical_to_cpu_path(folder, channels_last):
+    cpu = list(FastLoader(_dataset(folder), batch_size=16, num_workers=2, channels_last=channels_last))
+    gpu = list(FastLoader(_dataset(folder), batch_size=16, num_workers=2, channels_last=channels_last, device="cuda"))
+    assert len(cpu) == len(gpu)
+    for (ci, cl), (gi, gl) in zip(cpu, gpu):
+        assert gi.device.type == "cuda" and gl.device.type == "cuda"
+        assert torch.equal(ci, gi.cpu()) and torch.equal(cl, gl.cpu())
+        assert gi.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gpu_normalize_matches_cpu_normalize(folder, dtype):
+    kw = dict(batch_size=16, num_workers=2, normalize=(MEAN, STD), dtype=dtype)
+    cpu = list(FastLoader(_dataset(folder), **kw))
+    gpu = list(FastLoader(_dataset(folder), device="cuda", **kw))
+    tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for (ci, _), (gi, _) in zip(cpu, gpu):
+        assert gi.dtype == dtype
+        torch.testing.assert_close(gi.float().cpu(), ci.float(), atol=tol, rtol=tol)
+
+
+def test_consumer_keeping_old_batches_sees_them_unchanged(folder):
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    held = []
+    for images, _ in FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", prefetch_batches=3):
+        torch.cuda._sleep(1_000_000)  # slow consumer: copies of later batches run meanwhile
+        held.append(images)
+    torch.cuda.synchronize()
+    assert all(torch.equal(r, h.cpu()) for r, h in zip(reference, held))
+
+
+def test_batches_follow_the_current_stream(folder):
+    side = torch.cuda.Stream()
+    reference = [b[0] for b in FastLoader(_dataset(folder), batch_size=8, num_workers=1)]
+    got = []
+    loader = FastLoader(_dataset(folder), batch_size=8, num_workers=1, device="cuda")
+    for k, (images, _) in enumerate(loader):
+        stream = side if k % 2 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            got.append((images.float() * 1.0).cpu())  # consumed on alternating streams
+    assert all(torch.equal(r.float(), g) for r, g in zip(reference, got))
+
+
+def test_generic_nested_batches_move_every_tensor():
+    ds = TensorDataset(torch.arange(40).float(), torch.arange(40))
+    loader = FastLoader(ds, batch_size=8, num_workers=2, device="cuda",
+                        collate_fn=lambda b: {"x": torch.stack([s[0] for s in b]), "meta": [torch.stack([s[1] for s in b]), "tag"]})
+    for batch in loader:
+        assert batch["x"].is_cuda and batch["meta"][0].is_cuda and batch["meta"][1] == "tag"
+
+
+def test_gpu_memory_flat_over_many_epochs(folder):
+    loader = FastLoader(_dataset(folder), batch_size=16, num_workers=2, persistent_workers=True, device="cuda",
+                        normalize=(MEAN, STD))
+    reserved = []
+    for _ in range(12):
+        for images, labels in loader:
+            (images.mean() + labels.float().mean()).item()
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert max(reserved[3:]) <= reserved[2]  # after warm-up, the caching allocator stops growing
+    loader.close()
+
+
+def test_close_unregisters_the_arena_and_leaves_no_workers(folder):
+    import psutil
+
+    loader = FastLoader(_dataset(folder), batch_size=16, num_workers=2, device="cuda", persistent_workers=True)
+    first = next(iter(loader))
+    registrar = loader._registrar
+    assert registrar is not None and registrar._registered  # slots were page-locked
+    loader.close()
+    assert not registrar._registered
+    assert first[0].is_cuda and first[0].sum().item() >= 0  # device tensors outlive the loader
+    del loader
+    gc.collect()
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_pin_memory_gives_pinned_arena_views_without_copies(folder):
+    loader = FastLoader(_dataset(folder), batch_size=16, num_workers=2, pin_memory=True)
+    images, labels = next(iter(loader))
+    assert images.is_pinned() and labels.is_pinned()
