@@ -13,6 +13,7 @@ from ._datasets import (
     RandomDataset,
     RecordWorkerInit,
     ShardedIterable,
+    SlowDataset,
     StridedRangeIterable,
     WorkerInfoDataset,
     tag_worker,
@@ -194,6 +195,13 @@ def test_forkserver_iterable():
         pytest.skip("forkserver is not available on this platform")
     check_parity(ShardedIterable((2, 5)), num_workers=2, batch_size=2, multiprocessing_context="forkserver",
                  timeout=30)
+
+
+def test_forkserver_workers_live_through_a_long_epoch():
+    # a forkserver worker's parent process is the fork server, not the loader's process
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("forkserver is not available on this platform")
+    check_parity(SlowDataset(8, 0.15), num_workers=1, batch_size=2, multiprocessing_context="forkserver")
 
 
 def test_start_method_skip_condition():
