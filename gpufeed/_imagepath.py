@@ -104,7 +104,8 @@ class FillReport:
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (index, file, message)
     read_s: float = 0.0
     decode_s: float = 0.0
-    post_s: float = 0.0
+    transform_s: float = 0.0  # crop/resize/flip after the decode
+    post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
 
 
 def fill_batch(
@@ -144,8 +145,9 @@ def fill_batch(
                     report.staged.append((pos, *placed))
         t1 = time.perf_counter()
         try:
-            plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed, out=rows[pos])
+            decode_s = plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed, out=rows[pos])
         except DecodeError as exc:
+            decode_s = time.perf_counter() - t1
             where = source.describe(index)
             if plan.on_error == "raise":
                 raise DecodeError(
@@ -156,7 +158,8 @@ def fill_batch(
         else:
             report.kept.append(pos)
         report.read_s += t1 - t0
-        report.decode_s += time.perf_counter() - t1
+        report.decode_s += decode_s
+        report.transform_s += time.perf_counter() - t1 - decode_s
     t2 = time.perf_counter()
     k = len(report.kept)
     if k < n:  # compact: kept rows move up, in order

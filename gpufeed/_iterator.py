@@ -126,6 +126,8 @@ class FastIter(_BaseDataLoaderIter):
             parent_pid=os.getpid(),
             inherited_fds=(),
             image_plan=None if self._feed is None else self._feed.plan,
+            pin_cpus=loader._pin_cpus(),
+            log_dir=loader.log_dir,
         )
         self._is_iterable = spec.is_iterable
         self._ledger = _Ledger(self._arena, self._num_workers)
@@ -138,6 +140,7 @@ class FastIter(_BaseDataLoaderIter):
             self._arena.detach()
             raise
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._ledger)
+        loader._live_iters.add(self)
         self._reset(loader, first_iter=True)
 
     # -- public introspection -------------------------------------------------------------
@@ -219,10 +222,11 @@ class FastIter(_BaseDataLoaderIter):
     # -- receiving --------------------------------------------------------------------------
     def _next_data(self) -> Any:
         t_start = time.perf_counter()
+        depth = len(self._ready) + sum(1 for t in self._task_info.values() if t.reply is not None)
         try:
             return self._next_data_inner()
         finally:
-            self._stats.add_wait(time.perf_counter() - t_start)
+            self._stats.add_wait(time.perf_counter() - t_start, depth)
 
     def _next_data_inner(self) -> Any:
         while True:
@@ -296,7 +300,12 @@ class FastIter(_BaseDataLoaderIter):
             self._ledger.release((epoch, task_idx))
             return
         if kind == "ok":
-            self._stats.add_batch(fetch_s=msg[6], collate_s=msg[7], pack_s=msg[8], report=msg[9])
+            report = msg[9]
+            task = self._task_info[task_idx]
+            samples = len(report.kept) if report is not None else _num_samples(task.index)
+            self._stats.add_batch(samples=samples, fetch_s=msg[6], collate_s=msg[7], pack_s=msg[8], report=report)
+        else:
+            self._stats.errors += kind == "err"
         self._ready.append((task_idx, msg))
 
     def _process(self, task: _Task) -> Any:
@@ -316,7 +325,7 @@ class FastIter(_BaseDataLoaderIter):
             raise exc
         _, _, _, skeleton, used, overflow = reply[:6]
         if overflow:
-            self._stats.add_overflow(overflow)
+            self._stats.overflow_bytes += overflow
         if self._feed is not None:
             self._feed.absorb(task.index, task.extra, reply[9], self._arena.slot_tensor(task.slot))
         if self._registrar is not None:
@@ -354,7 +363,7 @@ class FastIter(_BaseDataLoaderIter):
                 f"{batches or 'nothing'}. Fix the crash, or raise max_worker_restarts."
             )
         self._restarts += 1
-        self._stats.add_restart()
+        self._stats.worker_restarts += 1
         new_pid = self._pool.replace(worker_id)
         log.warning("%s; replaced by pid %d, re-running %d batch(es)", where, new_pid, len(current))
         for idx in current:
@@ -374,6 +383,14 @@ class FastIter(_BaseDataLoaderIter):
             f"DataLoader timed out after {timeout_s} seconds.{detail} Raise `timeout` if batches "
             "legitimately take longer, or 0 to wait forever."
         )
+
+
+def _num_samples(index: Any) -> int:
+    """Samples in a task: the batch's length, 1 without auto-collation."""
+    try:
+        return len(index)
+    except TypeError:
+        return 1
 
 
 def _sharding_init(init_fn: Any, world_size: int, rank: int) -> Any:

@@ -25,6 +25,13 @@ class LocalImageIter(_BaseDataLoaderIter):
         self._aug_epoch = loader._begin_epoch()
 
     def _next_data(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._fill_next()
+        finally:
+            self._stats.add_wait(time.perf_counter() - t0, 0)
+
+    def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
         nbytes = _align(plan.offsets(len(indices))[2])
@@ -38,10 +45,8 @@ class LocalImageIter(_BaseDataLoaderIter):
             staged[pos] = bytes(data)
             return None
 
-        t0 = time.perf_counter()
         batch, report = fill_batch(plan, feed.source, indices, task, buf, stage if plan.cache == "encoded" else None)
-        self._stats.add_batch(fetch_s=report.read_s, collate_s=time.perf_counter() - t0 - report.read_s,
-                              pack_s=0.0, report=report)
+        self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
         feed.absorb(indices, task, report, buf)
         if feed.cache is not None:
             for pos, data in staged.items():

@@ -62,6 +62,8 @@ class WorkerSpec:
     parent_pid: int  # the loader's process when it is our parent (fork, spawn), else 0
     inherited_fds: tuple[int, ...]  # parent-side pipe ends to close after a fork
     image_plan: ImagePlan | None = None  # the image fast path replaces fetch + collate
+    pin_cpus: tuple[int, ...] = ()  # pin_workers: worker k runs on pin_cpus[k % len]
+    log_dir: str | None = None  # per-worker log files: LOG_DIR/worker-K.log
 
 
 @dataclass
@@ -218,6 +220,7 @@ def worker_main(spec: WorkerSpec, tasks, results) -> None:
     threading.Thread(
         target=_watch_parent, args=(spec.parent_pid, tasks.fileno()), name="gpufeed-parent-watch", daemon=True
     ).start()
+    _configure_process(spec)
     torch.set_num_threads(1)  # one core per worker, or the workers oversubscribe the machine
     if spec.image_plan is not None and "cv2" not in sys.modules:
         import cv2  # a fresh import (spawn, or a parent without cv2) may be configured safely
@@ -237,6 +240,24 @@ def worker_main(spec: WorkerSpec, tasks, results) -> None:
         _loop(spec, fetcher, tasks, results)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to do
+
+
+def _configure_process(spec: WorkerSpec) -> None:
+    """CPU affinity (pin_workers) and the per-worker log file (log_dir)."""
+    if spec.pin_cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {spec.pin_cpus[spec.worker_id % len(spec.pin_cpus)]})
+    if spec.log_dir:
+        import logging
+
+        os.makedirs(spec.log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(spec.log_dir, f"worker-{spec.worker_id}.log"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s worker {spec.worker_id} pid %(process)d %(levelname)s %(name)s: %(message)s")
+        )
+        root = logging.getLogger()
+        root.addHandler(handler)
+        if root.level > logging.INFO or root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)
 
 
 def _make_fetcher(spec: WorkerSpec) -> _MapFetcher | _IterableFetcher:

@@ -138,8 +138,11 @@ class GpuTransform:
 class CudaFeed:
     """Per-loader CUDA state: the device, the copy stream, the registrar, the GPU transform."""
 
-    def __init__(self, device: torch.device, prefetch_batches: int, gpu_transform: GpuTransform | None) -> None:
+    def __init__(
+        self, device: torch.device, prefetch_batches: int, gpu_transform: GpuTransform | None, stats: Any = None
+    ) -> None:
         self.device = device
+        self.stats = stats  # h2d_s is added here
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
         self._stream: torch.cuda.Stream | None = None
@@ -161,8 +164,8 @@ class CudaIter:
     def __init__(self, feed: CudaFeed, host_iter: Iterator[Any]) -> None:
         self._feed = feed
         self._host = host_iter
-        self._queue: collections.deque[tuple[Any, Any, torch.cuda.Event]] = collections.deque()
-        self._retiring: collections.deque[tuple[Any, torch.cuda.Event]] = collections.deque()
+        self._queue: collections.deque[tuple[Any, Any, torch.cuda.Event, torch.cuda.Event]] = collections.deque()
+        self._retiring: collections.deque[tuple[Any, torch.cuda.Event, torch.cuda.Event]] = collections.deque()
         self._done = False
 
     def __iter__(self) -> CudaIter:
@@ -183,29 +186,33 @@ class CudaIter:
         # Memory the consumer freed may be handed to this copy; its queued reads must finish first.
         copy_stream.wait_stream(torch.cuda.current_stream(feed.device))
         with torch.cuda.stream(copy_stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(copy_stream)
             dev = map_tensors(host, lambda t: t.to(feed.device, non_blocking=True))
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(copy_stream)
-        self._queue.append((host, dev, event))
+        self._queue.append((host, dev, start, event))
 
     def _retire(self) -> None:
         """Drop host batches whose copies completed: only then may their arena slots be reused."""
-        while self._retiring and self._retiring[0][1].query():
-            self._retiring.popleft()
+        while self._retiring and self._retiring[0][2].query():
+            _, start, end = self._retiring.popleft()
+            if self._feed.stats is not None:
+                self._feed.stats.h2d_s += start.elapsed_time(end) / 1000.0
 
     def __next__(self) -> Any:
         while not self._done and len(self._queue) < max(1, self._feed.prefetch_batches):
             self._issue()
         if not self._queue:
-            for _, event in self._retiring:  # release the last slots only after their copies
+            for _, _, event in self._retiring:  # release the last slots only after their copies
                 event.synchronize()
-            self._retiring.clear()
+            self._retire()
             raise StopIteration
-        host, dev, event = self._queue.popleft()
+        host, dev, start, event = self._queue.popleft()
         consumer = torch.cuda.current_stream(self._feed.device)
         consumer.wait_event(event)
         dev = map_tensors(dev, lambda t: _owned_by(t, consumer))
-        self._retiring.append((host, event))
+        self._retiring.append((host, start, event))
         self._retire()
         transform = self._feed.gpu_transform
         if transform is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 from typing import Any, Sequence, TypeVar
 
@@ -14,7 +15,7 @@ from gpufeed._imagefeed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, HostRegistrar, resolve_device
-from gpufeed.stats import Stats
+from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -52,6 +53,10 @@ class FastLoader(DataLoader[T_co]):
             copied from the page-locked arena on the loader's own stream ahead of use; on the
             image path uint8 crosses PCIe and dtype/normalize/layout run on the GPU.
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
+        pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin.
+        log_dir: each worker's logging also goes to ``LOG_DIR/worker-K.log``.
+        metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on that port
+            (needs the ``metrics`` extra, prometheus-client).
     """
 
     def __init__(
@@ -69,6 +74,9 @@ class FastLoader(DataLoader[T_co]):
         seed: int | None = None,
         device: str | torch.device | None = None,
         prefetch_batches: int = 2,
+        pin_workers: bool = False,
+        log_dir: str | os.PathLike | None = None,
+        metrics_port: int | None = None,
         **kwargs: Any,
     ) -> None:
         # gpufeed's options are validated first: nothing is started before every check passed.
@@ -100,8 +108,26 @@ class FastLoader(DataLoader[T_co]):
         self._cuda_feed: CudaFeed | None = None
         if cuda_device is not None:
             gpu_transform = self._image_feed.gpu_transform if self._image_feed is not None else None
-            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform)
+            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform, self._stats)
         self._registrar: HostRegistrar | None = None
+        self.pin_workers = bool(pin_workers)
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self._live_iters: weakref.WeakSet = weakref.WeakSet()
+        self.metrics_server = None
+        if metrics_port is not None:
+            from gpufeed.metrics import serve
+
+            self.metrics_server = serve(metrics_port)
+            self.metrics_server.register(self)
+
+    def _pin_cpus(self) -> tuple[int, ...]:
+        if not self.pin_workers or not hasattr(os, "sched_getaffinity"):
+            return ()
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live worker processes of every live iterator of this loader."""
+        return [pid for it in list(self._live_iters) for pid in it.worker_pids]
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch number the next ``iter()`` uses for random augmentations (then +1 each).
@@ -149,11 +175,15 @@ class FastLoader(DataLoader[T_co]):
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was created.
 
-        Always: batches, batches_per_s, per-stage worker seconds, wait_s and data_wait_fraction
-        (time ``__next__`` blocked), worker_restarts. Image path: images, skipped, cache_hits,
-        cache_misses, cache_bytes, cache_hit_rate.
+        Always: batches, samples, batches_per_s, samples_per_s; per-stage worker seconds
+        (fetch_s, read_s, decode_s, transform_s, collate_s, pack_s, h2d_s); wait_s and
+        data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
+        (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
+        overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
+        images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate.
         """
         out = self._stats.snapshot()
+        out["workers"] = worker_usage(self.worker_pids())
         feed = self._image_feed
         if feed is not None:
             cache = feed.cache

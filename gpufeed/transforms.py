@@ -26,6 +26,7 @@ import hashlib
 import math
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -73,12 +74,14 @@ class ImageTransform:
         raise NotImplementedError
 
     def apply(self, data: Buffer, *, index: int = 0, epoch: int = 0, seed: int = 0,
-              out: np.ndarray) -> None:
+              out: np.ndarray) -> float:
         """Decode ``data`` (encoded image bytes) and write the transformed RGB image into ``out``.
 
         ``out`` is a C-contiguous uint8 array, (H, W, 3) or (3, H, W) with (H, W) = output_size.
+        Returns the seconds spent decoding (the rest of the call is crop/resize/flip).
         Raises :class:`~gpufeed.errors.DecodeError` for undecodable input.
         """
+        t0 = time.perf_counter()
         layout = _check_out(out, self.size)
         header = read_header(data)
         top, left, bh, bw, flip = self._box(header.height, header.width, seed, epoch, index)
@@ -90,8 +93,10 @@ class ImageTransform:
                          backend=self.backend)
         else:
             img = decode(data, header=header, backend=self.backend)
+        decode_s = time.perf_counter() - t0
         _crop_resize(img, header.height, header.width, (top, left, bh, bw), flip, out, layout,
                      self.interpolation)
+        return decode_s
 
     def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
                     out: Optional[np.ndarray] = None) -> np.ndarray:
