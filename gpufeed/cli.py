@@ -4,6 +4,8 @@
 
     gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--no-progress]
     gpufeed backends
+    gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.bench.cli_bench)
+    gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.bench.cli_bench)
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("backends", help="print the active image decoders as JSON")
     p.set_defaults(run=_backends)
+
+    from gpufeed.bench import cli_bench
+
+    cli_bench.add_bench_parser(sub)
+    cli_bench.add_demo_parser(sub)
     return parser
 
 

@@ -1,0 +1,300 @@
+"""``gpufeed bench`` and ``gpufeed demo``: the end-to-end image benchmark on the command line.
+
+::
+
+    gpufeed bench ROOT [--transform eval|train] [--workers N[,N...]] [--batch-size 64]
+                  [--batches N] [--rounds 3] [--warmup 1] [--epochs 3] [--json OUT]
+    gpufeed demo [--dir ./demo-data] [--images 1000] [--batches N] [--rounds 3]
+
+Output goes through :func:`write` (stdout); progress bars (tqdm, when installed and stderr is a
+terminal) go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gpufeed.bench.images import (
+    CV_NAME,
+    FAST_NAME,
+    GOAL_SPEEDUP,
+    PIL_NAME,
+    TRANSFORMS,
+    ImageBenchResult,
+    pil_available,
+    run_image_bench,
+)
+from gpufeed.bench.memory import format_bytes
+
+__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "prepare_demo_data",
+           "run_bench", "run_demo", "write"]
+
+DEMO_MARKER = ".gpufeed-demo.json"
+DEMO_SIZE = ((320, 380), (370, 430))  # (min_h, max_h), (min_w, max_w): ~400x350 photos
+DEMO_CLASSES = 10
+
+
+def write(text: str) -> None:
+    """The CLI's only output function: ``text`` and a newline on stdout, flushed."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------- parsers
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
+    return n
+
+
+def _worker_counts(value: str) -> list[int]:
+    counts = [_non_negative(v) for v in value.split(",") if v.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError("expected N or N,N,... (e.g. 2 or 1,2,4)")
+    return counts
+
+
+def _add_run_options(p: argparse.ArgumentParser, *, rounds: int) -> None:
+    p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
+    p.add_argument("--batches", type=_positive, default=None, metavar="N",
+                   help="batches per round (default: the full batches of one epoch, at most 50)")
+    p.add_argument("--rounds", type=_positive, default=rounds,
+                   help=f"counted rounds per loader, alternating (default {rounds})")
+    p.add_argument("--warmup", type=_non_negative, default=1,
+                   help="uncounted rounds per loader first (default 1)")
+    p.add_argument("--epochs", type=_non_negative, default=3,
+                   help="epochs of FastLoader with persistent workers for the memory-flatness "
+                        "check (default 3; 0 skips it)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and augmentation seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Adds ``bench`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
+    p = sub.add_parser("bench", help="end-to-end images/s: DataLoader+PIL, DataLoader+OpenCV, "
+                                     "FastLoader on one image folder, alternating")
+    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
+    p.add_argument("--transform", choices=TRANSFORMS, default="eval",
+                   help="eval: Resize(256)+CenterCrop(224); train: RandomResizedCrop(224)+flip "
+                        "(default eval)")
+    p.add_argument("--workers", type=_worker_counts, default=[2], metavar="N[,N...]",
+                   help="num_workers for every loader; a list (1,2,4) runs one comparison per "
+                        "value (default 2)")
+    p.add_argument("--size", type=_positive, default=224, help="output side in pixels (224)")
+    p.add_argument("--resize", type=_positive, default=256,
+                   help="eval: shorter side before the centre crop, pixels (256)")
+    _add_run_options(p, rounds=3)
+    p.add_argument("--json", metavar="OUT", help="also write every round and the environment here")
+    p.set_defaults(run=run_bench)
+
+
+def add_demo_parser(sub: Any) -> None:
+    """Adds ``demo`` to the ``gpufeed`` subcommands."""
+    p = sub.add_parser("demo", help="make a demo image folder (once) and run the eval and train "
+                                    "benchmarks at num_workers=2 (~1-2 minutes on 2 cores)")
+    p.add_argument("--dir", default="demo-data", help="where the demo images live (./demo-data)")
+    p.add_argument("--images", type=_positive, default=1000,
+                   help=f"number of images, in {DEMO_CLASSES} classes (default 1000)")
+    p.add_argument("--workers", type=_non_negative, default=2, help="num_workers (default 2)")
+    _add_run_options(p, rounds=4)
+    p.set_defaults(run=run_demo, size=224, resize=256)
+
+
+# ---------------------------------------------------------------------------------- running
+
+def _progress(total: int, enabled: bool) -> tuple[Optional[Callable[[str], None]], Callable[[], None]]:
+    """(per-round callback, close) for a tqdm bar of ``total`` rounds; no-ops without tqdm."""
+    if not enabled or total <= 0:
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, lambda: None
+    bar = tqdm(total=total, unit="round", leave=False, file=sys.stderr, disable=None)
+
+    def tick(name: str) -> None:
+        bar.set_postfix_str(name, refresh=False)
+        bar.update(1)
+
+    return tick, bar.close
+
+
+def _run_one(args: argparse.Namespace, root: str, transform: str, workers: int,
+             warmup: Optional[int] = None) -> ImageBenchResult:
+    warmup = args.warmup if warmup is None else warmup
+    num_loaders = 3 if pil_available() else 2
+    tick, close = _progress(num_loaders * (args.rounds + warmup) + args.epochs, not args.no_progress)
+    try:
+        return run_image_bench(
+            root, transform, num_workers=workers, batch_size=args.batch_size,
+            num_batches=args.batches, num_rounds=args.rounds, num_warmup_rounds=warmup,
+            num_epochs=args.epochs, seed=args.seed, size=args.size, resize=args.resize,
+            on_round=tick)
+    finally:
+        close()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``gpufeed bench``: one comparison per ``--workers`` value; table, goals, environment."""
+    runs = []
+    for workers in args.workers:
+        run = _run_one(args, args.root, args.transform, workers)
+        write(format_report(run))
+        write("")
+        runs.append(run)
+    write(format_environment(runs[-1].result.environment))
+    if args.json:
+        payload = {"benchmark": "images", "args": {k: v for k, v in vars(args).items() if k != "run"},
+                   "runs": [r.to_dict() for r in runs]}
+        Path(args.json).write_text(json.dumps(_finite(payload), indent=2, allow_nan=False),
+                                   encoding="utf-8")
+        write(f"\nwrote {args.json}")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities (ratios against a zero) replaced by None: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int, bool]:
+    """The demo image folder: made once with ``gpufeed.synth.make_image_folder`` and reused.
+
+    Returns (root, number of images, reused). A folder this function made before for another
+    ``num_images`` is remade; any other non-empty folder is refused (ValueError).
+    """
+    from gpufeed.synth import make_image_folder
+
+    root = Path(directory)
+    classes = min(DEMO_CLASSES, num_images)
+    per_class = num_images // classes
+    want = {"images": classes * per_class, "classes": classes, "size": DEMO_SIZE, "seed": 0}
+    marker = root / DEMO_MARKER
+    if marker.exists():
+        have = json.loads(marker.read_text(encoding="utf-8"))
+        if have.get("params") == json.loads(json.dumps(want)):
+            return root, want["images"], True
+        for name in have.get("class_dirs", []):  # only what an earlier demo wrote
+            shutil.rmtree(root / name, ignore_errors=True)
+        marker.unlink()
+    elif root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} exists and is not a gpufeed demo folder (no {DEMO_MARKER}); "
+                         f"pass --dir with a new or empty folder")
+    made = make_image_folder(root, num_classes=classes, per_class=per_class, size=DEMO_SIZE, seed=0)
+    marker.write_text(json.dumps({"params": want, "class_dirs": list(made.classes)}), encoding="utf-8")
+    return root, made.num_images, False
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """``gpufeed demo``: demo images (once), then the eval and train benchmarks."""
+    t0 = time.perf_counter()
+    write(f"gpufeed demo: photo-like JPEGs (~400x350, quality 90) in {args.dir}")
+    root, count, reused = prepare_demo_data(args.dir, args.images)
+    write(f"  {'reused' if reused else 'generated'} {count} images in "
+          f"{min(DEMO_CLASSES, args.images)} classes ({time.perf_counter() - t0:.1f} s)\n")
+    runs = []
+    for transform in TRANSFORMS:
+        # The eval run's warm-up rounds already warmed the page cache, imports and allocator.
+        run = _run_one(args, str(root), transform, args.workers, warmup=0 if runs else None)
+        write(format_report(run))
+        write("")
+        runs.append(run)
+    write("summary: " + "; ".join(
+        f"{r.transform} {r.result.ratio(FAST_NAME):.2f}x {r.baseline}" for r in runs))
+    write(format_environment(runs[-1].result.environment))
+    write(f"\n(demo took {time.perf_counter() - t0:.0f} s; rerun with `gpufeed bench {root} "
+          f"--transform train` for one benchmark, --rounds for steadier medians)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- output
+
+def _images_per_s(summary: Any) -> list[float]:
+    return [r.samples_per_s for r in summary.rounds]
+
+
+def format_report(run: ImageBenchResult) -> str:
+    """The table (images/s, ratios vs each DataLoader pipeline, start-up, memory), per-round
+    ratios, FastLoader's memory across epochs, and the goal lines."""
+    res = run.result
+    refs = [n for n in (PIL_NAME, CV_NAME) if n in [s.name for s in res.loaders]]
+    short = {PIL_NAME: "PIL", CV_NAME: "OpenCV"}
+    lines = [f"{run.transform}: {run.num_images} images in {run.root}, {run.geometry}, "
+             f"batch {run.batch_size}, num_workers={run.num_workers}, {res.num_batches} batches/round, "
+             f"{res.num_rounds} round(s) (+{res.num_warmup_rounds} warm-up) alternating"]
+    w = max(len("loader"), *(len(s.name) for s in res.loaders))
+    ratio_cols = "".join(f" {'x ' + short[r]:>8}" for r in refs)
+    mem_cols = "".join(f" {'PSS x ' + short[r]:>12}" for r in refs)
+    header = (f"{'loader':<{w}} {'images/s':>9} {'min..max':>11} {'startup':>8} {'w/ start':>9}"
+              f"{ratio_cols} {'peak PSS':>10} {'footprint':>10}{mem_cols}")
+    lines += [header, "-" * len(header)]
+    for s in res.loaders:
+        ips = _images_per_s(s)
+        total_ips = statistics.median(r.num_samples / r.total_s for r in s.rounds)
+        row = (f"{s.name:<{w}} {s.median_samples_per_s:>9.0f} {f'{min(ips):.0f}..{max(ips):.0f}':>11} "
+               f"{s.median_startup_s:>7.2f}s {total_ips:>9.0f}")
+        row += "".join(f" {res.ratio(s.name, r):>7.2f}x" for r in refs)
+        row += f" {format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10}"
+        row += "".join(f" {res.memory_ratio(s.name, r):>11.2f}x" for r in refs)
+        lines.append(row)
+    lines.append("(images/s: median steady rate, first batch excluded; startup: loader + workers + "
+                 "first batch, paid every round; w/ start: images/s including it; memory: peak over "
+                 "rounds, summed over the process tree; footprint counts shared memory whole)")
+    added = ", ".join(f"{s.name} {format_bytes(run.added_pss_bytes(s.name))}" for s in res.loaders
+                      if math.isfinite(run.added_pss_bytes(s.name)))
+    if added:
+        lines.append(f"memory added by the loader (peak PSS - PSS when its round began, median): {added}")
+    if FAST_NAME in [s.name for s in res.loaders]:
+        for r in refs:
+            ratios = res.paired_ratios(FAST_NAME, r)
+            paired = ", ".join(f"{x:.2f}" for x in ratios)
+            lines.append(f"{FAST_NAME} / {r} per round: {paired} (median {statistics.median(ratios):.2f}); "
+                         f"peak footprint {res.footprint_ratio(FAST_NAME, r):.2f}x")
+    if run.flatness is not None:
+        f = run.flatness
+        readings = ", ".join(format_bytes(b) for b in f.pss_bytes)
+        how = "persistent workers" if run.num_workers > 0 else "num_workers=0"
+        lines.append(f"{f.loader} memory over {len(f.pss_bytes)} epoch(s) of {f.batches_per_epoch} batches "
+                     f"({how}): PSS after each {readings}; growth "
+                     f"{format_bytes(f.growth_bytes)} ({100 * f.growth_fraction:+.1f}%)")
+    lines.extend(f"note: {n}" for n in res.notes)
+    for g in run.goals():
+        value = f"{g.value:.2f}x" if math.isfinite(g.value) else "n/a"
+        detail = f" [{g.detail.strip()}]" if g.detail else ""
+        lines.append(f"goal: {g.name}: {'met' if g.met else 'NOT met'} ({value}){detail}")
+    if PIL_NAME not in refs:
+        lines.append(f"goal: {run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME}: not measured "
+                     f"(Pillow is not installed: pip install 'gpufeed[bench]')")
+    return "\n".join(lines)
+
+
+def format_environment(env: dict[str, Any]) -> str:
+    """The environment record, one ``key: value`` per line."""
+    keys = ("gpufeed", "torch", "numpy", "cv2", "pillow", "python", "cpu_model", "logical_cores",
+            "usable_cores", "decoders", "platform")
+    lines = ["environment:"]
+    lines += [f"  {k}: {env[k]}" for k in keys if k in env]
+    return "\n".join(lines)
