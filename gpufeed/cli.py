@@ -6,6 +6,7 @@
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.bench.cli_bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.bench.cli_bench)
+    gpufeed tune ROOT [--max-workers N] [--json OUT] [--plot OUT.png]           (gpufeed.cli_tune)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_bench.add_bench_parser(sub)
     cli_bench.add_demo_parser(sub)
+
+    from gpufeed import cli_tune
+
+    cli_tune.add_tune_parser(sub)
     return parser
 
 

@@ -1,0 +1,151 @@
+"""``gpufeed tune``: find num_workers (and pinning, prefetch, cache) for an image folder.
+
+::
+
+    gpufeed tune ROOT [--max-workers N] [--batch-size 64] [--transform eval|train]
+                 [--batches N] [--warmup N] [--step-ms MS] [--memory-fraction F]
+                 [--min-gain F] [--json OUT] [--plot OUT.png] [--no-progress]
+
+Output goes through :func:`write` (stdout); the progress bar (tqdm, when installed and stderr is
+a terminal) goes to stderr. The search itself is :func:`gpufeed.tune.tune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+__all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
+
+TRANSFORMS = ("eval", "train")
+
+
+def write(text: str) -> None:
+    """This command's only output function: ``text`` and a newline on stdout, flushed."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
+    return n
+
+
+def _fraction(value: str) -> float:
+    x = float(value)
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1]. Found: {x}.")
+    return x
+
+
+def add_tune_parser(sub: Any) -> None:
+    """Adds ``tune`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
+    p = sub.add_parser("tune", help="measure 1, 2, 4, ... workers on an image folder and "
+                                    "recommend num_workers, pin_workers, prefetch and cache")
+    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
+    p.add_argument("--max-workers", type=_positive, default=None, metavar="N",
+                   help="largest worker count tried (default: the usable cores)")
+    p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
+    p.add_argument("--transform", choices=TRANSFORMS, default="eval",
+                   help="eval: ResizeCenterCrop(224, 256); train: RandomResizedCrop(224) with "
+                        "flips and shuffling (default eval)")
+    p.add_argument("--batches", type=_positive, default=20, metavar="N",
+                   help="timed batches per measurement (default 20)")
+    p.add_argument("--warmup", type=_non_negative, default=3, metavar="N",
+                   help="untimed batches first (default 3)")
+    p.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
+                   help="simulated training step per batch in ms (a sleep), so the data wait "
+                        "means something (default 0: none)")
+    p.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
+                   help="memory ceiling as a share of available memory (default 0.8)")
+    p.add_argument("--min-gain", type=_fraction, default=0.05, metavar="F",
+                   help="smallest worthwhile gain from doubling (default 0.05 = 5%%)")
+    p.add_argument("--json", metavar="OUT", help="write the rows and recommendation here")
+    p.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and augmentation seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run_tune)
+
+
+def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]:
+    import torch
+
+    from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
+
+    transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
+    dataset = ImageFolder(args.root, transform=transform)
+    shuffle = args.transform == "train"
+
+    def make(num_workers: int, pin_workers: bool) -> FastLoader:
+        return FastLoader(dataset, batch_size=args.batch_size, num_workers=num_workers,
+                          shuffle=shuffle, generator=torch.Generator().manual_seed(args.seed),
+                          persistent_workers=num_workers > 0, pin_workers=pin_workers,
+                          seed=args.seed)
+
+    return make
+
+
+def format_recommendation(result: Any) -> str:
+    """The recommendation as a FastLoader call, then the reasons, one per line."""
+    kwargs = [f"num_workers={result.recommended_num_workers}",
+              f"prefetch_factor={result.recommended_prefetch_factor}",
+              "persistent_workers=True"]
+    if result.recommended_pin_workers:
+        kwargs.append("pin_workers=True")
+    if result.recommended_cache_bytes:
+        kwargs.append(f"cache_bytes={result.recommended_cache_bytes}")
+    lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")", "why:"]
+    lines += [f"  - {reason}" for reason in result.reasons]
+    return "\n".join(lines)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """``gpufeed tune``: the search, its table, the recommendation; JSON and plot if asked."""
+    from gpufeed.bench.environment import describe_environment
+    from gpufeed.tune import tune
+
+    step: Optional[Callable[[Any], None]] = None
+    if args.step_ms > 0:
+        delay_s = args.step_ms / 1000.0
+
+        def step(batch: Any) -> None:
+            time.sleep(delay_s)
+
+    t0 = time.perf_counter()
+    result = tune(_make_loader_factory(args), max_workers=args.max_workers,
+                  memory_fraction=args.memory_fraction, min_gain=args.min_gain,
+                  batches=args.batches, warmup_batches=args.warmup, step=step,
+                  progress=not args.no_progress)
+    elapsed_s = time.perf_counter() - t0
+    write(f"gpufeed tune {args.root}: transform {args.transform}, batch size {args.batch_size}, "
+          f"{args.batches} timed batches per step ({elapsed_s:.0f} s)")
+    write(result.format_table())
+    write("")
+    write(format_recommendation(result))
+    if args.json:
+        payload = result.to_dict()
+        payload["args"] = {k: v for k, v in vars(args).items() if k != "run"}
+        payload["environment"] = describe_environment(result.recommended_num_workers)
+        payload["elapsed_s"] = elapsed_s
+        Path(args.json).write_text(json.dumps(payload, indent=2, allow_nan=False, default=str),
+                                   encoding="utf-8")
+        write(f"wrote {args.json}")
+    if args.plot:
+        if result.save_plot(args.plot):
+            write(f"wrote {args.plot}")
+        else:
+            write(f"did not write {args.plot}: matplotlib is not installed")
+    return 0

@@ -1,0 +1,624 @@
+"""Find a good ``num_workers`` (and ``pin_workers``, ``prefetch_factor``, ``cache_bytes``) by measuring.
+
+The practice that works: measure a one-worker baseline, double the workers, find the *knee*
+where the gain shrinks, back off one step, and stay under a memory ceiling::
+
+    from gpufeed.tune import tune
+    result = tune(dataset=ImageFolder(root, transform=ResizeCenterCrop(224, 256)), batch_size=64)
+    print(result.format_table())
+    loader = FastLoader(ds, batch_size=64, num_workers=result.recommended_num_workers, ...)
+
+:func:`measure` takes one measurement (one loader, one worker count) as a :class:`TuneRow`;
+:func:`tune` runs the search and returns a :class:`TuneResult` whose ``reasons`` say why each
+step was taken or the search stopped. ``gpufeed tune ROOT`` (:mod:`gpufeed.cli_tune`) is the
+command line. Importing this module starts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+import psutil
+
+from gpufeed.bench.compare import batch_size_of
+from gpufeed.bench.memory import PeakPSS, format_bytes
+
+if TYPE_CHECKING:
+    from gpufeed.loader import FastLoader
+
+__all__ = [
+    "TuneResult",
+    "TuneRow",
+    "cache_bytes_needed",
+    "measure",
+    "recommend_cache_bytes",
+    "recommend_prefetch_factor",
+    "tree_cpu_s",
+    "tune",
+    "usable_cores",
+    "worker_counts",
+]
+
+logger = logging.getLogger(__name__)
+
+LoaderFactory = Callable[[int, bool], "FastLoader"]
+MeasureFn = Callable[[int, bool], "TuneRow"]
+
+#: data_wait_fraction at or above which the consumer is loader-bound (or no step was measured).
+LOADER_BOUND_WAIT = 0.9
+#: data_wait_fraction at or above which (and below LOADER_BOUND_WAIT) stalls are jitter.
+JITTER_WAIT = 0.05
+#: Share of the memory left after the loader that a whole-dataset cache may take.
+CACHE_FRACTION = 0.5
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError)
+
+
+# ---------------------------------------------------------------------------------- rows
+
+@dataclass(frozen=True)
+class TuneRow:
+    """One measurement: one loader at one worker count.
+
+    Attributes:
+        num_workers: worker processes.
+        pin_workers: whether workers were pinned to one CPU each.
+        samples_per_s: samples (images) per second over the timed batches (wall clock).
+        cpu_percent: CPU time of this process tree over the timed batches divided by their wall
+            time, in percent (200.0 = two cores busy).
+        peak_memory_bytes: peak PSS of this process tree (bytes) while the loader lived, from
+            :class:`gpufeed.bench.memory.PeakPSS`.
+        memory_per_worker_bytes: (peak PSS - PSS before the loader was built) / num_workers
+            (bytes): everything the loader added, arena included, charged to its workers.
+        data_wait_fraction: share of the timed wall time spent waiting in ``next()`` (0-1).
+            Without a ``step`` the consumer does nothing, so this is close to 1 by construction.
+    """
+
+    num_workers: int
+    pin_workers: bool
+    samples_per_s: float
+    cpu_percent: float
+    peak_memory_bytes: int
+    memory_per_worker_bytes: int
+    data_wait_fraction: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as plain JSON-able data."""
+        return asdict(self)
+
+    @property
+    def base_memory_bytes(self) -> int:
+        """PSS of the tree before the loader was built (bytes), derived from the row."""
+        return self.peak_memory_bytes - max(self.num_workers, 1) * self.memory_per_worker_bytes
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and all its descendants so far.
+
+    Live descendants are read with psutil; descendants that exited and were reaped by this
+    process are in ``os.times()``'s children fields, so a worker that exits between two readings
+    is still counted. (Grandchildren reaped by a live child are missed until that child is reaped.)
+    """
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    try:
+        children = psutil.Process().children(recursive=True)
+    except _GONE:
+        children = []
+    for child in children:
+        try:
+            c = child.cpu_times()
+        except _GONE:
+            continue
+        total += c.user + c.system
+    return total
+
+
+def _batches(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch, forever (a loader with no batches: ValueError)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yielded no batches; check the dataset and batch_size")
+
+
+def measure(
+    make_loader: LoaderFactory,
+    num_workers: int,
+    pin_workers: bool = False,
+    *,
+    batches: int = 20,
+    warmup_batches: int = 3,
+    step: Optional[Callable[[Any], Any]] = None,
+    sample_interval_s: float = 0.05,
+) -> TuneRow:
+    """Measure one loader: ``make_loader(num_workers, pin_workers)``.
+
+    Runs ``warmup_batches`` untimed batches (worker start-up, first decodes), then ``batches``
+    timed ones, calling ``step(batch)`` after each when given (your training step, or a stand-in
+    such as ``time.sleep``); epochs restart as needed. Memory is sampled from before the loader
+    is built until after it is closed. The loader is closed before returning.
+    """
+    for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
+                             ("warmup_batches", warmup_batches, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"`{name}` must be an int >= {low}. Found: {value!r}.")
+    with PeakPSS(interval_s=sample_interval_s) as mem:
+        loader = make_loader(num_workers, pin_workers)
+        try:
+            stream = _batches(loader)
+            for _ in range(warmup_batches):
+                batch = next(stream)
+                if step is not None:
+                    step(batch)
+                del batch
+            samples = 0
+            wait_s = 0.0
+            cpu0 = tree_cpu_s()
+            t0 = time.perf_counter()
+            for _ in range(batches):
+                tw = time.perf_counter()
+                batch = next(stream)
+                wait_s += time.perf_counter() - tw
+                samples += batch_size_of(batch)
+                if step is not None:
+                    step(batch)
+                del batch
+            elapsed_s = time.perf_counter() - t0
+            cpu_s = tree_cpu_s() - cpu0
+            stream.close()
+        finally:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+    added = max(0, mem.peak_bytes - mem.baseline_bytes)
+    row = TuneRow(
+        num_workers=num_workers,
+        pin_workers=bool(pin_workers),
+        samples_per_s=samples / elapsed_s if elapsed_s > 0 else 0.0,
+        cpu_percent=100.0 * cpu_s / elapsed_s if elapsed_s > 0 else 0.0,
+        peak_memory_bytes=int(mem.peak_bytes),
+        memory_per_worker_bytes=int(added / max(num_workers, 1)),
+        data_wait_fraction=min(1.0, wait_s / elapsed_s) if elapsed_s > 0 else 0.0,
+    )
+    logger.debug("measured %s", row)
+    return row
+
+
+# ---------------------------------------------------------------------------------- result
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`tune` measured and recommends.
+
+    ``rows`` are in measurement order (the pinned measurement, if any, last).
+    ``recommended_prefetch_factor``: see :func:`recommend_prefetch_factor`;
+    ``recommended_cache_bytes``: see :func:`recommend_cache_bytes` (0: no cache).
+    ``knee_num_workers``: the first count whose gain fell under ``min_gain`` (None: not reached).
+    ``reasons``: one line per decision, in order. Memory figures are bytes.
+    """
+
+    rows: tuple[TuneRow, ...]
+    recommended_num_workers: int
+    recommended_pin_workers: bool
+    recommended_prefetch_factor: int
+    recommended_cache_bytes: int
+    reasons: tuple[str, ...]
+    knee_num_workers: Optional[int] = None
+    max_workers: int = 0
+    min_gain: float = 0.05
+    memory_fraction: float = 0.8
+    available_memory_bytes: int = 0
+    dataset_cache_bytes: Optional[int] = None
+
+    @property
+    def recommended_row(self) -> TuneRow:
+        """The measurement at the recommended settings."""
+        for row in self.rows:
+            if (row.num_workers, row.pin_workers) == (self.recommended_num_workers,
+                                                      self.recommended_pin_workers):
+                return row
+        raise LookupError("no row at the recommended settings")  # not reachable from tune()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: the recommendations, the search settings, ``reasons`` and ``rows``."""
+        return {
+            "recommended_num_workers": self.recommended_num_workers,
+            "recommended_pin_workers": self.recommended_pin_workers,
+            "recommended_prefetch_factor": self.recommended_prefetch_factor,
+            "recommended_cache_bytes": self.recommended_cache_bytes,
+            "knee_num_workers": self.knee_num_workers,
+            "max_workers": self.max_workers,
+            "min_gain": self.min_gain,
+            "memory_fraction": self.memory_fraction,
+            "available_memory_bytes": self.available_memory_bytes,
+            "dataset_cache_bytes": self.dataset_cache_bytes,
+            "reasons": list(self.reasons),
+            "rows": [_finite_row(r.to_dict()) for r in self.rows],
+        }
+
+    def format_table(self) -> str:
+        """A text table: workers, pin, images/s, gain, CPU %, memory, per worker, data wait."""
+        header = ("workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
+        lines: list[list[str]] = []
+        previous: Optional[TuneRow] = None
+        for row in self.rows:
+            if row.pin_workers:
+                ref = next((r for r in self.rows if not r.pin_workers
+                            and r.num_workers == row.num_workers), None)
+            else:
+                ref, previous = previous, row
+            gain = "" if ref is None else f"{_gain(ref.samples_per_s, row.samples_per_s):+.1%}"
+            mark = " *" if row == self.recommended_row else ""
+            lines.append([f"{row.num_workers}{mark}", "yes" if row.pin_workers else "no",
+                          f"{row.samples_per_s:.0f}", gain, f"{row.cpu_percent:.0f}",
+                          format_bytes(row.peak_memory_bytes),
+                          format_bytes(row.memory_per_worker_bytes),
+                          f"{row.data_wait_fraction:.0%}"])
+        widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
+                  for i, h in enumerate(header)]
+        out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+        out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in lines]
+        out.append("(* recommended; gain: over the previous count, or over unpinned for pin=yes)")
+        return "\n".join(out)
+
+    def save_plot(self, path: str | os.PathLike) -> bool:
+        """Write images/s and memory against num_workers as a PNG at ``path``.
+
+        Returns True when written, False (and logs why) when matplotlib is not installed.
+        """
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:
+            logger.warning("not writing %s: matplotlib is not installed (pip install matplotlib)",
+                           os.fspath(path))
+            return False
+        rows = [r for r in self.rows if not r.pin_workers]
+        fig = Figure(figsize=(6.4, 4.0))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        xs = [r.num_workers for r in rows]
+        ax.plot(xs, [r.samples_per_s for r in rows], "o-", color="tab:blue", label="images/s")
+        ax.axvline(self.recommended_num_workers, color="tab:green", linestyle="--",
+                   label=f"recommended: {self.recommended_num_workers}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("num_workers")
+        ax.set_ylabel("images/s")
+        mem_ax = ax.twinx()
+        mem_ax.plot(xs, [r.peak_memory_bytes / 2**30 for r in rows], "s:", color="tab:red",
+                    label="peak PSS (GiB)")
+        mem_ax.set_ylabel("peak PSS (GiB)")
+        handles = ax.get_legend_handles_labels()
+        mem_handles = mem_ax.get_legend_handles_labels()
+        ax.legend(handles[0] + mem_handles[0], handles[1] + mem_handles[1], loc="best")
+        ax.set_title("gpufeed tune")
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), format="png", dpi=100)
+        return True
+
+
+def _finite_row(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def _gain(before: float, after: float) -> float:
+    """Relative gain of ``after`` over ``before`` (inf from a zero baseline that rose)."""
+    if before > 0:
+        return after / before - 1.0
+    return math.inf if after > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------- rules
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask), else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_counts(max_workers: int) -> list[int]:
+    """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""
+    if max_workers < 1:
+        raise ValueError(f"`max_workers` must be >= 1. Found: {max_workers!r}.")
+    counts = []
+    n = 1
+    while n < max_workers:
+        counts.append(n)
+        n *= 2
+    counts.append(max_workers)
+    return counts
+
+
+def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
+    """``prefetch_factor`` from the consumer's data wait at the recommended count, and why.
+
+    - wait >= 0.9: the consumer is loader-bound (or no training ``step`` was measured, which reads
+      the same): batches are consumed as fast as they arrive, so a deeper queue cannot raise
+      throughput; keep torch's 2 (more only holds more batches in memory).
+    - 0.05 <= wait < 0.9: the loader keeps up on average but the consumer still stalls: jitter
+      (slow files, a worker descheduled); 4 batches per worker absorb the bursts.
+    - wait < 0.05: the consumer rarely waits; 2.
+    """
+    if data_wait_fraction >= LOADER_BOUND_WAIT:
+        return 2, (f"prefetch_factor 2: the consumer waited {data_wait_fraction:.0%} of the time, "
+                   "so the loader is the bottleneck (or no training step was measured); a deeper "
+                   "queue would not raise throughput")
+    if data_wait_fraction >= JITTER_WAIT:
+        return 4, (f"prefetch_factor 4: the consumer still waited {data_wait_fraction:.0%} of the "
+                   "time although the loader keeps up; a deeper queue absorbs the jitter")
+    return 2, (f"prefetch_factor 2: the consumer waited only {data_wait_fraction:.0%} of the time")
+
+
+def cache_bytes_needed(dataset: Any) -> tuple[Optional[int], str]:
+    """Bytes the loader's host cache needs to hold all of ``dataset``, and what they are.
+
+    The cache holds what the image path would recompute (see :mod:`gpufeed.cache`): with a
+    deterministic transform (``ResizeCenterCrop``) the decoded output rows, ``len x H x W x 3``;
+    with a random one (``RandomResizedCrop``) the encoded bytes: the files' sizes for an
+    ``ImageFolder``, the database file for an ``LMDBDataset``, otherwise the mean size of up to
+    256 samples read evenly across the dataset times its length. None: not an image dataset with
+    a transform (no fast path, so no cache).
+    """
+    from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
+
+    transform = getattr(dataset, "transform", None)
+    if not isinstance(dataset, ImageSource) or transform is None:
+        return None, "cache_bytes applies to gpufeed image datasets with a transform only"
+    count = len(dataset)
+    if getattr(transform, "deterministic", False):
+        h, w = transform.output_size
+        return count * h * w * 3, f"{count} decoded {h}x{w} rows"
+    if isinstance(dataset, ImageFolder):
+        total = sum(os.stat(dataset.path(i)).st_size for i in range(count))
+        return total, f"{count} encoded files"
+    if isinstance(dataset, LMDBDataset):
+        if os.path.isdir(dataset.path):
+            total = sum(e.stat().st_size for e in os.scandir(dataset.path)
+                        if e.is_file() and e.name.endswith(".mdb") and e.name != "lock.mdb")
+        else:
+            total = os.path.getsize(dataset.path)
+        return total, f"{count} encoded images in the LMDB"
+    if count == 0:
+        return 0, "an empty dataset"
+    picks = sorted({int(i * count / min(count, 256)) for i in range(min(count, 256))})
+    mean = sum(len(dataset.read(i)) for i in picks) / len(picks)
+    return int(mean * count), f"{count} encoded images (estimated from {len(picks)} reads)"
+
+
+def recommend_cache_bytes(needed_bytes: Optional[int], what: str, available_bytes: int,
+                          loader_bytes: int) -> tuple[int, str]:
+    """``cache_bytes`` for the loader, and why: all of the dataset or nothing.
+
+    The whole dataset (``needed_bytes``, from :func:`cache_bytes_needed`) is cached when it fits
+    in ``CACHE_FRACTION`` (half) of the memory left once the loader itself is running
+    (``available_bytes - loader_bytes``); then every epoch after the first reads no file and, for
+    a deterministic transform, decodes nothing. Otherwise 0: with a shuffled order an LRU smaller
+    than the dataset hits only about cache/dataset of the time, at a fixed memory cost that is
+    usually better spent on workers or the page cache.
+    """
+    if needed_bytes is None:
+        return 0, f"cache_bytes 0: {what}"
+    room = max(0, available_bytes - loader_bytes)
+    if needed_bytes <= CACHE_FRACTION * room:
+        return needed_bytes, (f"cache_bytes {needed_bytes} ({format_bytes(needed_bytes)}): the "
+                              f"whole dataset ({what}) fits in {CACHE_FRACTION:.0%} of the "
+                              f"{format_bytes(room)} left after the loader")
+    return 0, (f"cache_bytes 0: the dataset ({what}, {format_bytes(needed_bytes)}) does not fit in "
+               f"{CACHE_FRACTION:.0%} of the {format_bytes(room)} left after the loader; a "
+               "partial LRU cache would mostly miss")
+
+
+# ---------------------------------------------------------------------------------- search
+
+class _Progress:
+    """A tqdm bar over the measurements (stderr, hidden when not a terminal); no-op without tqdm."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, unit="step", desc="gpufeed tune", leave=False,
+                             file=sys.stderr, disable=None)
+
+    def start(self, label: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(label)
+
+    def done(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def tune(
+    make_loader: Optional[LoaderFactory] = None,
+    *,
+    dataset: Any = None,
+    batch_size: int = 64,
+    max_workers: Optional[int] = None,
+    memory_fraction: float = 0.8,
+    min_gain: float = 0.05,
+    batches: int = 20,
+    warmup_batches: int = 3,
+    step: Optional[Callable[[Any], Any]] = None,
+    measure_fn: Optional[MeasureFn] = None,
+    available_memory_bytes: Optional[int] = None,
+    progress: bool = True,
+    **loader_kwargs: Any,
+) -> TuneResult:
+    """Search ``num_workers`` 1, 2, 4, 8, ... for the knee; back off one step; under a memory ceiling.
+
+    What is measured, one of:
+        make_loader: ``(num_workers, pin_workers) -> FastLoader``, built fresh per measurement;
+        dataset: loaders ``FastLoader(dataset, batch_size=..., num_workers=n, pin_workers=p,
+            persistent_workers=True, **loader_kwargs)``;
+        measure_fn: ``(num_workers, pin_workers) -> TuneRow`` instead of :func:`measure` (a
+            cost model in tests); ``dataset`` may still be given for the cache rule.
+
+    The search:
+        1. ``max_workers`` defaults to the usable cores (``os.sched_getaffinity``); a larger
+           value is honoured when given explicitly. Counts: :func:`worker_counts`.
+        2. Before each count n > 1: stop if the projected memory, the tree's memory before the
+           loader plus n x the largest per-worker memory measured so far, exceeds
+           ``memory_fraction`` x available memory (``psutil.virtual_memory().available`` at the
+           start, or ``available_memory_bytes``).
+        3. After each count: the gain over the previous count; under ``min_gain`` (or negative)
+           this count is the knee: stop and recommend the previous count.
+        4. At the recommended count, measure ``pin_workers=True``; recommend it only when it is
+           at least ``min_gain`` faster.
+        5. ``prefetch_factor`` and ``cache_bytes``: :func:`recommend_prefetch_factor`,
+           :func:`recommend_cache_bytes`.
+
+    ``batches``, ``warmup_batches`` and ``step`` go to :func:`measure`. ``progress``: a tqdm bar
+    on stderr when tqdm is installed and stderr is a terminal.
+    """
+    if measure_fn is None and (make_loader is None) == (dataset is None):
+        raise TypeError("tune() needs exactly one of `make_loader` or `dataset` (or `measure_fn`).")
+    if measure_fn is not None and make_loader is not None:
+        raise TypeError("tune() takes `measure_fn` or `make_loader`, not both.")
+    if loader_kwargs and (dataset is None or make_loader is not None or measure_fn is not None):
+        raise TypeError(f"loader options {sorted(loader_kwargs)} apply with `dataset=` only.")
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {memory_fraction!r}.")
+    if not 0 <= min_gain < 10:
+        raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {min_gain!r}.")
+    cores = usable_cores()
+    if max_workers is None:
+        max_workers = cores
+    elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"`max_workers` must be an int >= 1. Found: {max_workers!r}.")
+    if available_memory_bytes is None:
+        available_memory_bytes = int(psutil.virtual_memory().available)
+    budget_bytes = memory_fraction * available_memory_bytes
+
+    seen: dict[str, Any] = {}
+    if measure_fn is None:
+        factory = make_loader if make_loader is not None else _dataset_factory(
+            dataset, batch_size, loader_kwargs)
+
+        def recording(num_workers: int, pin_workers: bool) -> "FastLoader":
+            loader = factory(num_workers, pin_workers)
+            seen.setdefault("dataset", getattr(loader, "dataset", None))
+            return loader
+
+        def run(num_workers: int, pin_workers: bool) -> TuneRow:
+            return measure(recording, num_workers, pin_workers, batches=batches,
+                           warmup_batches=warmup_batches, step=step)
+    else:
+        run = measure_fn
+
+    counts = worker_counts(max_workers)
+    reasons: list[str] = []
+    if max_workers > cores:
+        reasons.append(f"max_workers={max_workers} is above the {cores} usable cores (explicit).")
+    rows: list[TuneRow] = []
+    knee: Optional[int] = None
+    bar = _Progress(len(counts) + 1, progress)
+    try:
+        best: Optional[TuneRow] = None
+        for n in counts:
+            if best is not None:
+                per_worker = max(r.memory_per_worker_bytes for r in rows)
+                base = rows[0].base_memory_bytes
+                projected = base + n * per_worker
+                if projected > budget_bytes:
+                    reasons.append(
+                        f"stopped before {n} workers: projected memory {format_bytes(projected)} "
+                        f"({format_bytes(base)} + {n} x {format_bytes(per_worker)} per worker) "
+                        f"exceeds {memory_fraction:.0%} of the {format_bytes(available_memory_bytes)} "
+                        "available.")
+                    break
+            bar.start(f"{n} workers")
+            row = run(n, False)
+            bar.done()
+            rows.append(row)
+            if best is None:
+                reasons.append(f"{n} worker: {row.samples_per_s:.0f} images/s (baseline).")
+                best = row
+                continue
+            gain = _gain(best.samples_per_s, row.samples_per_s)
+            if gain < min_gain:
+                knee = n
+                reasons.append(
+                    f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
+                    f"{best.num_workers} (under the {min_gain:.0%} minimum gain): the knee is at "
+                    f"{n}; backing off to {best.num_workers}.")
+                break
+            reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
+                           f"{best.num_workers}: worth it.")
+            best = row
+        else:
+            reasons.append(f"stopped at {max_workers} workers: the max_workers limit "
+                           f"({cores} usable cores).")
+        assert best is not None  # the first count is always measured
+        recommended = best
+        pin = False
+        if hasattr(os, "sched_setaffinity"):
+            bar.start(f"{best.num_workers} workers pinned")
+            pinned = run(best.num_workers, True)
+            bar.done()
+            rows.append(pinned)
+            gain = _gain(best.samples_per_s, pinned.samples_per_s)
+            pin = gain >= min_gain
+            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: "
+                           f"{pinned.samples_per_s:.0f} vs {best.samples_per_s:.0f} images/s "
+                           f"unpinned ({gain:+.1%}; needs {min_gain:+.0%}).")
+            if pin:
+                recommended = pinned
+        else:
+            reasons.append("pin_workers not tried: os.sched_setaffinity is not available here.")
+    finally:
+        bar.close()
+
+    prefetch, why = recommend_prefetch_factor(recommended.data_wait_fraction)
+    reasons.append(why + ".")
+    cache_dataset = dataset if dataset is not None else seen.get("dataset")
+    needed, what = cache_bytes_needed(cache_dataset) if cache_dataset is not None else (
+        None, "the dataset is unknown (pass dataset=)")
+    loader_bytes = recommended.peak_memory_bytes - recommended.base_memory_bytes
+    cache_bytes, why = recommend_cache_bytes(needed, what, available_memory_bytes, loader_bytes)
+    reasons.append(why + ".")
+    return TuneResult(
+        rows=tuple(rows),
+        recommended_num_workers=recommended.num_workers,
+        recommended_pin_workers=pin,
+        recommended_prefetch_factor=prefetch,
+        recommended_cache_bytes=cache_bytes,
+        reasons=tuple(reasons),
+        knee_num_workers=knee,
+        max_workers=max_workers,
+        min_gain=min_gain,
+        memory_fraction=memory_fraction,
+        available_memory_bytes=available_memory_bytes,
+        dataset_cache_bytes=needed,
+    )
+
+
+def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:
+    from gpufeed.loader import FastLoader
+
+    def make(num_workers: int, pin_workers: bool) -> "FastLoader":
+        kwargs = dict(loader_kwargs)
+        kwargs.setdefault("persistent_workers", num_workers > 0)
+        return FastLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                          pin_workers=pin_workers, **kwargs)
+
+    return make
