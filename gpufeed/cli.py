@@ -7,6 +7,7 @@
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.bench.cli_bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.bench.cli_bench)
     gpufeed tune ROOT [--max-workers N] [--json OUT] [--plot OUT.png]           (gpufeed.cli_tune)
+    gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--json OUT]     (gpufeed.cli_doctor)
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpufeed import cli_tune
 
     cli_tune.add_tune_parser(sub)
+
+    from gpufeed import cli_doctor
+
+    cli_doctor.add_doctor_parser(sub)
     return parser
 
 

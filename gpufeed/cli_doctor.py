@@ -1,0 +1,103 @@
+"""``gpufeed doctor``: what limits loading an image folder, on the command line.
+
+::
+
+    gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--workers N] [--batch-size N]
+                   [--batches N] [--json OUT]
+
+Builds ``FastLoader(gpufeed.ImageFolder(ROOT, transform), persistent_workers=True,
+shuffle=True)`` and runs :func:`gpufeed.doctor.diagnose` with a simulated step that sleeps
+``--step-ms`` per batch (your model's step time; 0 asks what limits the loader flat out).
+Output goes through :func:`write` (stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_doctor_parser", "run_doctor", "write"]
+
+
+def write(text: str) -> None:
+    """The command's only output function: ``text`` and a newline on stdout, flushed."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
+    return n
+
+
+def _milliseconds(value: str) -> float:
+    ms = float(value)
+    if not ms >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 milliseconds. Found: {value}.")
+    return ms
+
+
+def _default_workers() -> int:
+    from gpufeed._probe import usable_cpus
+
+    return min(8, len(usable_cpus()))
+
+
+def add_doctor_parser(sub: Any) -> None:
+    """Adds ``doctor`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
+    p = sub.add_parser("doctor", help="run an image folder through FastLoader and name what limits "
+                                      "it: read, decode, transform, workers, transfer or compute")
+    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
+    p.add_argument("--transform", choices=("eval", "train"), default="eval",
+                   help="eval: ResizeCenterCrop(224, 256); train: RandomResizedCrop(224) "
+                        "(default eval)")
+    p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="N",
+                   help="simulated training step per batch, milliseconds; it sleeps, as a host "
+                        "thread waiting on its GPU does (default 0: the loader flat out)")
+    p.add_argument("--workers", type=_non_negative_int, default=None, metavar="N",
+                   help="num_workers (default: usable cores, at most 8)")
+    p.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="batch size (64)")
+    p.add_argument("--batches", type=_positive, default=100, metavar="N",
+                   help="batches measured, after warm-up (default 100)")
+    p.add_argument("--json", metavar="OUT", help="also write the report (evidence included) here")
+    p.set_defaults(run=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Build the loader, diagnose it, print the report (and write ``--json``); exit status."""
+    from gpufeed.doctor import diagnose
+    from gpufeed.loader import FastLoader
+    from gpufeed.sources import ImageFolder
+    from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
+
+    transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
+    workers = _default_workers() if args.workers is None else args.workers
+    dataset = ImageFolder(args.root, transform=transform)
+    write(f"gpufeed doctor: {len(dataset)} images in {args.root}, {args.transform} transform, "
+          f"num_workers={workers}, batch_size={args.batch_size}, step {args.step_ms:g} ms, "
+          f"{args.batches} batches")
+    with FastLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
+                    persistent_workers=workers > 0) as loader:
+        report = diagnose(loader, batches=args.batches, step_ms=args.step_ms)
+    write(str(report))
+    if args.json:
+        out = report.to_dict()
+        out["config"] = {"root": args.root, "transform": args.transform, "step_ms": args.step_ms,
+                         "num_workers": workers, "batch_size": args.batch_size,
+                         "batches": args.batches}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+        write(f"wrote {args.json}")
+    return 0
