@@ -1,0 +1,478 @@
+"""gpufeed.metrics: the scraped text equals loader.stats(), servers start once and stop cleanly,
+dead loaders vanish, and the shipped alerts and dashboard use only metrics the collector emits.
+
+Scrapes go over loopback HTTP with urllib and are parsed with prometheus_client's own parser.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from torch.utils.data import TensorDataset
+
+from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed.metrics import METRIC_NAMES, MetricsServer, serve
+
+
+MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
+STAGES = ("fetch", "read", "decode", "transform", "collate", "pack", "h2d")
+COUNTERS = {  # metric -> stats() key
+    "gpufeed_batches_total": "batches",
+    "gpufeed_samples_total": "samples",
+    "gpufeed_data_wait_seconds_total": "wait_s",
+    "gpufeed_errors_total": "errors",
+    "gpufeed_worker_restarts_total": "worker_restarts",
+}
+IMAGE_ONLY = {"skipped", "cache_hits", "cache_misses", "cache_bytes", "cache_hit_rate"}
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server():
+    srv = serve(0)
+    yield srv
+    srv.stop()
+
+
+def tensor_loader(**kwargs) -> FastLoader:
+    ds = TensorDataset(torch.arange(40.0).view(20, 2), torch.arange(20))
+    return FastLoader(ds, batch_size=4, **kwargs)
+
+
+def scrape(srv: MetricsServer) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, labels): value} of one scrape of ``srv``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def series_of(samples: dict, loader: str) -> dict[tuple[str, frozenset], float]:
+    return {k: v for k, v in samples.items() if ("loader", loader) in k[1]}
+
+
+def names_of(samples: dict, loader: str) -> set[str]:
+    return {name for name, _ in series_of(samples, loader)}
+
+
+def metrics_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "gpufeed-metrics"]
+
+
+class FakeLoader:
+    """Anything with a stats() dict can be reported; this one has every key an image loader has."""
+
+    def __init__(self, **overrides) -> None:
+        self.values = {
+            "batches": 7, "samples": 50, "wait_s": 1.5, "errors": 2, "worker_restarts": 1,
+            "skipped": 3, "cache_hits": 30, "cache_misses": 20, "cache_bytes": 4096,
+            "cache_hit_rate": 0.6, "data_wait_fraction": 0.25, "queue_depth": 2,
+            "queue_depth_mean": 1.5, "samples_per_s": 123.0, "overflow_bytes": 0,
+            **{f"{stage}_s": i + 0.5 for i, stage in enumerate(STAGES)},
+            "workers": [
+                {"worker": 0, "pid": 11, "cpu_s": 3.25, "rss_bytes": 1 << 20},
+                {"worker": 1, "pid": 12, "cpu_s": 4.5, "rss_bytes": 2 << 20},
+            ],
+        }
+        self.values.update(overrides)
+
+    def stats(self) -> dict:
+        return dict(self.values)
+
+
+# -- scrape == stats() -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_scrape_of_a_real_loader_equals_its_stats(server):
+    loader = tensor_loader(num_workers=1, persistent_workers=True)
+    try:
+        assert sum(len(y) for _, y in loader) == 20
+        assert server.register(loader, name="train") == "train"
+        got = series_of(scrape(server), "train")
+        stats = loader.stats()
+        one = frozenset({("loader", "train")})
+        for metric, key in COUNTERS.items():
+            assert got[(metric, one)] == pytest.approx(stats[key]), metric
+        assert got[("gpufeed_batches_total", one)] == 5 and got[("gpufeed_samples_total", one)] == 20
+        for stage in STAGES:
+            labels = frozenset({("loader", "train"), ("stage", stage)})
+            assert got[("gpufeed_stage_seconds_total", labels)] == pytest.approx(stats[f"{stage}_s"])
+        fetch = frozenset({("loader", "train"), ("stage", "fetch")})
+        assert got[("gpufeed_stage_seconds_total", fetch)] > 0
+        assert got[("gpufeed_queue_depth", one)] == stats["queue_depth"]
+        assert got[("gpufeed_queue_depth_mean", one)] == pytest.approx(stats["queue_depth_mean"])
+        assert 0 < got[("gpufeed_data_wait_fraction", one)] <= 1  # lifetime ratio: decays while idle
+        assert got[("gpufeed_samples_per_second", one)] > 0
+        # the persistent worker: one per-worker series each, labelled by worker id
+        assert got[("gpufeed_workers", one)] == 1 == len(stats["workers"])
+        w0 = frozenset({("loader", "train"), ("worker", "0")})
+        assert got[("gpufeed_worker_rss_bytes", w0)] > 1 << 20
+        assert got[("gpufeed_worker_cpu_seconds_total", w0)] >= 0
+        # a generic (non-image) loader has no cache or skip keys, so those are not emitted
+        assert not IMAGE_ONLY & stats.keys()
+        assert not {n for n in names_of(got, "train") if "cache" in n or "skipped" in n}
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_image_loader_cache_and_skip_metrics_equal_its_stats(server, tmp_path):
+    from gpufeed.synth import make_image_folder
+
+    make_image_folder(tmp_path, num_classes=2, per_class=3, size=(40, 48), seed=3)
+    ds = ImageFolder(tmp_path, transform=ResizeCenterCrop(32, 32))
+    loader = FastLoader(ds, batch_size=3, num_workers=1, cache_bytes="16MB")
+    try:
+        for _ in range(2):
+            assert sum(len(y) for _, y in loader) == 6
+        server.register(loader, name="img")
+        got = series_of(scrape(server), "img")
+        stats = loader.stats()
+        one = frozenset({("loader", "img")})
+        assert (stats["cache_hits"], stats["cache_misses"]) == (6, 6)
+        assert got[("gpufeed_cache_hits_total", one)] == 6
+        assert got[("gpufeed_cache_misses_total", one)] == 6
+        assert got[("gpufeed_cache_bytes", one)] == stats["cache_bytes"] > 0
+        assert got[("gpufeed_cache_hit_ratio", one)] == pytest.approx(0.5)
+        assert got[("gpufeed_skipped_total", one)] == stats["skipped"] == 0
+        assert got[("gpufeed_samples_total", one)] == 12
+        decode = frozenset({("loader", "img"), ("stage", "decode")})
+        assert got[("gpufeed_stage_seconds_total", decode)] > 0
+    finally:
+        loader.close()
+
+
+def test_every_stats_key_maps_to_exactly_the_documented_metric_names(server):
+    fake = FakeLoader()
+    server.register(fake, name="fake")
+    got = series_of(scrape(server), "fake")
+    assert names_of(got, "fake") == METRIC_NAMES
+    one = frozenset({("loader", "fake")})
+    assert got[("gpufeed_skipped_total", one)] == 3
+    assert got[("gpufeed_cache_hit_ratio", one)] == 0.6
+    w1 = frozenset({("loader", "fake"), ("worker", "1")})
+    assert got[("gpufeed_worker_cpu_seconds_total", w1)] == 4.5
+    assert got[("gpufeed_worker_rss_bytes", w1)] == 2 << 20
+    assert got[("gpufeed_workers", one)] == 2
+    assert got[("gpufeed_stage_seconds_total", frozenset({("loader", "fake"), ("stage", "h2d")}))] == 6.5
+
+
+def test_help_texts_name_their_units(server):
+    fake = FakeLoader()  # the server holds it weakly: keep it alive
+    server.register(fake, name="fake")
+    with urllib.request.urlopen(server.url, timeout=10) as resp:
+        text = resp.read().decode()
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
+    assert set(helps) == METRIC_NAMES
+    for name, help_text in helps.items():
+        assert re.search(r"\((count|seconds|bytes|batches|samples/s|ratio 0-1)\)\.$", help_text), name
+
+
+def test_several_loaders_get_default_names_and_a_broken_one_does_not_break_the_scrape(server):
+    a, b, broken = FakeLoader(batches=1), FakeLoader(batches=2), FakeLoader()
+    with pytest.raises(TypeError, match="stats"):
+        server.register(object())
+    assert server.register(a) == "loader0"
+    assert server.register(b) == "loader1"
+    assert server.register(broken, name="bad") == "bad"
+    with pytest.raises(ValueError, match="already used"):
+        server.register(FakeLoader(), name="loader0")
+    broken.stats = lambda: 1 / 0  # fails at scrape time: left out, the others still served
+    got = scrape(server)
+    assert got[("gpufeed_batches_total", frozenset({("loader", "loader0")}))] == 1
+    assert got[("gpufeed_batches_total", frozenset({("loader", "loader1")}))] == 2
+    assert not series_of(got, "bad")
+    assert server.register(a, name="renamed") == "renamed"  # registering again renames
+    server.unregister(b)
+    server.unregister(FakeLoader())  # not registered: no-op
+    assert server.names() == ["renamed", "bad"]
+    assert not series_of(scrape(server), "loader1")
+
+
+# -- lifetime ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_loader_disappears_from_the_metrics(server):
+    keep, dies = tensor_loader(), tensor_loader()
+    for loader in (keep, dies):
+        list(loader)
+    server.register(keep, name="keep")
+    server.register(dies, name="dies")
+    assert names_of(scrape(server), "dies") and server.names() == ["keep", "dies"]
+    del dies, loader
+    gc.collect()
+    got = scrape(server)
+    assert not series_of(got, "dies")
+    assert got[("gpufeed_batches_total", frozenset({("loader", "keep")}))] == keep.stats()["batches"]
+    assert server.names() == ["keep"]
+
+
+@pytest.mark.timeout(60)
+def test_second_serve_on_the_same_port_returns_the_same_server(server):
+    assert serve(server.port) is server
+    assert serve(0) is server  # port 0 again: the server it picked
+    assert len(metrics_threads()) == 1
+    other = serve(0, addr="localhost")  # another address is another endpoint
+    try:
+        assert other is not server and other.port != server.port
+    finally:
+        other.stop()
+
+
+@pytest.mark.timeout(60)
+def test_stop_joins_the_thread_frees_the_port_and_is_idempotent():
+    srv = serve(0)
+    port = srv.port
+    assert [t.daemon for t in metrics_threads()] == [True]
+    srv.stop()
+    srv.stop()
+    assert srv.stopped and not metrics_threads()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    again = serve(port)  # the port is free again, and a new server starts on it
+    try:
+        assert again is not srv and again.port == port and len(metrics_threads()) == 1
+    finally:
+        again.stop()
+    assert not metrics_threads()
+
+
+@pytest.mark.timeout(60)
+def test_fastloader_metrics_port_serves_it_end_to_end():
+    loader = tensor_loader(num_workers=1, metrics_port=0)
+    srv = loader.metrics_server
+    try:
+        assert isinstance(srv, MetricsServer) and srv.port > 0
+        assert srv.names() == ["loader0"]
+        assert scrape(srv)[("gpufeed_batches_total", frozenset({("loader", "loader0")}))] == 0
+        list(loader)
+        got = scrape(srv)
+        assert got[("gpufeed_batches_total", frozenset({("loader", "loader0")}))] == 5
+        assert got[("gpufeed_samples_total", frozenset({("loader", "loader0")}))] == 20
+        second = tensor_loader(metrics_port=srv.port)  # same port: same server, next name
+        assert second.metrics_server is srv and srv.names() == ["loader0", "loader1"]
+    finally:
+        loader.close()
+        srv.stop()
+    assert not metrics_threads()
+
+
+def test_a_port_in_use_by_another_program_raises_oserror():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(OSError):
+            serve(sock.getsockname()[1])
+    assert not metrics_threads()
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 1.5, "9400", True, None])
+def test_bad_port_is_a_value_error_before_anything_starts(port):
+    with pytest.raises(ValueError, match="`port` must be an int in 0-65535"):
+        serve(port)
+    assert not metrics_threads()
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(60)
+def test_missing_prometheus_client_is_a_clear_error():
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None\n"
+        "import torch\n"
+        "from gpufeed import BackendUnavailableError, FastLoader\n"
+        "from gpufeed.metrics import serve\n"
+        "ds = torch.utils.data.TensorDataset(torch.arange(4))\n"
+        "for start in (lambda: serve(0), lambda: FastLoader(ds, metrics_port=0)):\n"
+        "    try:\n"
+        "        start()\n"
+        "    except BackendUnavailableError as exc:\n"
+        "        print(exc)\n"
+        "import threading; assert threading.active_count() == 1, threading.enumerate()\n"
+    )
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2, out.stdout
+    for line in lines:
+        assert "prometheus-client" in line and "pip install 'gpufeed[metrics]'" in line
+
+
+@pytest.mark.timeout(60)
+def test_importing_gpufeed_metrics_has_no_side_effects():
+    code = (
+        "import sys, threading, gpufeed.metrics\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+        "assert threading.active_count() == 1, threading.enumerate()\n"
+        "import prometheus_client\n"
+        "before = set(prometheus_client.REGISTRY._names_to_collectors)\n"
+        "srv = gpufeed.metrics.serve(0)\n"
+        "assert set(prometheus_client.REGISTRY._names_to_collectors) == before\n"
+        "srv.stop(); print('ok')\n"
+    )
+    out = run_python(code)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+# -- shipped alerts and dashboard -----------------------------------------------------------------
+
+
+def load_yaml_subset(text: str):
+    """Parse the block-style YAML subset alerts.yml is written in (mappings, lists of mappings,
+    plain or quoted scalars, ``|``/``|-`` literal and same-indent ``>``/``>-`` folded scalars), so
+    the file is checked without PyYAML. Anything else fails an assertion."""
+    raw = text.splitlines()
+    lines = [  # (line number, indent, content) of the lines that carry structure
+        [i, len(ln) - len(ln.lstrip(" ")), ln.strip()]
+        for i, ln in enumerate(raw)
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
+    pos = 0
+
+    def scalar(value: str) -> str:
+        if value[:1] in "\"'":
+            assert len(value) > 1 and value[-1] == value[0], value
+            return value[1:-1]
+        assert not value.startswith(("{", "[", "&", "*", "!")), f"unsupported: {value}"
+        return value
+
+    def block_scalar(style: str, lineno: int, indent: int) -> str:
+        nonlocal pos
+        body = []
+        for ln in raw[lineno + 1:]:
+            if ln.strip() and len(ln) - len(ln.lstrip(" ")) <= indent:
+                break
+            body.append(ln)
+        while body and not body[-1].strip():
+            body.pop()
+        assert body, f"empty block scalar at line {lineno + 1}"
+        inner = len(body[0]) - len(body[0].lstrip(" "))
+        assert all(len(b) - len(b.lstrip(" ")) >= inner for b in body if b.strip())
+        while pos < len(lines) and lines[pos][0] <= lineno + len(body):
+            pos += 1
+        if style.startswith("|"):
+            out = "\n".join(b[inner:] for b in body)
+        else:
+            assert all(len(b) - len(b.lstrip(" ")) == inner for b in body), "folded: one indent only"
+            out = " ".join(b.strip() for b in body)
+        return out if style.endswith("-") else out + "\n"
+
+    def node(indent: int):
+        nonlocal pos
+        if lines[pos][2].startswith("- "):
+            items = []
+            while pos < len(lines) and lines[pos][1] == indent and lines[pos][2].startswith("- "):
+                lines[pos][1] += 2  # the item's first key, one level in
+                lines[pos][2] = lines[pos][2][2:]
+                items.append(node(indent + 2))
+            return items
+        mapping = {}
+        while pos < len(lines) and lines[pos][1] == indent and not lines[pos][2].startswith("- "):
+            lineno, _, content = lines[pos]
+            key, sep, value = content.partition(":")
+            assert sep and key and key not in mapping, f"line {lineno + 1}: {content}"
+            value = value.strip()
+            pos += 1
+            if value in (">-", ">", "|", "|-"):
+                mapping[key] = block_scalar(value, lineno, indent)
+            elif value:
+                mapping[key] = scalar(value)
+            else:
+                assert pos < len(lines) and lines[pos][1] >= indent, f"line {lineno + 1}: no value"
+                mapping[key] = node(lines[pos][1])
+        return mapping
+
+    doc = node(0)
+    assert pos == len(lines), f"unparsed from line {lines[pos][0] + 1}: {lines[pos][2]}"
+    return doc
+
+
+def alert_rules() -> list[dict]:
+    doc = load_yaml_subset((MONITORING / "alerts.yml").read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def referenced_metrics(expr: str) -> set[str]:
+    return set(re.findall(r"\bgpufeed_[a-z_]+", expr))
+
+
+def test_alerts_parse_and_reference_only_emitted_metrics():
+    rules = alert_rules()
+    assert {r["alert"] for r in rules} == {
+        "GpufeedDataWaitHigh", "GpufeedQueueEmpty", "GpufeedCacheHitRatioFalling",
+        "GpufeedWorkerRestarted", "GpufeedErrors", "GpufeedSamplesSkipped",
+    }
+    used = set()
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+        assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}
+        names = referenced_metrics(rule["expr"])
+        assert names and names <= METRIC_NAMES, (rule["alert"], names - METRIC_NAMES)
+        used |= names
+    by_name = {r["alert"]: r for r in rules}
+    wait = by_name["GpufeedDataWaitHigh"]
+    assert wait["for"] == "5m" and "> 0.3" in wait["expr"]
+    assert by_name["GpufeedQueueEmpty"]["for"] == "5m"
+    assert by_name["GpufeedCacheHitRatioFalling"]["for"] == "15m"
+    assert "[10m]" in by_name["GpufeedWorkerRestarted"]["expr"]
+    assert "gpufeed doctor" in by_name["GpufeedDataWaitHigh"]["annotations"]["description"]
+    assert "num_workers" in by_name["GpufeedQueueEmpty"]["annotations"]["description"]
+    assert {"gpufeed_errors_total", "gpufeed_skipped_total", "gpufeed_worker_restarts_total"} <= used
+
+
+def test_alerts_subset_parser_agrees_with_pyyaml():
+    yaml = pytest.importorskip("yaml")
+    text = (MONITORING / "alerts.yml").read_text()
+    assert load_yaml_subset(text) == yaml.safe_load(text)
+
+
+def test_yaml_subset_parser_rejects_what_it_cannot_read():
+    assert load_yaml_subset("a:\n  - b: 1\n    c: \"x: y\"\n  - b: 2\nd: >-\n  one\n  two\n") == {
+        "a": [{"b": "1", "c": "x: y"}, {"b": "2"}], "d": "one two"}
+    with pytest.raises(AssertionError):
+        load_yaml_subset("a: 1\n   b: 2\n")  # bad indentation is left unparsed
+
+
+def test_dashboard_is_templated_on_loader_and_queries_only_emitted_metrics():
+    dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert "loader" in variables and variables["loader"]["multi"]
+    assert referenced_metrics(variables["loader"]["definition"]) <= METRIC_NAMES
+    used = set()
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert expr.count("(") == expr.count(")"), expr
+            names = referenced_metrics(expr)
+            assert names and names <= METRIC_NAMES, (panel["title"], names - METRIC_NAMES)
+            for name in names:  # every selector is filtered by the loader variable
+                assert re.search(rf'{name}\{{loader=~"\$loader"\}}', expr), expr
+            used |= names
+    unused = METRIC_NAMES - used
+    assert not unused, f"metrics without a panel: {unused}"
