@@ -260,3 +260,17 @@ def test_batch_of_only_bad_files_is_empty_without_workers(root):
     assert [tuple(x.shape) for x, _ in got] == [(2, 3, 64, 64), (0, 3, 64, 64), (2, 3, 64, 64)]
     assert got[1][1].dtype == torch.int64 and got[1][1].shape == (0,)
     assert loader.stats()["skipped"] == len(bad)
+
+
+def test_batch_of_only_bad_files_is_empty_with_workers(root):
+    """As without workers: the all-bad batch arrives empty. (The worker must not pickle the
+    empty view of its slot inline: that copies the slot's whole arena chunk, gigabytes, and
+    without the memory cap below the OOM killer ends the worker, again at every restart.)"""
+    ds = ImageFolder(root, transform=EVAL)
+    bad = sorted(bad_indices(ds))
+    loader = FastLoader(ds, batch_sampler=[[0, 1], bad, [4, 5]], on_error="skip", num_workers=2,
+                        worker_init_fn=cap_worker_memory, max_worker_restarts=0)
+    got = list(loader)
+    assert [tuple(x.shape) for x, _ in got] == [(2, 3, 64, 64), (0, 3, 64, 64), (2, 3, 64, 64)]
+    assert got[1][1].dtype == torch.int64 and got[1][1].shape == (0,)
+    assert loader.stats()["skipped"] == len(bad)

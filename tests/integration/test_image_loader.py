@@ -609,3 +609,19 @@ def test_worker_killed_mid_batch_with_cache_hits_is_identical(image_root, tmp_pa
     assert torch.equal(images, want_images.flip(0)) and torch.equal(labels, want_labels.flip(0))
     loader.close()
 
+
+
+def test_cache_counters_are_exact_after_a_worker_death(image_root, tmp_path):
+    """Each sample is looked up once per epoch, also when its batch is re-run after a death."""
+    n, k = NUM_IMAGES, 20
+    arm = tmp_path / "armed"
+    ds = KillsOnRead(image_root, EVAL, at=n - k - 1, marker_dir=str(tmp_path), arm=str(arm))
+    loader = FastLoader(ds, batch_size=BATCH, num_workers=2, sampler=ReverseEachEpoch(n),
+                        cache_bytes=k * row_bytes(EVAL), persistent_workers=True)
+    epoch_batches(loader)
+    arm.write_text("")
+    epoch_batches(loader)
+    assert loader.stats()["worker_restarts"] == 1
+    stats = loader.stats()
+    assert (stats["cache_hits"], stats["cache_misses"]) == (k, n + (n - k))
+    loader.close()
