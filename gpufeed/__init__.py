@@ -8,6 +8,7 @@ Importing gpufeed starts nothing: no processes, threads, decoders or CUDA contex
 from gpufeed.cache import HostCache, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.decode import backends, decode, read_header
+from gpufeed.doctor import diagnose
 from gpufeed.errors import (
     BackendFallbackWarning,
     BackendUnavailableError,
@@ -40,6 +41,7 @@ __all__ = [
     "WorkerError",
     "backends",
     "decode",
+    "diagnose",
     "pack",
     "parse_cache_bytes",
     "read_header",

@@ -96,6 +96,9 @@ class Evidence:
     replay_batches: int = 0  # batches kept and replayed through the step without the loader
     replay_step_s: float | None = None  # mean step time per replayed batch
     cache_hit_rate: float | None = None  # image path with cache_bytes: hits / look-ups
+    stored_short_side_px: float | None = None  # image sources: mean shorter side as stored
+    output_side_px: int | None = None  # image path: the transform's longer output side
+    deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -238,16 +241,21 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
     if running >= CPU_BOUND or ev.worker_cpu_mean >= CPU_BOUND:
         reasons.append(cpu_txt + ": CPU-bound")
         if ev.idle_cores >= SPARE_CORES:
-            per = max(ev.worker_cpu_mean, 0.5)
-            n = ev.num_workers + max(1, math.floor(ev.idle_cores / per + 0.25))
+            # A worker wants a core for the share of time it is runnable (its CPU share is
+            # lower when other processes compete), so that is what one more worker takes.
+            demand = max(running, ev.worker_cpu_mean, 0.5)
+            n = ev.num_workers + max(1, math.floor(ev.idle_cores / demand + 0.25))
             reasons.append(f"{ev.idle_cores:.1f} of {ev.usable_cores:g} cores idle: too few workers")
-            return "workers", reasons, (f"raise num_workers to {n} (each worker uses "
-                                        f"{ev.worker_cpu_mean:.0%} of a core)")
+            return "workers", reasons, (f"raise num_workers to {n} (each worker wants a core "
+                                        f"{demand:.0%} of the time)")
         idle = f"no core to spare ({ev.idle_cores:.1f} of {ev.usable_cores:g} idle"
         if ev.other_cores >= SPARE_CORES:
             idle += f"; other processes use {ev.other_cores:.1f} cores"
         reasons.append(idle + ")")
-        return _cpu_stage(ev, reasons, shares)
+        bottleneck, reasons, fix = _cpu_stage(ev, reasons, shares)
+        if ev.other_cores >= max(SPARE_CORES, ev.usable_cores / 2):
+            fix = f"first, free the {ev.other_cores:.1f} cores other processes use; then {fix}"
+        return bottleneck, reasons, fix
 
     # Neither computing nor reading: the workers are mostly idle while the step waits.
     reasons.append(f"{cpu_txt}; inside a stage only {ev.worker_busy:.0%} of the time: workers "
@@ -305,10 +313,18 @@ def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tu
     split = f"decode {decode:.0%}, crop/resize/normalize {transform:.0%}, read {shares.get('read', 0.0):.0%}"
     if decode >= transform:
         per_image = ev.decode_s / max(ev.samples, 1) * 1e3
-        reasons.append(f"{split} of worker time; decode {per_image:.1f} ms/image")
-        return "decode", reasons, (
-            "lower the decode cost: store smaller images (`gpufeed pack ROOT DATA.lmdb --max-side 512`); "
-            "with an eval transform, cache_bytes keeps decoded images after the first epoch")
+        stored = ev.stored_short_side_px
+        size = f", stored short side ~{stored:.0f} px" if stored else ""
+        reasons.append(f"{split} of worker time; decode {per_image:.1f} ms/image{size}")
+        cache = ("cache_bytes keeps decoded images after the first epoch (eval transform)"
+                 if ev.deterministic is not False else "more cores per GPU")
+        out = ev.output_side_px or 224
+        if stored is None or stored > 2 * out:  # decode cost grows with the stored pixels
+            max_side = max(512, -(-2 * out // 64) * 64)
+            return "decode", reasons, (
+                f"lower the decode cost: store smaller images (`gpufeed pack ROOT DATA.lmdb "
+                f"--max-side {max_side}`); or {cache}")
+        return "decode", reasons, f"images are already small: decode is the cost; {cache}"
     reasons.append(f"{split} of worker time")
     return "transform", reasons, (
         "lower the per-image transform cost: a smaller output size, and dtype/normalize on the GPU "
@@ -373,7 +389,7 @@ def _loader_stats(loader: Any) -> dict[str, Any]:
 
 def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe: ProbeResult, *,
               batches: int, wall_s: float, wait_s: float, step_s: float, samples: int,
-              replay: tuple[int, float | None]) -> Evidence:
+              replay: tuple[int, float | None], image_info: dict[str, Any]) -> Evidence:
     def delta(key: str) -> float:
         return float(after.get(key, 0) or 0) - float(before.get(key, 0) or 0)
 
@@ -406,7 +422,33 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         state_samples=n_states,
         replay_batches=replay[0], replay_step_s=replay[1],
         cache_hit_rate=delta("cache_hits") / lookups if lookups > 0 else None,
+        **image_info,
     )
+
+
+def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
+    """Stored sizes of ``k`` images spread over an image source, and the transform's output."""
+    dataset = getattr(loader, "dataset", None)
+    transform = getattr(dataset, "transform", None)
+    read = getattr(dataset, "read", None)
+    if transform is None or not callable(read) or not hasattr(transform, "output_size"):
+        return {}
+    from gpufeed.decode import read_header
+    from gpufeed.errors import DecodeError
+
+    n = len(dataset)
+    sides = []
+    for index in sorted({i * n // k for i in range(k)}) if n else ():
+        try:
+            header = read_header(read(index))
+        except (OSError, DecodeError):
+            continue  # a bad or missing file is the loader's business, not the doctor's
+        sides.append(min(header.height, header.width))
+    return {
+        "stored_short_side_px": sum(sides) / len(sides) if sides else None,
+        "output_side_px": int(max(transform.output_size)),
+        "deterministic": bool(getattr(transform, "deterministic", False)),
+    }
 
 
 def _batch_len(batch: Any) -> int:
@@ -458,6 +500,7 @@ def diagnose(
     elif isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
         raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {warmup_batches!r}.")
     run_step = _make_step(step, step_ms, sync)
+    image_info = _image_info(loader)
     probe = TreeProbe(interval_s=sample_interval_s)
     feed = _Epochs(loader)
     kept: list[Any] = []
@@ -498,6 +541,6 @@ def diagnose(
         replay = (len(kept), (time.perf_counter() - t0) / len(kept))
         kept.clear()
     ev = _evidence(loader, before, after, measured, batches=batches, wall_s=wall_s, wait_s=wait_s,
-                   step_s=step_s, samples=samples, replay=replay)
+                   step_s=step_s, samples=samples, replay=replay, image_info=image_info)
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)

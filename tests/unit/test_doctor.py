@@ -1,0 +1,222 @@
+"""gpufeed.doctor's decision on synthetic evidence, the report's shape, and the probe.
+
+Each case sets only the figures that matter; the rest keep Evidence's neutral defaults. Real
+loader runs are in tests/integration/test_doctor.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from gpufeed._probe import TreeProbe, thread_states, usable_cpus
+from gpufeed.doctor import BOTTLENECKS, Evidence, Report, decide, diagnose
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def starving(**kw) -> Evidence:
+    """A loader that keeps the step waiting 80% of a 10 s run of 100 batches on 4 cores."""
+    base = dict(batches=100, wall_s=10.0, wait_s=8.0, step_s=1.5, num_workers=2, usable_cores=4.0,
+                image_path=True, samples=6400, queue_capacity=4)
+    base.update(kw)
+    return Evidence(**base)
+
+
+def cpu_bound(**kw) -> Evidence:
+    """Two workers running flat out (R 95%), no core to spare."""
+    base = dict(worker_cpu=(0.97, 0.96), worker_running=0.95, worker_blocked=0.05,
+                dstate_fraction=0.0, state_samples=800, idle_cores=0.1, other_cores=2.0)
+    base.update(kw)
+    return starving(**base)
+
+
+def test_keeps_up_is_compute_confirmed_by_the_replay():
+    ev = starving(wait_s=0.3, step_s=9.6, replay_batches=8, replay_step_s=0.096)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "compute"
+    assert "step itself limits" in reasons[-1] and "optimize the model step" in fix
+
+
+def test_keeps_up_but_the_replay_is_faster_names_contention():
+    ev = starving(wait_s=0.3, step_s=9.6, replay_batches=8, replay_step_s=0.05)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "compute"
+    assert "2.0x faster" in reasons[-1] and "num_workers=1" in fix
+
+
+def test_cpu_bound_decode_without_spare_cores_is_decode():
+    ev = cpu_bound(read_s=1.0, decode_s=15.0, transform_s=3.0, collate_s=0.5, pack_s=0.5)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "decode"
+    assert "--max-side 512" in fix and any("decode 75%" in r for r in reasons)
+
+
+def test_decode_fix_depends_on_the_stored_size_and_the_transform():
+    ev = cpu_bound(decode_s=15.0, transform_s=3.0, output_side_px=224, deterministic=True)
+    assert "--max-side 512" in decide(replace(ev, stored_short_side_px=1200.0))[2]
+    small = decide(replace(ev, stored_short_side_px=360.0))
+    assert "already small" in small[2] and "cache_bytes" in small[2]
+    assert "stored short side ~360 px" in small[1][-1]
+    train = decide(replace(ev, stored_short_side_px=360.0, deterministic=False))[2]
+    assert "cache_bytes" not in train and train.startswith("first, free the 2.0 cores other")
+    assert not decide(replace(ev, other_cores=0.2))[2].startswith("first")
+
+
+def test_cpu_bound_transform_dominant_is_transform():
+    ev = cpu_bound(read_s=1.0, decode_s=5.0, transform_s=9.0, collate_s=4.0, pack_s=0.5)
+    assert decide(ev)[0] == "transform"
+
+
+def test_generic_dataset_cpu_bound_is_transform():
+    ev = cpu_bound(image_path=False, fetch_s=17.0, collate_s=2.0, pack_s=0.5)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "transform"
+    assert any("__getitem__ 87%" in r for r in reasons) and "__getitems__" in fix
+
+
+def test_cpu_bound_with_idle_cores_is_workers_with_a_count():
+    ev = cpu_bound(decode_s=18.0, idle_cores=1.9, other_cores=0.0)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "workers"
+    assert "raise num_workers to 4" in fix
+
+
+def test_num_workers_zero_starving_is_workers():
+    ev = starving(num_workers=0, decode_s=7.0, queue_capacity=0)
+    bottleneck, _, fix = decide(ev)
+    assert bottleneck == "workers" and "num_workers=4" in fix
+
+
+def test_idle_workers_while_the_step_waits_is_workers():
+    ev = starving(decode_s=2.0, worker_cpu=(0.1, 0.1), worker_running=0.1, worker_blocked=0.9,
+                  state_samples=800, idle_cores=3.5)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "workers" and "persistent_workers=True" in fix
+
+
+def test_blocked_workers_reading_is_read_latency():
+    ev = starving(read_s=18.0, decode_s=1.0, transform_s=0.5, worker_cpu=(0.05, 0.06),
+                  worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                  idle_cores=3.8)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert "latency" in reasons[-1] and "raise num_workers to 4" in fix
+
+
+def test_disk_signs_are_read_with_a_storage_fix():
+    ev = starving(read_s=5.0, decode_s=4.0, worker_cpu=(0.3, 0.3), worker_running=0.3,
+                  worker_blocked=0.7, dstate_fraction=0.6, state_samples=800, iowait_fraction=0.4)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert "gpufeed pack" in fix and "cache_bytes" in fix and "disk" in reasons[-1]
+
+
+def test_generic_dataset_blocked_in_getitem_is_read():
+    ev = starving(image_path=False, fetch_s=19.0, worker_cpu=(0.05, 0.05), worker_running=0.05,
+                  worker_blocked=0.95, state_samples=800)
+    assert decide(ev)[0] == "read"
+
+
+def test_host_to_device_copy_dominating_is_transfer():
+    ev = cpu_bound(decode_s=4.0, transform_s=1.0, h2d_s=7.0, worker_running=0.4,
+                   worker_cpu=(0.4, 0.4))
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "transfer"
+    assert "PCIe" in fix and "70% of the run" in reasons[-1]
+
+
+def test_without_thread_states_cpu_fractions_decide():
+    ev = cpu_bound(decode_s=18.0, worker_running=None, worker_blocked=None, dstate_fraction=None,
+                   state_samples=0)
+    assert decide(ev)[0] == "decode"
+
+
+def test_every_verdict_is_a_known_bottleneck_and_reasons_are_short():
+    cases = [starving(wait_s=0.1), cpu_bound(decode_s=9.0), cpu_bound(transform_s=9.0),
+             cpu_bound(decode_s=9.0, idle_cores=2.0), starving(num_workers=0),
+             cpu_bound(h2d_s=9.0), starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9,
+                                            state_samples=10)]
+    seen = set()
+    for ev in cases:
+        bottleneck, reasons, fix = decide(ev)
+        assert bottleneck in BOTTLENECKS and reasons and fix
+        assert all(len(r) < 160 for r in reasons)
+        seen.add(bottleneck)
+    assert seen == set(BOTTLENECKS)
+
+
+def test_report_prints_at_most_15_lines_and_dumps_json():
+    ev = cpu_bound(decode_s=15.0, transform_s=3.0, replay_batches=8, replay_step_s=0.015,
+                   h2d_s=0.4)
+    report = Report(*decide(ev)[:1], ev, *decide(ev)[1:])
+    text = str(report)
+    assert text.splitlines()[0] == "gpufeed doctor: bottleneck = decode"
+    assert len(text.splitlines()) <= 15
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["bottleneck"] == "decode" and data["evidence"]["data_wait_fraction"] == 0.8
+    assert data["evidence"]["shares"]["decode"] == pytest.approx(15 / 18)
+    assert replace(ev, decode_s=0.0).stage_total_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batches=0), "`batches` must be an int >= 1"),
+        (dict(step_ms=-1.0), "`step_ms` must be >= 0"),
+        (dict(step=lambda b: None, step_ms=5.0), "either `step`"),
+        (dict(warmup_batches=-1), "`warmup_batches` must be an int >= 0"),
+        (dict(replay_batches=True), "`replay_batches` must be an int >= 0"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_runs(kwargs, message):
+    class Untouchable:
+        num_workers = 0
+
+        def __iter__(self):
+            raise AssertionError("the loader was iterated")
+
+    with pytest.raises(ValueError, match=message):
+        diagnose(Untouchable(), **kwargs)
+
+
+def test_diagnose_runs_any_iterable_loader_and_replays_the_step():
+    calls = []
+    report = diagnose([1, 2, 3], lambda b: calls.append(b), batches=5, warmup_batches=1,
+                      replay_batches=2)
+    # 1 warm-up + 5 measured, epochs rolled over, then the first 2 measured batches replayed
+    assert calls == [1, 2, 3, 1, 2, 3, 2, 3]
+    assert report.evidence.batches == 5 and report.evidence.replay_batches == 2
+    assert report.bottleneck in BOTTLENECKS
+
+
+def test_empty_loader_is_an_error():
+    with pytest.raises(ValueError, match="no batches"):
+        diagnose([], step_ms=0.0)
+
+
+def test_probe_accounts_for_the_cores_and_joins_its_thread():
+    probe = TreeProbe(interval_s=0.01)
+    probe.set_workers([])
+    probe.start()
+    assert any(t.name == "gpufeed-doctor-sampler" for t in threading.enumerate())
+    cpu_end = time.process_time() + 0.3
+    while time.process_time() < cpu_end:  # 0.3 CPU seconds, however long the machine takes
+        pass
+    result = probe.stop()
+    assert not any(t.name.startswith("gpufeed-doctor") for t in threading.enumerate())
+    cores = (result.system_busy_s + result.system_idle_s + result.system_iowait_s) / result.wall_s
+    assert cores == pytest.approx(len(usable_cpus()), rel=0.25)
+    assert result.main_cpu_s == pytest.approx(0.3, abs=0.05)
+    assert result.system_busy_s >= 0.8 * result.main_cpu_s
+
+
+def test_thread_states_reads_this_process():
+    state, in_d = thread_states(os.getpid())
+    assert state == "R" and in_d >= 0
+    assert thread_states(2**22 + 12345) == (None, 0)
