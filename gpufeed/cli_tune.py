@@ -143,9 +143,6 @@ def run_tune(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(payload, indent=2, allow_nan=False, default=str),
                                    encoding="utf-8")
         write(f"wrote {args.json}")
-    if args.plot:
-        if result.save_plot(args.plot):
-            write(f"wrote {args.plot}")
-        else:
-            write(f"did not write {args.plot}: matplotlib is not installed")
+    if args.plot and result.save_plot(args.plot):  # False: save_plot logged why
+        write(f"wrote {args.plot}")
     return 0

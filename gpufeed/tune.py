@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import psutil
 
 from gpufeed.bench.compare import batch_size_of
-from gpufeed.bench.memory import PeakPSS, format_bytes
+from gpufeed._tune_rules import (
+    cache_bytes_needed,
+    recommend_cache_bytes,
+    recommend_prefetch_factor,
+)
+from gpufeed.bench.memory import PeakPSS, format_bytes, process_pss_bytes
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -50,13 +55,6 @@ logger = logging.getLogger(__name__)
 LoaderFactory = Callable[[int, bool], "FastLoader"]
 MeasureFn = Callable[[int, bool], "TuneRow"]
 
-#: data_wait_fraction at or above which the consumer is loader-bound (or no step was measured).
-LOADER_BOUND_WAIT = 0.9
-#: data_wait_fraction at or above which (and below LOADER_BOUND_WAIT) stalls are jitter.
-JITTER_WAIT = 0.05
-#: Share of the memory left after the loader that a whole-dataset cache may take.
-CACHE_FRACTION = 0.5
-
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError)
 
 
@@ -74,8 +72,10 @@ class TuneRow:
             time, in percent (200.0 = two cores busy).
         peak_memory_bytes: peak PSS of this process tree (bytes) while the loader lived, from
             :class:`gpufeed.bench.memory.PeakPSS`.
-        memory_per_worker_bytes: (peak PSS - PSS before the loader was built) / num_workers
-            (bytes): everything the loader added, arena included, charged to its workers.
+        memory_per_worker_bytes: mean PSS of the loader's worker processes (bytes), each at its
+            largest during the timed batches; shared pages (the arena) count 1/n per process.
+            For loaders without ``worker_pids()`` (torch's DataLoader): (peak PSS - PSS before
+            the loader was built) / num_workers.
         data_wait_fraction: share of the timed wall time spent waiting in ``next()`` (0-1).
             Without a ``step`` the consumer does nothing, so this is close to 1 by construction.
     """
@@ -94,7 +94,7 @@ class TuneRow:
 
     @property
     def base_memory_bytes(self) -> int:
-        """PSS of the tree before the loader was built (bytes), derived from the row."""
+        """Peak PSS of the tree less its workers' share (bytes): the main process and helpers."""
         return self.peak_memory_bytes - max(self.num_workers, 1) * self.memory_per_worker_bytes
 
 
@@ -131,6 +131,17 @@ def _batches(loader: Any) -> Iterator[Any]:
             raise ValueError("the loader yielded no batches; check the dataset and batch_size")
 
 
+def _sample_workers(loader: Any, peaks: dict[int, int]) -> None:
+    """Raise ``peaks[pid]`` to the current PSS (bytes) of each of ``loader``'s workers."""
+    pids = getattr(loader, "worker_pids", None)
+    for pid in pids() if callable(pids) else ():
+        try:
+            nbytes, _ = process_pss_bytes(pid)
+        except _GONE:
+            continue
+        peaks[pid] = max(peaks.get(pid, 0), nbytes)
+
+
 def measure(
     make_loader: LoaderFactory,
     num_workers: int,
@@ -139,14 +150,17 @@ def measure(
     batches: int = 20,
     warmup_batches: int = 3,
     step: Optional[Callable[[Any], Any]] = None,
-    sample_interval_s: float = 0.05,
+    sample_interval_s: float = 0.2,
 ) -> TuneRow:
     """Measure one loader: ``make_loader(num_workers, pin_workers)``.
 
     Runs ``warmup_batches`` untimed batches (worker start-up, first decodes), then ``batches``
     timed ones, calling ``step(batch)`` after each when given (your training step, or a stand-in
-    such as ``time.sleep``); epochs restart as needed. Memory is sampled from before the loader
-    is built until after it is closed. The loader is closed before returning.
+    such as ``time.sleep``); epochs restart as needed. The tree's PSS is sampled every
+    ``sample_interval_s`` seconds from before the loader is built until after it is closed (each
+    sample walks /proc, a few ms of CPU, so not too often: that CPU is in ``cpu_percent`` too);
+    the workers' own PSS after the warm-up, mid-way (not timed) and at the end. The loader is
+    closed before returning.
     """
     for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
                              ("warmup_batches", warmup_batches, 0)):
@@ -163,9 +177,12 @@ def measure(
                 del batch
             samples = 0
             wait_s = 0.0
+            worker_pss: dict[int, int] = {}
+            _sample_workers(loader, worker_pss)
+            sampling_s = 0.0  # the mid-run worker sample, left out of the timed wall time
             cpu0 = tree_cpu_s()
             t0 = time.perf_counter()
-            for _ in range(batches):
+            for i in range(batches):
                 tw = time.perf_counter()
                 batch = next(stream)
                 wait_s += time.perf_counter() - tw
@@ -173,21 +190,29 @@ def measure(
                 if step is not None:
                     step(batch)
                 del batch
-            elapsed_s = time.perf_counter() - t0
+                if i == batches // 2:
+                    ts = time.perf_counter()
+                    _sample_workers(loader, worker_pss)
+                    sampling_s += time.perf_counter() - ts
+            elapsed_s = time.perf_counter() - t0 - sampling_s
             cpu_s = tree_cpu_s() - cpu0
+            _sample_workers(loader, worker_pss)
             stream.close()
         finally:
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-    added = max(0, mem.peak_bytes - mem.baseline_bytes)
+    if worker_pss:
+        per_worker = sum(worker_pss.values()) / len(worker_pss)
+    else:
+        per_worker = max(0, mem.peak_bytes - mem.baseline_bytes) / max(num_workers, 1)
     row = TuneRow(
         num_workers=num_workers,
         pin_workers=bool(pin_workers),
         samples_per_s=samples / elapsed_s if elapsed_s > 0 else 0.0,
         cpu_percent=100.0 * cpu_s / elapsed_s if elapsed_s > 0 else 0.0,
         peak_memory_bytes=int(mem.peak_bytes),
-        memory_per_worker_bytes=int(added / max(num_workers, 1)),
+        memory_per_worker_bytes=int(per_worker),
         data_wait_fraction=min(1.0, wait_s / elapsed_s) if elapsed_s > 0 else 0.0,
     )
     logger.debug("measured %s", row)
@@ -341,85 +366,6 @@ def worker_counts(max_workers: int) -> list[int]:
     return counts
 
 
-def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
-    """``prefetch_factor`` from the consumer's data wait at the recommended count, and why.
-
-    - wait >= 0.9: the consumer is loader-bound (or no training ``step`` was measured, which reads
-      the same): batches are consumed as fast as they arrive, so a deeper queue cannot raise
-      throughput; keep torch's 2 (more only holds more batches in memory).
-    - 0.05 <= wait < 0.9: the loader keeps up on average but the consumer still stalls: jitter
-      (slow files, a worker descheduled); 4 batches per worker absorb the bursts.
-    - wait < 0.05: the consumer rarely waits; 2.
-    """
-    if data_wait_fraction >= LOADER_BOUND_WAIT:
-        return 2, (f"prefetch_factor 2: the consumer waited {data_wait_fraction:.0%} of the time, "
-                   "so the loader is the bottleneck (or no training step was measured); a deeper "
-                   "queue would not raise throughput")
-    if data_wait_fraction >= JITTER_WAIT:
-        return 4, (f"prefetch_factor 4: the consumer still waited {data_wait_fraction:.0%} of the "
-                   "time although the loader keeps up; a deeper queue absorbs the jitter")
-    return 2, (f"prefetch_factor 2: the consumer waited only {data_wait_fraction:.0%} of the time")
-
-
-def cache_bytes_needed(dataset: Any) -> tuple[Optional[int], str]:
-    """Bytes the loader's host cache needs to hold all of ``dataset``, and what they are.
-
-    The cache holds what the image path would recompute (see :mod:`gpufeed.cache`): with a
-    deterministic transform (``ResizeCenterCrop``) the decoded output rows, ``len x H x W x 3``;
-    with a random one (``RandomResizedCrop``) the encoded bytes: the files' sizes for an
-    ``ImageFolder``, the database file for an ``LMDBDataset``, otherwise the mean size of up to
-    256 samples read evenly across the dataset times its length. None: not an image dataset with
-    a transform (no fast path, so no cache).
-    """
-    from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
-
-    transform = getattr(dataset, "transform", None)
-    if not isinstance(dataset, ImageSource) or transform is None:
-        return None, "cache_bytes applies to gpufeed image datasets with a transform only"
-    count = len(dataset)
-    if getattr(transform, "deterministic", False):
-        h, w = transform.output_size
-        return count * h * w * 3, f"{count} decoded {h}x{w} rows"
-    if isinstance(dataset, ImageFolder):
-        total = sum(os.stat(dataset.path(i)).st_size for i in range(count))
-        return total, f"{count} encoded files"
-    if isinstance(dataset, LMDBDataset):
-        if os.path.isdir(dataset.path):
-            total = sum(e.stat().st_size for e in os.scandir(dataset.path)
-                        if e.is_file() and e.name.endswith(".mdb") and e.name != "lock.mdb")
-        else:
-            total = os.path.getsize(dataset.path)
-        return total, f"{count} encoded images in the LMDB"
-    if count == 0:
-        return 0, "an empty dataset"
-    picks = sorted({int(i * count / min(count, 256)) for i in range(min(count, 256))})
-    mean = sum(len(dataset.read(i)) for i in picks) / len(picks)
-    return int(mean * count), f"{count} encoded images (estimated from {len(picks)} reads)"
-
-
-def recommend_cache_bytes(needed_bytes: Optional[int], what: str, available_bytes: int,
-                          loader_bytes: int) -> tuple[int, str]:
-    """``cache_bytes`` for the loader, and why: all of the dataset or nothing.
-
-    The whole dataset (``needed_bytes``, from :func:`cache_bytes_needed`) is cached when it fits
-    in ``CACHE_FRACTION`` (half) of the memory left once the loader itself is running
-    (``available_bytes - loader_bytes``); then every epoch after the first reads no file and, for
-    a deterministic transform, decodes nothing. Otherwise 0: with a shuffled order an LRU smaller
-    than the dataset hits only about cache/dataset of the time, at a fixed memory cost that is
-    usually better spent on workers or the page cache.
-    """
-    if needed_bytes is None:
-        return 0, f"cache_bytes 0: {what}"
-    room = max(0, available_bytes - loader_bytes)
-    if needed_bytes <= CACHE_FRACTION * room:
-        return needed_bytes, (f"cache_bytes {needed_bytes} ({format_bytes(needed_bytes)}): the "
-                              f"whole dataset ({what}) fits in {CACHE_FRACTION:.0%} of the "
-                              f"{format_bytes(room)} left after the loader")
-    return 0, (f"cache_bytes 0: the dataset ({what}, {format_bytes(needed_bytes)}) does not fit in "
-               f"{CACHE_FRACTION:.0%} of the {format_bytes(room)} left after the loader; a "
-               "partial LRU cache would mostly miss")
-
-
 # ---------------------------------------------------------------------------------- search
 
 class _Progress:
@@ -476,8 +422,9 @@ def tune(
     The search:
         1. ``max_workers`` defaults to the usable cores (``os.sched_getaffinity``); a larger
            value is honoured when given explicitly. Counts: :func:`worker_counts`.
-        2. Before each count n > 1: stop if the projected memory, the tree's memory before the
-           loader plus n x the largest per-worker memory measured so far, exceeds
+        2. Before each count n > 1: stop if the projected memory, the baseline's tree memory
+           without its worker (:attr:`TuneRow.base_memory_bytes`) plus n x the largest
+           per-worker memory measured so far, exceeds
            ``memory_fraction`` x available memory (``psutil.virtual_memory().available`` at the
            start, or ``available_memory_bytes``).
         3. After each count: the gain over the previous count; under ``min_gain`` (or negative)

@@ -1,0 +1,100 @@
+"""The rules behind :func:`gpufeed.tune.tune`'s ``prefetch_factor`` and ``cache_bytes`` advice.
+
+Pure functions of measured figures (and, for the cache, of the dataset's size on disk), so each
+rule can be read, tested and changed on its own. Re-exported by :mod:`gpufeed.tune`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from gpufeed.bench.memory import format_bytes
+
+__all__ = ["cache_bytes_needed", "recommend_cache_bytes", "recommend_prefetch_factor"]
+
+#: data_wait_fraction at or above which the consumer is loader-bound (or no step was measured).
+LOADER_BOUND_WAIT = 0.9
+#: data_wait_fraction at or above which (and below LOADER_BOUND_WAIT) stalls are jitter.
+JITTER_WAIT = 0.05
+#: Share of the memory left after the loader that a whole-dataset cache may take.
+CACHE_FRACTION = 0.5
+
+
+def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
+    """``prefetch_factor`` from the consumer's data wait at the recommended count, and why.
+
+    - wait >= 0.9: the consumer is loader-bound (or no training ``step`` was measured, which reads
+      the same): batches are consumed as fast as they arrive, so a deeper queue cannot raise
+      throughput; keep torch's 2 (more only holds more batches in memory).
+    - 0.05 <= wait < 0.9: the loader keeps up on average but the consumer still stalls: jitter
+      (slow files, a worker descheduled); 4 batches per worker absorb the bursts.
+    - wait < 0.05: the consumer rarely waits; 2.
+    """
+    if data_wait_fraction >= LOADER_BOUND_WAIT:
+        return 2, (f"prefetch_factor 2: the consumer waited {data_wait_fraction:.0%} of the time, "
+                   "so the loader is the bottleneck (or no training step was measured); a deeper "
+                   "queue would not raise throughput")
+    if data_wait_fraction >= JITTER_WAIT:
+        return 4, (f"prefetch_factor 4: the consumer still waited {data_wait_fraction:.0%} of the "
+                   "time although the loader keeps up; a deeper queue absorbs the jitter")
+    return 2, (f"prefetch_factor 2: the consumer waited only {data_wait_fraction:.0%} of the time")
+
+
+def cache_bytes_needed(dataset: Any) -> tuple[Optional[int], str]:
+    """Bytes the loader's host cache needs to hold all of ``dataset``, and what they are.
+
+    The cache holds what the image path would recompute (see :mod:`gpufeed.cache`): with a
+    deterministic transform (``ResizeCenterCrop``) the decoded output rows, ``len x H x W x 3``;
+    with a random one (``RandomResizedCrop``) the encoded bytes: the files' sizes for an
+    ``ImageFolder``, the database file for an ``LMDBDataset``, otherwise the mean size of up to
+    256 samples read evenly across the dataset times its length. None: not an image dataset with
+    a transform (no fast path, so no cache).
+    """
+    from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
+
+    transform = getattr(dataset, "transform", None)
+    if not isinstance(dataset, ImageSource) or transform is None:
+        return None, "cache_bytes applies to gpufeed image datasets with a transform only"
+    count = len(dataset)
+    if getattr(transform, "deterministic", False):
+        h, w = transform.output_size
+        return count * h * w * 3, f"{count} decoded {h}x{w} rows"
+    if isinstance(dataset, ImageFolder):
+        total = sum(os.stat(dataset.path(i)).st_size for i in range(count))
+        return total, f"{count} encoded files"
+    if isinstance(dataset, LMDBDataset):
+        if os.path.isdir(dataset.path):
+            total = sum(e.stat().st_size for e in os.scandir(dataset.path)
+                        if e.is_file() and e.name.endswith(".mdb") and e.name != "lock.mdb")
+        else:
+            total = os.path.getsize(dataset.path)
+        return total, f"{count} encoded images in the LMDB"
+    if count == 0:
+        return 0, "an empty dataset"
+    picks = sorted({int(i * count / min(count, 256)) for i in range(min(count, 256))})
+    mean = sum(len(dataset.read(i)) for i in picks) / len(picks)
+    return int(mean * count), f"{count} encoded images (estimated from {len(picks)} reads)"
+
+
+def recommend_cache_bytes(needed_bytes: Optional[int], what: str, available_bytes: int,
+                          loader_bytes: int) -> tuple[int, str]:
+    """``cache_bytes`` for the loader, and why: all of the dataset or nothing.
+
+    The whole dataset (``needed_bytes``, from :func:`cache_bytes_needed`) is cached when it fits
+    in ``CACHE_FRACTION`` (half) of the memory left once the loader itself is running
+    (``available_bytes - loader_bytes``); then every epoch after the first reads no file and, for
+    a deterministic transform, decodes nothing. Otherwise 0: with a shuffled order an LRU smaller
+    than the dataset hits only about cache/dataset of the time, at a fixed memory cost that is
+    usually better spent on workers or the page cache.
+    """
+    if needed_bytes is None:
+        return 0, f"cache_bytes 0: {what}"
+    room = max(0, available_bytes - loader_bytes)
+    if needed_bytes <= CACHE_FRACTION * room:
+        return needed_bytes, (f"cache_bytes {needed_bytes} ({format_bytes(needed_bytes)}): the "
+                              f"whole dataset ({what}) fits in {CACHE_FRACTION:.0%} of the "
+                              f"{format_bytes(room)} left after the loader")
+    return 0, (f"cache_bytes 0: the dataset ({what}, {format_bytes(needed_bytes)}) does not fit in "
+               f"{CACHE_FRACTION:.0%} of the {format_bytes(room)} left after the loader; a "
+               "partial LRU cache would mostly miss")
