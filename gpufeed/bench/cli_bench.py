@@ -284,7 +284,7 @@ def format_report(run: ImageBenchResult) -> str:
     for g in run.goals():
         value = f"{g.value:.2f}x" if math.isfinite(g.value) else "n/a"
         detail = f" [{g.detail.strip()}]" if g.detail else ""
-        lines.append(f"goal: {g.name}: {'met' if g.met else 'NOT met'} ({value}){detail}")
+        lines.append(f"goal: {g.name}: {g.status} ({value}){detail}")
     if PIL_NAME not in refs:
         lines.append(f"goal: {run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME}: not measured "
                      f"(Pillow is not installed: pip install 'gpufeed[bench]')")

@@ -131,3 +131,28 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path), "--images", "40", "--no-progress"]) == 1
     assert "is not a gpufeed demo folder" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def _fake_run(pil_rates, fast_rates):
+    from gpufeed.bench.compare import CompareResult, LoaderSummary, RoundResult
+    from gpufeed.bench.images import ImageBenchResult
+
+    def rounds(name, rates):
+        return tuple(RoundResult(name, i, 11, 11 * 64, 0.5, 10 / r, 0.5 + 10 / r, 100, 100.0, 100, 0.1)
+                     for i, r in enumerate(rates))
+
+    result = CompareResult((LoaderSummary(PIL_NAME, rounds(PIL_NAME, pil_rates)),
+                            LoaderSummary(FAST_NAME, rounds(FAST_NAME, fast_rates))),
+                           PIL_NAME, len(pil_rates), 0, 11)
+    return ImageBenchResult("root", "train", 704, 64, 2, result, None)
+
+
+@pytest.mark.parametrize("pil, fast, status", [
+    ([1, 1, 1], [2.5, 2.2, 2.4], "met"),
+    ([1, 1, 1], [1.5, 1.2, 1.9], "NOT met"),
+    # ratio of medians 3.0/1.0 = 3.0, but per-round ratios 4.0, 1.5, 1.0 (median 1.5): noise
+    ([1, 1, 3], [4, 1.5, 3], "inconclusive"),
+])
+def test_speed_goal_is_inconclusive_when_the_two_medians_disagree(pil, fast, status):
+    (speed, *_) = _fake_run(pil, fast).goals()
+    assert speed.status == status and speed.met == (status == "met")
