@@ -125,7 +125,8 @@ class TreeProbe:
 
     def __init__(self, interval_s: float = 0.025, cpu_every_s: float = 0.25) -> None:
         if interval_s <= 0 or cpu_every_s <= 0:
-            raise ValueError(f"`interval_s` and `cpu_every_s` must be > 0. Found: {interval_s}, {cpu_every_s}.")
+            raise ValueError(f"`interval_s` and `cpu_every_s` must be > 0 seconds. "
+                             f"Found: {interval_s}, {cpu_every_s}.")
         self.interval_s = interval_s
         self.cpu_every_s = cpu_every_s
         self._workers: tuple[int, ...] = ()

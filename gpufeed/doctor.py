@@ -480,9 +480,9 @@ def diagnose(
     ``warmup_batches`` run first, uncounted (default ``prefetch_factor x num_workers + 1``: the
     queue filled at start-up is drained, and your step compiles/tunes). The first
     ``replay_batches`` measured batches are kept (they hold loader memory until the end) and the
-    step is run on them again without the loader. Epochs roll over as needed; with
-    ``persistent_workers=False`` every epoch's worker start-up counts, as in training.
-    Thread states are sampled every ``sample_interval_s`` seconds.
+    step is run on them again without the loader (skipped with a simulated step of 0 ms).
+    Epochs roll over as needed; with ``persistent_workers=False`` every epoch's worker start-up
+    counts, as in training. Thread states are sampled every ``sample_interval_s`` seconds.
 
     Works best with a :class:`gpufeed.FastLoader` (stage timings); a torch ``DataLoader`` gets
     the process-level part of the diagnosis.
@@ -500,6 +500,8 @@ def diagnose(
     elif isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
         raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {warmup_batches!r}.")
     run_step = _make_step(step, step_ms, sync)
+    if step is None and not step_ms:
+        replay_batches = 0  # nothing to replay: the simulated step does nothing
     image_info = _image_info(loader)
     probe = TreeProbe(interval_s=sample_interval_s)
     feed = _Epochs(loader)
