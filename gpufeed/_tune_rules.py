@@ -13,8 +13,9 @@ from gpufeed.bench.memory import format_bytes
 
 __all__ = ["cache_bytes_needed", "recommend_cache_bytes", "recommend_prefetch_factor"]
 
-#: data_wait_fraction at or above which the consumer is loader-bound (or no step was measured).
-LOADER_BOUND_WAIT = 0.9
+#: data_wait_fraction at or above which the loader is slower than the consumer on average (or no
+#: step was measured): stalls from jitter alone, with 2 batches per worker queued, stay well below.
+LOADER_BOUND_WAIT = 0.3
 #: data_wait_fraction at or above which (and below LOADER_BOUND_WAIT) stalls are jitter.
 JITTER_WAIT = 0.05
 #: Share of the memory left after the loader that a whole-dataset cache may take.
@@ -24,20 +25,24 @@ CACHE_FRACTION = 0.5
 def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
     """``prefetch_factor`` from the consumer's data wait at the recommended count, and why.
 
-    - wait >= 0.9: the consumer is loader-bound (or no training ``step`` was measured, which reads
-      the same): batches are consumed as fast as they arrive, so a deeper queue cannot raise
-      throughput; keep torch's 2 (more only holds more batches in memory).
-    - 0.05 <= wait < 0.9: the loader keeps up on average but the consumer still stalls: jitter
+    - wait >= 0.3: the loader is slower than the consumer on average (without a training
+      ``step`` the consumer does nothing and always waits, which reads the same): a queue drains
+      whatever its depth, so a deeper one cannot raise throughput; keep torch's 2 (more only holds
+      more batches in memory); more workers, the cache or cheaper decoding help instead.
+    - 0.05 <= wait < 0.3: stalls of that size, with the workers at the knee, are mostly jitter
       (slow files, a worker descheduled); 4 batches per worker absorb the bursts.
     - wait < 0.05: the consumer rarely waits; 2.
+
+    The 0.3 line is a heuristic: the wait fraction alone cannot tell a small throughput shortfall
+    from jitter.
     """
     if data_wait_fraction >= LOADER_BOUND_WAIT:
         return 2, (f"prefetch_factor 2: the consumer waited {data_wait_fraction:.0%} of the time, "
-                   "so the loader is the bottleneck (or no training step was measured); a deeper "
-                   "queue would not raise throughput")
+                   "so the loader is slower than the consumer on average (or no training step was "
+                   "measured); a deeper queue would not raise throughput")
     if data_wait_fraction >= JITTER_WAIT:
-        return 4, (f"prefetch_factor 4: the consumer still waited {data_wait_fraction:.0%} of the "
-                   "time although the loader keeps up; a deeper queue absorbs the jitter")
+        return 4, (f"prefetch_factor 4: the consumer waited {data_wait_fraction:.0%} of the "
+                   "time, stalls of the size jitter causes; a deeper queue absorbs them")
     return 2, (f"prefetch_factor 2: the consumer waited only {data_wait_fraction:.0%} of the time")
 
 

@@ -137,7 +137,7 @@ def test_pin_workers_recommended_only_when_min_gain_faster(speedup, pinned):
     assert sum(pin for _, pin in model.calls) == 1
 
 
-@pytest.mark.parametrize("wait, factor", [(0.99, 2), (0.5, 4), (0.05, 4), (0.01, 2)])
+@pytest.mark.parametrize("wait, factor", [(0.99, 2), (0.5, 2), (0.29, 4), (0.05, 4), (0.01, 2)])
 def test_prefetch_factor_from_the_data_wait(wait, factor):
     assert recommend_prefetch_factor(wait)[0] == factor
     result = _tune(CostModel(lambda w: 100 * w, wait=wait), max_workers=2)
