@@ -282,7 +282,8 @@ def format_report(run: ImageBenchResult) -> str:
                      f"{format_bytes(f.growth_bytes)} ({100 * f.growth_fraction:+.1f}%)")
     lines.extend(f"note: {n}" for n in res.notes)
     for g in run.goals():
-        value = f"{g.value:.2f}x" if math.isfinite(g.value) else "n/a"
+        digits = 3 if math.isfinite(g.value) and abs(g.value - g.target) < 0.005 else 2
+        value = f"{g.value:.{digits}f}x" if math.isfinite(g.value) else "n/a"
         detail = f" [{g.detail.strip()}]" if g.detail else ""
         lines.append(f"goal: {g.name}: {g.status} ({value}){detail}")
     if PIL_NAME not in refs:
