@@ -8,8 +8,9 @@ and replays the step on them without the loader, which shows what the step costs
 
 The verdict comes from :func:`decide`, a pure function of the :class:`Evidence`:
 
-* ``"compute"``: the step rarely waited for data (and the replay is not meaningfully faster than
-  the run): the loader keeps up; the model step is what to optimize.
+* ``"compute"``: the step rarely waited for data, the first batch of each epoch aside (it starts
+  from an empty queue; reported separately), and the replay is not meaningfully faster than the
+  run: the loader keeps up; the model step is what to optimize.
 * otherwise the loader starves the step, and the workers show why:
 
   - ``"transfer"``: host-to-device copies (``h2d_s``, with ``device=``) take most of the time;
@@ -96,6 +97,8 @@ class Evidence:
     replay_batches: int = 0  # batches kept and replayed through the step without the loader
     replay_step_s: float | None = None  # mean step time per replayed batch
     cache_hit_rate: float | None = None  # image path with cache_bytes: hits / look-ups
+    epoch_starts: int = 0  # epochs that began inside the window (new iterators)
+    epoch_start_wait_s: float = 0.0  # wait for the first batch of those epochs
     stored_short_side_px: float | None = None  # image sources: mean shorter side as stored
     output_side_px: int | None = None  # image path: the transform's longer output side
     deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
@@ -105,6 +108,14 @@ class Evidence:
     def data_wait_fraction(self) -> float:
         """Share of the window the consumer waited for data."""
         return min(1.0, self.wait_s / self.wall_s) if self.wall_s > 0 else 0.0
+
+    @property
+    def steady_wait_fraction(self) -> float:
+        """Share of the window the consumer waited, leaving out the first batch of each epoch
+        (which starts with an empty queue)."""
+        if self.wall_s <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.wait_s - self.epoch_start_wait_s) / self.wall_s)
 
     @property
     def batch_s(self) -> float:
@@ -153,7 +164,7 @@ class Evidence:
         """The fields and the derived figures, JSON-able."""
         out = asdict(self)
         out["worker_cpu"] = list(self.worker_cpu)
-        for name in ("data_wait_fraction", "batch_s", "step_mean_s", "stage_total_s", "shares",
+        for name in ("data_wait_fraction", "steady_wait_fraction", "batch_s", "step_mean_s", "stage_total_s", "shares",
                      "worker_busy", "worker_cpu_mean"):
             out[name] = getattr(self, name)
         return out
@@ -181,7 +192,8 @@ class Report:
         lines += [f"  - {r}" for r in self.reasons]
         lines.append(
             f"  run: {ev.batches} batches in {ev.wall_s:.2f} s ({ev.batch_s * 1e3:.1f} ms/batch, "
-            f"step {ev.step_mean_s * 1e3:.1f} ms, wait {ev.data_wait_fraction:.0%})"
+            f"step {ev.step_mean_s * 1e3:.1f} ms, wait {ev.data_wait_fraction:.0%}"
+            + (f", {ev.epoch_starts} epoch starts" if ev.epoch_starts else "") + ")"
             + (f", replay {ev.replay_step_s * 1e3:.1f} ms/step" if ev.replay_step_s is not None else ""))
         lines.append(
             f"  cpu: workers {ev.num_workers} [{cpu} of a core], main {ev.main_cpu:.0%}, "
@@ -204,7 +216,7 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
     """(bottleneck, reasons, fix) from the evidence; pure, thresholds are module constants."""
     wait = ev.data_wait_fraction
     ms = 1e3
-    if wait < WAIT_OK:
+    if ev.steady_wait_fraction < WAIT_OK:
         return _compute(ev)
     reasons = [f"the step waited for data {wait:.0%} of the run "
                f"({ev.wait_s / max(ev.batches, 1) * ms:.1f} ms/batch; step {ev.step_mean_s * ms:.1f} ms)"]
@@ -266,9 +278,16 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
 
 
 def _compute(ev: Evidence) -> tuple[str, list[str], str]:
-    reasons = [f"the step waited for data only {ev.data_wait_fraction:.0%} of the run "
+    outside = " outside epoch starts" if ev.epoch_starts else ""
+    reasons = [f"the step waited for data only {ev.steady_wait_fraction:.0%} of the run{outside} "
                f"(queue {ev.queue_depth_mean:.1f} of {ev.queue_capacity} ready)"]
     fix = "the loader keeps up: optimize the model step (mixed precision, torch.compile, fused ops)"
+    epoch_share = ev.epoch_start_wait_s / ev.wall_s if ev.wall_s > 0 else 0.0
+    if epoch_share >= WAIT_OK / 2:
+        reasons.append(f"{ev.epoch_starts} epoch starts cost {epoch_share:.0%} of the run "
+                       f"({ev.epoch_start_wait_s / ev.epoch_starts * 1e3:.0f} ms each: every "
+                       "epoch starts with an empty queue)")
+        fix += f"; epoch starts cost {epoch_share:.0%}: fewer, longer epochs"
     if ev.replay_step_s is None or ev.batch_s <= 0:
         return "compute", reasons, fix
     ratio = ev.replay_step_s / ev.batch_s
@@ -339,11 +358,13 @@ class _Epochs:
     def __init__(self, loader: Any) -> None:
         self._loader = loader
         self._it: Iterator[Any] | None = None
+        self.started = 0  # iterators (epochs) started
 
     def next(self) -> Any:
         for _ in range(2):
             if self._it is None:
                 self._it = iter(self._loader)
+                self.started += 1
             try:
                 return next(self._it)
             except StopIteration:
@@ -389,7 +410,8 @@ def _loader_stats(loader: Any) -> dict[str, Any]:
 
 def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe: ProbeResult, *,
               batches: int, wall_s: float, wait_s: float, step_s: float, samples: int,
-              replay: tuple[int, float | None], image_info: dict[str, Any]) -> Evidence:
+              replay: tuple[int, float | None], image_info: dict[str, Any],
+              epochs: tuple[int, float]) -> Evidence:
     def delta(key: str) -> float:
         return float(after.get(key, 0) or 0) - float(before.get(key, 0) or 0)
 
@@ -422,6 +444,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         state_samples=n_states,
         replay_batches=replay[0], replay_step_s=replay[1],
         cache_hit_rate=delta("cache_hits") / lookups if lookups > 0 else None,
+        epoch_starts=epochs[0], epoch_start_wait_s=epochs[1],
         **image_info,
     )
 
@@ -506,8 +529,8 @@ def diagnose(
     probe = TreeProbe(interval_s=sample_interval_s)
     feed = _Epochs(loader)
     kept: list[Any] = []
-    wait_s = step_s = 0.0
-    samples = 0
+    wait_s = step_s = epoch_wait_s = 0.0
+    samples = epoch_starts = 0
     try:
         for _ in range(warmup_batches):
             run_step(feed.next())
@@ -517,11 +540,15 @@ def diagnose(
         try:
             t_start = time.perf_counter()
             for _ in range(batches):
+                started = feed.started
                 t0 = time.perf_counter()
                 batch = feed.next()
                 t1 = time.perf_counter()
                 run_step(batch)
                 t2 = time.perf_counter()
+                if feed.started > started:
+                    epoch_starts += 1
+                    epoch_wait_s += t1 - t0
                 wait_s += t1 - t0
                 step_s += t2 - t1
                 samples += _batch_len(batch)
@@ -543,6 +570,7 @@ def diagnose(
         replay = (len(kept), (time.perf_counter() - t0) / len(kept))
         kept.clear()
     ev = _evidence(loader, before, after, measured, batches=batches, wall_s=wall_s, wait_s=wait_s,
-                   step_s=step_s, samples=samples, replay=replay, image_info=image_info)
+                   step_s=step_s, samples=samples, replay=replay, image_info=image_info,
+                   epochs=(epoch_starts, epoch_wait_s))
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)

@@ -50,6 +50,17 @@ def test_keeps_up_but_the_replay_is_faster_names_contention():
     assert "2.0x faster" in reasons[-1] and "num_workers=1" in fix
 
 
+def test_waiting_only_at_epoch_starts_is_compute_with_a_note():
+    ev = starving(wait_s=1.0, epoch_starts=4, epoch_start_wait_s=0.8, step_s=8.9,
+                  replay_batches=8, replay_step_s=0.09)
+    assert ev.steady_wait_fraction == pytest.approx(0.02)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "compute"
+    assert "4 epoch starts cost 8% of the run (200 ms each" in reasons[1]
+    assert "fewer, longer epochs" in fix
+    assert decide(replace(ev, wait_s=2.0))[0] != "compute"  # 12% wait between epochs
+
+
 def test_cpu_bound_decode_without_spare_cores_is_decode():
     ev = cpu_bound(read_s=1.0, decode_s=15.0, transform_s=3.0, collate_s=0.5, pack_s=0.5)
     bottleneck, reasons, fix = decide(ev)
