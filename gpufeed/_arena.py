@@ -260,6 +260,11 @@ class SlotWriter:
     def end(self) -> None:
         self._bytes = None
 
+    def owns_storage(self, storage_ptr: int) -> bool:
+        """Whether a storage is one of this process's arena mappings (never pickle it inline:
+        it is a whole chunk, gigabytes of virtual memory)."""
+        return any(t.data_ptr() == storage_ptr for _, t in self._chunks.values())
+
     def contains(self, ptr: int, nbytes: int) -> bool:
         """Whether ``[ptr, ptr + nbytes)`` lies in the current slot."""
         return self._bytes is not None and self._base <= ptr and ptr + nbytes <= self._base + len(

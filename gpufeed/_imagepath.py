@@ -207,8 +207,12 @@ class ImageFeed:
         self.skipped = 0
         self._logged: set[str] = set()
 
-    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None) -> ImageTask:
-        """Write cache hits into ``buf`` (the slot) and say which rows are done."""
+    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True) -> ImageTask:
+        """Write cache hits into ``buf`` (the slot) and say which rows are done.
+
+        ``count=False`` for a batch prepared again (re-run after a worker death): its look-ups
+        were already counted as hits and misses.
+        """
         task = ImageTask(epoch)
         if self.cache is None or buf is None:
             return task
@@ -218,7 +222,7 @@ class ImageFeed:
             rows = self.plan.rows(buf, n).numpy().reshape(n, -1)
             done = []
             for pos, index in enumerate(indices):
-                hit = self.cache.get(index)
+                hit = self.cache.get(index) if count else self.cache.peek(index)
                 if hit is not None:
                     rows[pos] = np.frombuffer(hit, np.uint8)
                     done.append(pos)
@@ -226,7 +230,7 @@ class ImageFeed:
         else:
             given, cursor = [], staging
             for pos, index in enumerate(indices):
-                hit = self.cache.get(index)
+                hit = self.cache.get(index) if count else self.cache.peek(index)
                 if hit is not None:
                     buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
                     given.append((pos, cursor, len(hit)))

@@ -211,10 +211,10 @@ class FastIter(_BaseDataLoaderIter):
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _prepare(self, slot: int, index: Any) -> Any:
+    def _prepare(self, slot: int, index: Any, count: bool = True) -> Any:
         if self._feed is None:
             return None
-        return self._feed.prepare(self._aug_epoch, index, self._arena.slot_tensor(slot))
+        return self._feed.prepare(self._aug_epoch, index, self._arena.slot_tensor(slot), count)
 
     def _send(self, task: _Task) -> None:
         self._pool.send(task.worker_id, ("task", self._epoch, task.idx, task.slot, task.index, task.extra))
@@ -368,7 +368,7 @@ class FastIter(_BaseDataLoaderIter):
         log.warning("%s; replaced by pid %d, re-running %d batch(es)", where, new_pid, len(current))
         for idx in current:
             task = self._task_info[idx]
-            task.extra = self._prepare(task.slot, task.index)  # the dead worker may have moved rows
+            task.extra = self._prepare(task.slot, task.index, count=False)  # rows may have moved
             self._send(task)
 
     def _timeout_error(self, timeout_s: float) -> LoaderTimeoutError:

@@ -70,32 +70,54 @@ class _Packer(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
+            if self._writer.owns_storage(obj.untyped_storage().data_ptr()):
+                return self._arena_backed(obj)
             if not _arena_eligible(obj):
-                return None
-            span = _span_bytes(obj)
-            ptr = obj.data_ptr()
-            if self._writer.contains(ptr, span):  # written in place (arena-backed collate)
-                off = self._writer.offset_of(ptr)
-                region = self._writer.region_of(ptr)
-                if region is not None and off + span <= region[0] + region[1]:
-                    elems, rem = divmod(off - region[0], obj.element_size())
-                    if rem == 0:  # share the region's storage, as views of one tensor do
-                        return ("t", *region, obj.dtype, tuple(obj.shape), obj.stride(), elems)
-                return ("t", off, span, obj.dtype, tuple(obj.shape), obj.stride(), 0)
-            placed = self._copy_storage(obj.untyped_storage())
-            if placed is None:
-                return None
-            off, nbytes = placed
-            return ("t", off, nbytes, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
-        if type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes > 0:
-            off = self._writer.alloc(obj.nbytes)
-            if off is None:
-                self.overflow_bytes += obj.nbytes
-                return None
-            dst = self._writer.region(off, obj.nbytes).numpy()
-            dst.view(obj.dtype).reshape(obj.shape)[...] = obj
-            return ("n", off, obj.nbytes, obj.dtype, obj.shape)
+                return None  # pickled inline with its own (small) storage, as torch would
+            return self._copied(obj)
+        if type(obj) is np.ndarray:
+            return self._ndarray(obj)
         return None
+
+    def _copied(self, t: torch.Tensor) -> Any:
+        """A tensor with a storage of its own: the storage is copied into the slot once."""
+        placed = self._copy_storage(t.untyped_storage())
+        if placed is None:
+            return None
+        return ("t", *placed, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), False)
+
+    def _arena_backed(self, t: torch.Tensor) -> Any:
+        """A tensor whose storage is an arena mapping: always by reference, never inline (the
+        storage is a whole chunk, gigabytes of virtual memory)."""
+        if t.numel() == 0:
+            return ("e", t.dtype, tuple(t.shape))
+        if not _arena_eligible(t):  # requires_grad / conj / neg views: a plain copy instead
+            plain = t.detach().resolve_conj().resolve_neg().clone()
+            placed = self._copy_storage(plain.untyped_storage())
+            if placed is None:
+                raise RuntimeError(
+                    f"gpufeed: a {tuple(t.shape)} {t.dtype} tensor does not fit its arena slot; "
+                    "raise max_batch_bytes"
+                )
+            return ("t", *placed, plain.dtype, tuple(plain.shape), plain.stride(), 0, t.requires_grad)
+        span, ptr = _span_bytes(t), t.data_ptr()
+        off = self._writer.offset_of(ptr)
+        region = self._writer.region_of(ptr)
+        if region is not None and off + span <= region[0] + region[1]:
+            elems, rem = divmod(off - region[0], t.element_size())
+            if rem == 0:  # share the region's storage, as views of one collated tensor do
+                return ("t", *region, t.dtype, tuple(t.shape), t.stride(), elems, False)
+        return ("t", off, span, t.dtype, tuple(t.shape), t.stride(), 0, False)
+
+    def _ndarray(self, a: np.ndarray) -> Any:
+        if a.dtype.hasobject or a.nbytes == 0:
+            return None
+        off = self._writer.alloc(a.nbytes)
+        if off is None:
+            self.overflow_bytes += a.nbytes
+            return None
+        self._writer.region(off, a.nbytes).numpy().view(a.dtype).reshape(a.shape)[...] = a
+        return ("n", off, a.nbytes, a.dtype, a.shape)
 
 
 def pack(data: Any, writer: SlotWriter) -> tuple[bytes, int, int]:
@@ -125,10 +147,13 @@ class _Unpacker(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         kind = pid[0]
         if kind == "t":
-            _, off, nbytes, dtype, shape, stride, storage_offset = pid
+            _, off, nbytes, dtype, shape, stride, storage_offset, requires_grad = pid
             base = self._base(off, nbytes)
             usable = nbytes - nbytes % dtype.itemsize
-            return base[:usable].view(dtype).as_strided(shape, stride, storage_offset)
+            t = base[:usable].view(dtype).as_strided(shape, stride, storage_offset)
+            return t.requires_grad_() if requires_grad else t
+        if kind == "e":
+            return torch.empty(pid[2], dtype=pid[1])
         if kind == "n":
             _, off, nbytes, dtype, shape = pid
             # Through a tensor, so the array keeps the lease (and the slot) alive.

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+
+from tests._procs import live_children
 import pytest
 import torch
 
@@ -76,8 +78,7 @@ def children() -> list[psutil.Process]:
     gc.collect()
     deadline = time.monotonic() + 5
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                 and p.status() != psutil.STATUS_ZOMBIE]
+        alive = live_children()
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)

@@ -95,7 +95,7 @@ def test_gpu_memory_flat_over_many_epochs(folder):
 
 
 def test_close_unregisters_the_arena_and_leaves_no_workers(folder):
-    import psutil
+    from tests._procs import live_children
 
     loader = FastLoader(_dataset(folder), batch_size=16, num_workers=2, device="cuda", persistent_workers=True)
     first = next(iter(loader))
@@ -106,7 +106,7 @@ def test_close_unregisters_the_arena_and_leaves_no_workers(folder):
     assert first[0].is_cuda and first[0].sum().item() >= 0  # device tensors outlive the loader
     del loader
     gc.collect()
-    assert psutil.Process().children(recursive=True) == []
+    assert live_children() == []
 
 
 def test_pin_memory_gives_pinned_arena_views_without_copies(folder):
