@@ -222,6 +222,7 @@ class FastIter(_BaseDataLoaderIter):
     # -- receiving --------------------------------------------------------------------------
     def _next_data(self) -> Any:
         t_start = time.perf_counter()
+        self._poll(0.0)  # replies already sitting in the pipes count as queued, too
         depth = len(self._ready) + sum(1 for t in self._task_info.values() if t.reply is not None)
         try:
             return self._next_data_inner()
@@ -278,13 +279,17 @@ class FastIter(_BaseDataLoaderIter):
                 if remaining <= 0:
                     raise self._timeout_error(timeout_s)
                 wait_s = min(wait_s, remaining)
-            messages, dead = self._pool.wait(wait_s)
-            # Replies first: a worker that answered and then died must not re-run that task.
-            for worker_id, msg in messages:
-                self._accept(worker_id, msg)
-            for worker_id in dead:
-                self._on_death(worker_id)
+            self._poll(wait_s)
         return self._ready.pop(0)
+
+    def _poll(self, wait_s: float) -> None:
+        """Take in what the workers sent within ``wait_s`` seconds; handle deaths."""
+        messages, dead = self._pool.wait(wait_s)
+        # Replies first: a worker that answered and then died must not re-run that task.
+        for worker_id, msg in messages:
+            self._accept(worker_id, msg)
+        for worker_id in dead:
+            self._on_death(worker_id)
 
     def _accept(self, worker_id: int, msg: Any) -> None:
         kind = msg[0]

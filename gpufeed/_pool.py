@@ -19,11 +19,11 @@ import multiprocessing
 import multiprocessing.connection as mpc
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpufeed._cv2threads import single_threaded_cv2
 from gpufeed._worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -49,26 +49,6 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
-
-
-@contextlib.contextmanager
-def _cv2_single_threaded_for_fork():
-    """Fork with OpenCV's thread pool at one thread, then restore the parent's setting.
-
-    ``cv2.setNumThreads`` hangs in a forked child once the parent's pool has run (it waits for
-    pool threads that do not exist after fork), so the child cannot reconfigure itself: it has
-    to inherit a single-threaded pool. Without cv2 imported, the child imports and sets it.
-    """
-    cv2 = sys.modules.get("cv2")
-    if cv2 is None or not hasattr(cv2, "setNumThreads"):
-        yield
-        return
-    previous = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        yield
-    finally:
-        cv2.setNumThreads(previous)
 
 
 @dataclass
@@ -126,7 +106,7 @@ class WorkerPool:
             target=worker_main, args=(spec, task_r, res_w), name=f"gpufeed-worker-{worker_id}", daemon=True
         )
         try:
-            with _cv2_single_threaded_for_fork() if self._fork else contextlib.nullcontext():
+            with single_threaded_cv2() if self._fork else contextlib.nullcontext():
                 proc.start()
         finally:
             task_r.close()

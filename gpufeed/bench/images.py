@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gpufeed._cv2threads import single_threaded_cv2 as _single_threaded_cv2
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
 from gpufeed.bench.memory import PeakPSS, tree_memory
@@ -207,20 +208,9 @@ class OpenCVImageFolder(_ReferenceFolder):
         return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
 
 
-@contextlib.contextmanager
-def single_threaded_cv2() -> Iterator[None]:
+def single_threaded_cv2() -> contextlib.AbstractContextManager[None]:
     """OpenCV's thread pool at one thread inside the block (restored after); no-op without cv2."""
-    try:
-        import cv2
-    except ImportError:
-        yield
-        return
-    previous = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        yield
-    finally:
-        cv2.setNumThreads(previous)
+    return _single_threaded_cv2(import_if_missing=True)
 
 
 def loader_factories(

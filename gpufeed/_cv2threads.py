@@ -1,0 +1,33 @@
+"""OpenCV's thread pool at one thread around a fork (or a whole benchmark run).
+
+``cv2.setNumThreads`` hangs in a forked child once the parent's pool has run (it waits for pool
+threads that do not exist after fork), so a child cannot reconfigure itself: it has to inherit a
+single-threaded pool. Workers are one-core each anyway; the parent's setting is restored after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def single_threaded_cv2(import_if_missing: bool = False) -> Iterator[None]:
+    """cv2 at one thread inside the block, restored after. Without cv2 imported (and
+    ``import_if_missing`` false) it does nothing: a child that imports cv2 fresh is safe."""
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None and import_if_missing:
+        try:
+            import cv2  # noqa: F811
+        except ImportError:
+            cv2 = None
+    if cv2 is None or not hasattr(cv2, "setNumThreads"):
+        yield
+        return
+    previous = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(previous)
