@@ -77,8 +77,13 @@ class Arena:
     thread drops the user's last reference.
     """
 
-    def __init__(self, slot_bytes: int, name: str = "gpufeed-arena") -> None:
+    def __init__(self, slot_bytes: int, name: str = "gpufeed-arena", release_pages: bool = False) -> None:
         self.slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
+        # Give a freed slot's pages back to the OS (MADV_REMOVE). Costs a zero-fill when the slot
+        # is written again: worth it when batches take long to build (decoding), so idle and
+        # half-built slots do not hold whole batches of memory; not when batches are memcpys.
+        self.release_pages = release_pages and hasattr(mmap, "MADV_REMOVE")
+        self._pinned: set[int] = set()  # page-locked slots (CUDA) keep their pages
         self._fd = _create_fd(name)
         self._owner_pid = os.getpid()
         self._maps: list[mmap.mmap] = []  # one per chunk
@@ -126,8 +131,16 @@ class Arena:
     def release(self, slot: int) -> None:
         """Return ``slot`` to the free list (nobody may read or write it any more)."""
         with self._lock:
-            if not self._closed:
-                self._free.append(slot)
+            if self._closed:
+                return
+            if self.release_pages and slot not in self._pinned:
+                chunk, first, _ = chunk_of(slot)
+                self._maps[chunk].madvise(mmap.MADV_REMOVE, (slot - first) * self.slot_bytes, self.slot_bytes)
+            self._free.append(slot)
+
+    def mark_pinned(self, slot: int) -> None:
+        """The slot is page-locked (cudaHostRegister): its pages must stay."""
+        self._pinned.add(slot)
 
     def slot_tensor(self, slot: int) -> torch.Tensor:
         """The whole of ``slot`` as a uint8 tensor, for the parent's own short-lived writes."""

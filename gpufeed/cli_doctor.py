@@ -15,30 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from gpufeed._cliutil import non_negative_int as _non_negative_int, positive_int as _positive, write
+
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
-
-
-def write(text: str) -> None:
-    """The command's only output function: ``text`` and a newline on stdout, flushed."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
-    return n
-
-
-def _non_negative_int(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
-    return n
 
 
 def _milliseconds(value: str) -> float:

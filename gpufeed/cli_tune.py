@@ -14,34 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from gpufeed._cliutil import non_negative_int as _non_negative, positive_int as _positive, write
+
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 
 TRANSFORMS = ("eval", "train")
-
-
-def write(text: str) -> None:
-    """This command's only output function: ``text`` and a newline on stdout, flushed."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
-    return n
-
-
-def _non_negative(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
-    return n
 
 
 def _fraction(value: str) -> float:

@@ -107,6 +107,7 @@ class HostRegistrar:
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}")
         self._registered[slot] = (ptr, want)
+        self._arena.mark_pinned(slot)
 
     def close(self) -> None:
         for ptr, _ in self._registered.values():

@@ -165,7 +165,11 @@ class FastLoader(DataLoader[T_co]):
     def _get_arena(self) -> Arena:
         """The loader's arena, created on first use and reused by every later iterator."""
         if self._arena is None:
-            self._arena = Arena(self.engine_config.max_batch_bytes)
+            # Decoded image batches take long to build: idle slots give their pages back (see
+            # Arena). Not with a decoded-row cache: cached batches are memcpys, like generic ones.
+            feed = self._image_feed
+            release = feed is not None and feed.plan.cache != "decoded"
+            self._arena = Arena(self.engine_config.max_batch_bytes, release_pages=release)
             self._arena_finalizer = weakref.finalize(self, self._arena.close)
             wants_pinned = self._cuda_feed is not None or self.pin_memory
             if wants_pinned and torch.cuda.is_available():

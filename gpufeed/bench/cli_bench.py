@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from gpufeed._cliutil import non_negative_int as _non_negative, positive_int as _positive, write
 from gpufeed.bench.images import (
     CV_NAME,
     FAST_NAME,
@@ -42,26 +43,7 @@ DEMO_SIZE = ((320, 380), (370, 430))  # (min_h, max_h), (min_w, max_w): ~400x350
 DEMO_CLASSES = 10
 
 
-def write(text: str) -> None:
-    """The CLI's only output function: ``text`` and a newline on stdout, flushed."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
 # ---------------------------------------------------------------------------------- parsers
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1. Found: {n}.")
-    return n
-
-
-def _non_negative(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
-    return n
 
 
 def _worker_counts(value: str) -> list[int]:
