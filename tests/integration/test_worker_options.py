@@ -28,7 +28,7 @@ def test_pin_workers_gives_each_worker_one_cpu_round_robin():
     cpus = sorted(os.sched_getaffinity(0))
     loader = FastLoader(Logs(), batch_size=2, num_workers=2, pin_workers=True, persistent_workers=True)
     it = iter(loader)
-    next(it)
+    next(it), next(it)  # batches 0 and 1 come from workers 0 and 1: both are set up
     affinities = [psutil.Process(pid).cpu_affinity() for pid in it.worker_pids]
     assert affinities == [[cpus[k % len(cpus)]] for k in range(2)]
     assert sorted(os.sched_getaffinity(0)) == cpus  # the main process is untouched
