@@ -312,13 +312,12 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
 
 def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWriter):
     """Image path: lay the batch out in the slot, stage encoded misses after the parent's hits."""
-    staging = plan.offsets(len(indices))[2]
+    labels, floats, staging, _ = plan.offsets(len(indices))
     if staging > len(w.buffer):
         raise ValueError(
             f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
             f"more than max_batch_bytes={len(w.buffer)}; raise max_batch_bytes or lower batch_size"
         )
-    labels, floats, _, _ = plan.offsets(len(indices))
     w.mark(0, len(indices) * plan.row_bytes)
     w.mark(labels, 8 * len(indices))
     if floats != staging:
