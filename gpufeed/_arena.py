@@ -104,11 +104,6 @@ class Arena:
         """Slots created so far (in use or free)."""
         return self._num_slots
 
-    @property
-    def num_free(self) -> int:
-        with self._lock:
-            return len(self._free)
-
     def handle(self) -> ArenaHandle:
         """What a worker needs to map slots (picklable for spawn/forkserver)."""
         return ArenaHandle(self._fd, self.slot_bytes)
@@ -277,12 +272,6 @@ class SlotWriter:
         """Whether a storage is one of this process's arena mappings (never pickle it inline:
         it is a whole chunk, gigabytes of virtual memory)."""
         return any(t.data_ptr() == storage_ptr for _, t in self._chunks.values())
-
-    def contains(self, ptr: int, nbytes: int) -> bool:
-        """Whether ``[ptr, ptr + nbytes)`` lies in the current slot."""
-        return self._bytes is not None and self._base <= ptr and ptr + nbytes <= self._base + len(
-            self._bytes
-        )
 
     def offset_of(self, ptr: int) -> int:
         return ptr - self._base
