@@ -71,14 +71,14 @@ class ImagePlan:
         h, w = self.hw
         return h * w * 3
 
-    def offsets(self, n: int) -> tuple[int, int, int, int]:
-        """(labels, float output, staging start, end) byte offsets of an n-sample batch."""
+    def offsets(self, n: int) -> tuple[int, int, int]:
+        """(labels, float output, staging start) byte offsets of an n-sample batch."""
         labels = _align(n * self.row_bytes)
         floats = _align(labels + 8 * n)
         staging = floats
         if self.dtype != torch.uint8:
             staging = _align(floats + n * self.row_bytes * self.dtype.itemsize)
-        return labels, floats, staging, staging
+        return labels, floats, staging
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
@@ -121,7 +121,7 @@ def fill_batch(
     ``stage(position, data)`` copies a miss's encoded bytes where the parent can cache them.
     """
     n = len(indices)
-    off_labels, off_floats, off_staging, _ = plan.offsets(n)
+    off_labels, off_floats, _ = plan.offsets(n)
     rows_t = plan.rows(buf, n)
     rows = rows_t.numpy()
     labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
@@ -217,7 +217,7 @@ class ImageFeed:
         if self.cache is None or buf is None:
             return task
         n = len(indices)
-        _, _, staging, _ = self.plan.offsets(n)
+        _, _, staging = self.plan.offsets(n)
         if self.plan.cache == "decoded":
             rows = self.plan.rows(buf, n).numpy().reshape(n, -1)
             done = []

@@ -15,10 +15,9 @@ import multiprocessing
 import os
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_init_fn

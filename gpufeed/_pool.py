@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import multiprocessing
 import multiprocessing.connection as mpc
 import os
 import signal

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
-from torch.utils.data import IterableDataset
 
 from gpufeed._arena import ArenaHandle, SlotWriter
 from gpufeed._imagepath import ImagePlan, fill_batch
@@ -312,7 +311,7 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
 
 def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWriter):
     """Image path: lay the batch out in the slot, stage encoded misses after the parent's hits."""
-    labels, floats, staging, _ = plan.offsets(len(indices))
+    labels, floats, staging = plan.offsets(len(indices))
     if staging > len(w.buffer):
         raise ValueError(
             f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "

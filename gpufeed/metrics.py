@@ -45,7 +45,7 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("errors", "gpufeed_errors", "Exceptions raised by dataset/collate code in workers (count)."),
     ("skipped", "gpufeed_skipped", "Undecodable samples left out with on_error='skip' (count)."),
     ("worker_restarts", "gpufeed_worker_restarts", "Dead worker processes replaced (count)."),
-    ("cache_hits", "gpufeed_cache_hits", "Host cache lookups that found the encoded sample (count)."),
+    ("cache_hits", "gpufeed_cache_hits", "Host cache lookups that found the sample (decoded row or encoded bytes) (count)."),
     ("cache_misses", "gpufeed_cache_misses", "Host cache lookups that had to read storage (count)."),
 )
 _GAUGES: tuple[tuple[str, str, str], ...] = (
