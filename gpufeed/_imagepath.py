@@ -113,23 +113,27 @@ def fill_batch(
     source: Any,
     indices: list[int],
     task: ImageTask,
-    buf: torch.Tensor,
+    bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
-    """Fill a batch in ``buf`` (uint8, the slot); returns ((images, labels), report).
+    """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, labels), report).
 
-    ``stage(position, data)`` copies a miss's encoded bytes where the parent can cache them.
+    The slot is bound as late as possible: when the parent wrote nothing into it, the first
+    image is decoded into a scratch row and the slot is bound only to copy it in (see
+    ``SlotWriter.begin_late``). ``stage(position, data)`` copies a miss's encoded bytes where
+    the parent can cache them.
     """
     n = len(indices)
     off_labels, off_floats, _ = plan.offsets(n)
-    rows_t = plan.rows(buf, n)
-    rows = rows_t.numpy()
-    labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
     report = FillReport()
     done = set(task.done)
     given = {pos: (off, nbytes) for pos, off, nbytes in task.given}
+    buf = bind() if done or given or stage is not None else None
+    rows = None if buf is None else plan.rows(buf, n).numpy()
+    scratch = None
+    label_values = [0] * n
     for pos, index in enumerate(indices):
-        labels[pos] = source.label(index)
+        label_values[pos] = source.label(index)
         if pos in done:
             report.kept.append(pos)
             continue
@@ -144,8 +148,11 @@ def fill_batch(
                 if placed is not None:
                     report.staged.append((pos, *placed))
         t1 = time.perf_counter()
+        if rows is None and scratch is None:
+            scratch = plan.rows(torch.empty(plan.row_bytes, dtype=torch.uint8), 1)[0].numpy()
         try:
-            decode_s = plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed, out=rows[pos])
+            decode_s = plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed,
+                                            out=scratch if rows is None else rows[pos])
         except DecodeError as exc:
             decode_s = time.perf_counter() - t1
             where = source.describe(index)
@@ -157,10 +164,20 @@ def fill_batch(
             report.errors.append((index, where, str(exc)))
         else:
             report.kept.append(pos)
+            if rows is None:
+                buf = bind()
+                rows = plan.rows(buf, n).numpy()
+                rows[pos] = scratch
         report.read_s += t1 - t0
         report.decode_s += decode_s
         report.transform_s += time.perf_counter() - t1 - decode_s
     t2 = time.perf_counter()
+    if buf is None:  # every sample failed
+        buf = bind()
+    rows_t = plan.rows(buf, n)
+    rows = rows_t.numpy()
+    labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+    labels.copy_(torch.tensor(label_values, dtype=torch.int64))
     k = len(report.kept)
     if k < n:  # compact: kept rows move up, in order
         for dst, src in enumerate(report.kept):

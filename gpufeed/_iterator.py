@@ -39,30 +39,53 @@ log = logging.getLogger(__name__)
 class _Task:
     worker_id: int
     idx: int
-    slot: int
+    slot: int  # the fallback slot (cold), or the one the parent wrote cache hits into
     index: Any
     extra: Any = None  # ImageTask on the image path
     reply: Any = None  # the worker's message once it arrived
+    swap: bool = True  # the worker may write a warm slot instead (see gpufeed._arena)
 
 
 class _Ledger:
-    """Which arena slots this iterator holds, so each is released exactly once.
+    """Which arena slots this iterator holds, so each is freed exactly once.
 
     ``held`` maps (epoch, task index) to the slot of every task that was dispatched and whose
-    batch was neither handed to the user nor dropped; ``unanswered[w]`` lists, oldest first, the
+    batch was neither handed to the user nor dropped; ``claims`` maps a task to the warm slot its
+    worker took instead, until the reply settles it; ``unanswered[w]`` lists, oldest first, the
     tasks worker ``w`` still owes a reply (they are re-sent if it dies).
     """
 
     def __init__(self, arena: Arena, num_workers: int) -> None:
         self.arena = arena
         self.held: dict[tuple[int, int], int] = {}
+        self.claims: dict[tuple[int, int], int] = {}
         self.unanswered: list[dict[tuple[int, int], None]] = [{} for _ in range(num_workers)]
 
-    def take(self, key: tuple[int, int], worker_id: int) -> int:
-        slot = self.arena.acquire()
+    def take(self, key: tuple[int, int], worker_id: int, warm: bool = False) -> int:
+        slot = self.arena.acquire(warm)
         self.held[key] = slot
         self.unanswered[worker_id][key] = None
         return slot
+
+    def claim(self, key: tuple[int, int], slot: int) -> None:
+        """The task's worker writes warm ``slot`` instead of the fallback."""
+        if key in self.held:
+            self.claims[key] = slot
+        else:  # the task was dropped meanwhile: nobody will read the slot
+            self.arena.release(slot)
+
+    def settle(self, key: tuple[int, int]) -> None:
+        """The task was answered: its batch lives in the claimed slot, if any."""
+        slot = self.claims.pop(key, None)
+        if slot is not None:
+            self.arena.release_cold(self.held[key])
+            self.held[key] = slot
+
+    def drop_claim(self, key: tuple[int, int]) -> None:
+        """The task's worker died: free the warm slot it took (the task is re-sent)."""
+        slot = self.claims.pop(key, None)
+        if slot is not None:
+            self.arena.release(slot)
 
     def answered(self, key: tuple[int, int], worker_id: int) -> bool:
         """Mark answered; False if the task was not outstanding (e.g. already dropped)."""
@@ -70,8 +93,16 @@ class _Ledger:
 
     def release(self, key: tuple[int, int]) -> None:
         slot = self.held.pop(key, None)
-        if slot is not None:
+        claimed = self.claims.pop(key, None)
+        if claimed is not None:
+            self.arena.release(claimed)
+            if slot is not None:
+                self.arena.release_cold(slot)
+        elif slot is not None:
             self.arena.release(slot)
+
+    def slot(self, key: tuple[int, int]) -> int:
+        return self.held[key]
 
     def lease(self, key: tuple[int, int], nbytes: int) -> memoryview:
         return self.arena.lease(self.held.pop(key), nbytes)
@@ -79,6 +110,8 @@ class _Ledger:
     def release_all(self) -> None:
         for key in list(self.held):
             self.release(key)
+        for key in list(self.claims):
+            self.drop_claim(key)
         for tasks in self.unanswered:
             tasks.clear()
 
@@ -203,8 +236,11 @@ class FastIter(_BaseDataLoaderIter):
         else:
             return
         task_idx = self._send_idx
-        slot = self._ledger.take((self._epoch, task_idx), worker_id)
-        task = self._task_info[task_idx] = _Task(worker_id, task_idx, slot, index, self._prepare(slot, index))
+        # With a cache the parent writes hits into the slot now: that slot is bound at once.
+        fixed = self._feed is not None and self._feed.cache is not None
+        slot = self._ledger.take((self._epoch, task_idx), worker_id, warm=fixed)
+        task = self._task_info[task_idx] = _Task(worker_id, task_idx, slot, index, self._prepare(slot, index),
+                                                 swap=not fixed)
         self._send(task)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1
@@ -216,7 +252,7 @@ class FastIter(_BaseDataLoaderIter):
         return self._feed.prepare(self._aug_epoch, index, self._arena.slot_tensor(slot), count)
 
     def _send(self, task: _Task) -> None:
-        self._pool.send(task.worker_id, ("task", self._epoch, task.idx, task.slot, task.index, task.extra))
+        self._pool.send(task.worker_id, ("task", self._epoch, task.idx, task.slot, task.index, task.extra, task.swap))
 
     # -- receiving --------------------------------------------------------------------------
     def _next_data(self) -> Any:
@@ -298,11 +334,15 @@ class FastIter(_BaseDataLoaderIter):
             add_note(exc, f"gpufeed: raised in worker_init_fn of worker {worker_id}.\n{msg[1].traceback}")
             raise exc
         epoch, task_idx = msg[1], msg[2]
+        if kind == "claim":
+            self._ledger.claim((epoch, task_idx), msg[3])
+            return
         if not self._ledger.answered((epoch, task_idx), worker_id):
             return  # a duplicate (worker died after replying) or a dropped task
         if epoch != self._epoch:  # a batch of an abandoned epoch
             self._ledger.release((epoch, task_idx))
             return
+        self._ledger.settle((epoch, task_idx))
         if kind == "ok":
             report = msg[9]
             task = self._task_info[task_idx]
@@ -330,10 +370,11 @@ class FastIter(_BaseDataLoaderIter):
         _, _, _, skeleton, used, overflow = reply[:6]
         if overflow:
             self._stats.overflow_bytes += overflow
+        slot = self._ledger.slot(key)
         if self._feed is not None:
-            self._feed.absorb(task.index, task.extra, reply[9], self._arena.slot_tensor(task.slot))
+            self._feed.absorb(task.index, task.extra, reply[9], self._arena.slot_tensor(slot))
         if self._registrar is not None:
-            self._registrar.ensure(task.slot, used)  # once per slot extent, never per batch
+            self._registrar.ensure(slot, used)  # once per slot extent, never per batch
         lease = self._ledger.lease(key, used)
         data = unpack(skeleton, lease)
         del lease  # the slot returns to the free list when the batch's last view dies
@@ -371,6 +412,7 @@ class FastIter(_BaseDataLoaderIter):
         new_pid = self._pool.replace(worker_id)
         log.warning("%s; replaced by pid %d, re-running %d batch(es)", where, new_pid, len(current))
         for idx in current:
+            self._ledger.drop_claim((self._epoch, idx))
             task = self._task_info[idx]
             task.extra = self._prepare(task.slot, task.index, count=False)  # rows may have moved
             self._send(task)

@@ -45,7 +45,8 @@ class LocalImageIter(_BaseDataLoaderIter):
             staged[pos] = bytes(data)
             return None
 
-        batch, report = fill_batch(plan, feed.source, indices, task, buf, stage if plan.cache == "encoded" else None)
+        batch, report = fill_batch(plan, feed.source, indices, task, lambda: buf,
+                                   stage if plan.cache == "encoded" else None)
         self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
         feed.absorb(indices, task, report, buf)
         if feed.cache is not None:

@@ -3,13 +3,16 @@
 Messages (pickled over per-worker pipes; payloads never travel here, they stay in the arena):
 
 parent -> worker
-    ("task", epoch, task_idx, slot, index, extra)
+    ("task", epoch, task_idx, slot, index, extra, swap)
                                              fetch ``index`` (a batch of indices, one index, or
                                              None for iterable datasets), collate, pack into
-                                             ``slot``; ``extra`` is an ImageTask on the image path
+                                             ``slot``, or, with ``swap``, into a warm slot taken
+                                             from the arena's pipe; ``extra`` is an ImageTask on
+                                             the image path
     ("reset", epoch)                         new epoch (persistent workers): fresh dataset iterator
     None                                     exit
 worker -> parent
+    ("claim", epoch, task_idx, slot)         this task is written into warm ``slot`` instead
     ("ok", epoch, task_idx, skeleton, slot_bytes_used, overflow_bytes, fetch_s, collate_s, pack_s,
      report)                                 report: a FillReport on the image path, else None
     ("err", epoch, task_idx, error)          a ``WorkerException`` from dataset/collate code
@@ -19,6 +22,7 @@ worker -> parent
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import random
@@ -36,7 +40,7 @@ import torch
 import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
-from gpufeed._arena import ArenaHandle, SlotWriter
+from gpufeed._arena import ArenaHandle, SlotWriter, take_warm
 from gpufeed._imagepath import ImagePlan, fill_batch
 from gpufeed._transport import pack
 
@@ -275,10 +279,13 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
             fetcher = _make_fetcher(spec)
             reported_end = False
             continue
-        _, epoch, task_idx, slot, index, extra = msg
+        _, epoch, task_idx, slot, index, extra, swap = msg
         if reported_end:
             continue
-        w.begin(slot)
+        if swap:
+            w.begin_late(functools.partial(_pick_slot, spec.arena.warm_fd, results, epoch, task_idx, slot))
+        else:
+            w.begin(slot)
         try:
             t0 = time.perf_counter()
             report = None
@@ -309,13 +316,26 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
         del reply
 
 
+def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int) -> int:
+    """A warm slot from the arena's pipe if one waits, else the task's cold fallback.
+
+    The parent is told before any byte is written there, so a worker that dies later cannot
+    strand the slot; only a death in the instant between the read and the send could.
+    """
+    warm = take_warm(warm_fd)
+    if warm is None:
+        return fallback
+    results.send(("claim", epoch, task_idx, warm))
+    return warm
+
+
 def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWriter):
     """Image path: lay the batch out in the slot, stage encoded misses after the parent's hits."""
     labels, floats, staging = plan.offsets(len(indices))
-    if staging > len(w.buffer):
+    if staging > w.capacity:
         raise ValueError(
             f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
-            f"more than max_batch_bytes={len(w.buffer)}; raise max_batch_bytes or lower batch_size"
+            f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
         )
     w.mark(0, len(indices) * plan.row_bytes)
     w.mark(labels, 8 * len(indices))
@@ -323,4 +343,4 @@ def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWr
         w.mark(floats, staging - floats)
     w.seek(staging + task.staging_used)
     stage = (lambda pos, data: w.stage(data)) if plan.cache == "encoded" else None
-    return fill_batch(plan, source, indices, task, w.buffer, stage)
+    return fill_batch(plan, source, indices, task, lambda: w.buffer, stage)

@@ -165,11 +165,13 @@ class FastLoader(DataLoader[T_co]):
     def _get_arena(self) -> Arena:
         """The loader's arena, created on first use and reused by every later iterator."""
         if self._arena is None:
-            # Decoded image batches take long to build: idle slots give their pages back (see
-            # Arena). Not with a decoded-row cache: cached batches are memcpys, like generic ones.
-            feed = self._image_feed
-            release = feed is not None and feed.plan.cache != "decoded"
-            self._arena = Arena(self.engine_config.max_batch_bytes, release_pages=release)
+            # Warm slots allowed to wait in the arena's pipe: one per worker, plus one, when
+            # workers take them; with a cache the parent binds a slot to every task it
+            # dispatches (it writes the hits), so as many as it keeps in flight.
+            in_flight = (self.prefetch_factor or 2) * self.num_workers + 2
+            cached = self._image_feed is not None and self._image_feed.cache is not None
+            self._arena = Arena(self.engine_config.max_batch_bytes,
+                                warm_cap=in_flight if cached else self.num_workers + 1)
             self._arena_finalizer = weakref.finalize(self, self._arena.close)
             wants_pinned = self._cuda_feed is not None or self.pin_memory
             if wants_pinned and torch.cuda.is_available():

@@ -495,17 +495,41 @@ def test_lmdb_and_image_dataset_give_the_image_folder_batches(image_root, lmdb_p
 
 
 @pytest.mark.parametrize("cache", [None, "64MB"])
-def test_arena_does_not_grow_over_epochs(image_root, cache):
+def test_arena_memory_and_slots_stay_bounded_over_epochs(image_root, cache):
     ds = folder(image_root, TRAIN)
     loader = FastLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=True,
                         cache_bytes=cache)
-    slots = []
-    for _ in range(5):
+    in_flight = 2 * 2 + 2  # prefetch_factor x num_workers, plus the batches being consumed
+    ids, resident, batch_bytes = [], [], 0
+    for _ in range(6):
         for x, y in loader:
             assert x.shape[0] == y.shape[0]
-        slots.append(loader._arena.num_slots)
-    assert slots == [slots[0]] * 5, f"arena slots per epoch: {slots}"
-    assert slots[0] <= 2 * 2 + 2  # prefetch_factor x num_workers, plus the batches being consumed
+            batch_bytes = max(batch_bytes, x.untyped_storage().nbytes())
+        ids.append(loader._arena.num_slots)
+        resident.append(loader._arena.resident_bytes())
+    page = os.sysconf("SC_PAGE_SIZE")
+    staged = 0 if cache is None else BATCH * max(p.stat().st_size for p in image_root.rglob("*.jpg"))
+    slot_pages = -(-(batch_bytes + staged) // page) * page  # the encoded cache stages files in slots
+    assert max(resident) <= in_flight * slot_pages, f"resident bytes per epoch: {resident}"
+    # ids: each task in flight holds a cold fallback, warm slots circulate besides
+    assert max(ids) <= 2 * in_flight, f"arena slot ids per epoch: {ids}"
+    loader.close()
+
+
+def test_tasks_waiting_in_worker_queues_hold_no_memory(image_root):
+    """Slots are bound when a worker starts writing, not when a task is queued: with 8 tasks in
+    flight, a loader that is waited on keeps about one slot per worker plus the user's batch."""
+    ds = folder(image_root, TRAIN)
+    loader = FastLoader(ds, batch_size=BATCH, num_workers=2, prefetch_factor=4,
+                        persistent_workers=True)
+    peak = batch_bytes = 0
+    for _ in range(3):
+        for x, _ in loader:
+            batch_bytes = max(batch_bytes, x.untyped_storage().nbytes())
+            peak = max(peak, loader._arena.resident_bytes())
+    page = os.sysconf("SC_PAGE_SIZE")
+    slot_pages = -(-batch_bytes // page) * page
+    assert peak <= 6 * slot_pages < (4 * 2 + 1) * slot_pages, f"peak resident {peak / slot_pages:.1f} slots"
     loader.close()
 
 
@@ -587,6 +611,24 @@ def test_worker_killed_on_read_every_image_once_and_identical(image_root, tmp_pa
     _, labels = cat(got)
     assert sorted(labels.tolist()) == ds.targets
     assert loader.stats()["images"] == len(ds)
+
+
+def test_worker_killed_after_taking_a_warm_slot_loses_no_slot(image_root, tmp_path):
+    """Sample 19 is 4th in its batch: the worker has bound a warm slot (and said so) when it dies.
+    The batch is re-run elsewhere and that slot goes back to the free slots."""
+    ds = KillsOnRead(image_root, TRAIN, at=19, marker_dir=str(tmp_path))
+    kw = dict(batch_size=BATCH, num_workers=2, seed=2)
+    loader = FastLoader(ds, persistent_workers=True, **kw)
+    first = epoch_batches(loader)
+    got = epoch_batches(loader)  # warm slots exist from epoch 0: the death happens in epoch 1
+    assert (tmp_path / "died-19").exists() and loader.stats()["worker_restarts"] == 1
+    want = FastLoader(folder(image_root, TRAIN), persistent_workers=True, **kw)
+    assert_same_batches(first, epoch_batches(want))
+    assert_same_batches(got, epoch_batches(want))
+    arena = loader._arena
+    assert arena.free_slots() == arena.num_slots  # every batch dropped: every slot is free
+    loader.close()
+    want.close()
 
 
 def test_worker_killed_mid_batch_with_cache_hits_is_identical(image_root, tmp_path):

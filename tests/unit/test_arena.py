@@ -1,0 +1,136 @@
+"""The arena's slot life cycle: cold fallbacks, the warm pipe, surplus trimming, late binding."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+import torch
+
+from gpufeed._arena import TRIM_WINDOW, Arena, SlotWriter, take_warm
+
+SLOT = 16 * mmap.PAGESIZE
+
+
+@pytest.fixture
+def arena():
+    a = Arena(SLOT, warm_cap=2)
+    yield a
+    a.close()
+
+
+def write(arena: Arena, slot: int, nbytes: int = SLOT) -> None:
+    arena.slot_tensor(slot)[:nbytes].fill_(7)
+
+
+def test_acquire_gives_cold_slots_and_grows(arena):
+    slots = [arena.acquire() for _ in range(5)]
+    assert slots == [0, 1, 2, 3, 4] and arena.num_slots == 5
+    assert arena.resident_bytes() == 0  # nothing written: no memory
+    assert arena.warm_waiting() == 0
+
+
+def test_a_freed_written_slot_waits_warm_and_is_taken_once(arena):
+    slot = arena.acquire()
+    write(arena, slot)
+    arena.release(slot)
+    assert arena.warm_waiting() == 1
+    assert arena.resident_bytes() == SLOT  # warm: its pages stay
+    assert take_warm(arena.handle().warm_fd) == slot
+    assert take_warm(arena.handle().warm_fd) is None  # each id reaches one reader
+    assert arena.warm_waiting() == 0
+
+
+def test_acquire_warm_prefers_the_pipe_and_plain_acquire_never_takes_from_it(arena):
+    a, b = arena.acquire(), arena.acquire()
+    write(arena, a)
+    arena.release(a)
+    arena.release_cold(b)
+    assert arena.acquire() == b  # cold first, the warm id stays for a worker
+    assert arena.warm_waiting() == 1
+    assert arena.acquire(warm=True) == a
+    assert arena.acquire(warm=True) == 2  # nothing warm left: a new cold slot
+
+
+def test_release_cold_never_enters_the_pipe(arena):
+    slot = arena.acquire()
+    arena.release_cold(slot)
+    assert arena.warm_waiting() == 0 and arena.free_slots() == 1
+
+
+def test_slots_beyond_warm_cap_give_their_pages_back(arena):
+    slots = [arena.acquire() for _ in range(4)]
+    for s in slots:
+        write(arena, s)
+    assert arena.resident_bytes() == 4 * SLOT
+    for s in slots:
+        arena.release(s)
+    assert arena.warm_waiting() == 2  # warm_cap
+    assert arena.emptied == 2
+    assert arena.resident_bytes() == 2 * SLOT
+    assert arena.free_slots() == 4
+
+
+def test_a_warm_slot_that_always_waited_is_trimmed_once_per_window(arena):
+    spare, cycling = arena.acquire(), arena.acquire()
+    write(arena, spare)
+    write(arena, cycling)
+    arena.release(spare)  # waits in the pipe for ever: never needed
+    fd = arena.handle().warm_fd
+    for _ in range(TRIM_WINDOW):
+        arena.release(cycling)
+        taken = take_warm(fd)
+        if taken == spare:  # FIFO: the spare comes out first, put it back behind
+            arena.release(spare)
+            taken = take_warm(fd)
+        cycling = taken
+    assert arena.emptied == 1
+    assert arena.resident_bytes() == SLOT  # only the slot in use keeps its pages
+
+
+def test_pinned_slots_keep_their_pages(arena):
+    slots = [arena.acquire() for _ in range(3)]
+    for s in slots:
+        write(arena, s)
+        arena.mark_pinned(s)
+        arena.release(s)
+    assert arena.emptied == 0 and arena.warm_waiting() == 3
+
+
+def test_close_closes_the_pipe(arena):
+    fd = arena.handle().warm_fd
+    arena.close()
+    with pytest.raises(OSError):
+        take_warm(fd)
+
+
+def test_late_binding_picks_the_slot_at_the_first_write_only(arena):
+    for _ in range(2):
+        arena.acquire()
+    writer = SlotWriter(arena.handle())
+    picks = []
+
+    def pick() -> int:
+        picks.append(1)
+        return 1
+
+    writer.begin_late(pick)
+    assert writer.active and picks == []
+    writer.seek(0)
+    writer.mark(0, 8)
+    assert picks == []  # layout bookkeeping does not bind
+    t = writer.tensor((4,), torch.int64)
+    assert picks == [1] and t is not None
+    t.fill_(5)
+    writer.end()
+    assert torch.equal(arena.slot_tensor(1)[:32].view(torch.int64), torch.full((4,), 5))
+    assert torch.equal(arena.slot_tensor(0)[:32], torch.zeros(32, dtype=torch.uint8))
+
+
+def test_late_binding_without_writes_never_picks(arena):
+    arena.acquire()
+    writer = SlotWriter(arena.handle())
+    writer.begin_late(lambda: pytest.fail("bound a slot nobody wrote"))
+    assert writer.alloc(SLOT + 1) is None  # too big: falls back to pickling, binds nothing
+    writer.end()
+    assert not writer.active
