@@ -1,0 +1,37 @@
+"""Workers keep the parent's heap shared: their garbage collections do not copy it."""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from gpufeed import FastLoader
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class CollectsAndMeasures(Dataset):
+    """Each sample runs a full collection in the worker, then reports the worker's USS (bytes)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int):
+        gc.collect()
+        return torch.tensor(psutil.Process().memory_full_info().uss)
+
+
+def test_a_full_collection_in_a_worker_does_not_copy_the_parents_heap():
+    heap = [{"n": i} for i in range(400_000)]  # ~90 MB of GC-tracked objects made by the parent
+    before = psutil.Process().memory_full_info().uss
+    assert before > 90 << 20
+    loader = FastLoader(CollectsAndMeasures(), batch_size=1, num_workers=1, multiprocessing_context="fork")
+    uss = max(int(b) for b in loader)
+    del heap
+    # Without gc.freeze() in the worker the collection writes a header in every inherited object:
+    # measured 55 MiB here, against 15 MiB with it.
+    assert uss < 30 << 20, f"worker USS after gc.collect(): {uss / 2**20:.0f} MiB"
