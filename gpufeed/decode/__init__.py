@@ -8,6 +8,7 @@ use, once per process. Every failure is a :class:`gpufeed.errors.DecodeError`.
 
     header = read_header(data)            # size, format, EXIF orientation; no pixels decoded
     img = decode(data, min_height=256, min_width=256)   # DCT-scaled JPEG decode
+    y, cb, cr = decode_planes(data, header=header)      # YCbCr planes, no colour conversion
 """
 
 from gpufeed.decode._backends import backends
@@ -15,7 +16,9 @@ from gpufeed.decode._decode import (
     apply_orientation,
     choose_factor,
     decode,
+    decode_planes,
     min_size_for_scale,
+    plane_subsampling,
     scaled_size,
 )
 from gpufeed.decode._header import ImageHeader, read_header
@@ -26,7 +29,9 @@ __all__ = [
     "backends",
     "choose_factor",
     "decode",
+    "decode_planes",
     "min_size_for_scale",
+    "plane_subsampling",
     "read_header",
     "scaled_size",
 ]

@@ -6,13 +6,17 @@ backends agree: OpenCV is told to ignore it), and every failure raised as
 :class:`~gpufeed.errors.DecodeError`. libjpeg-turbo fills a truncated JPEG with grey and only
 warns; such warnings are errors here, except "extraneous bytes before marker", which leaves the
 pixels intact (PIL and OpenCV accept such files too).
+
+decode_planes(): the Y, Cb and Cr planes of a YCbCr (or the Y plane of a greyscale) JPEG as
+libjpeg-turbo decodes them, before chroma upsampling and colour conversion, under the same error
+rules; the transforms resize the planes and convert colour at the (smaller) output size.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -101,19 +105,96 @@ def _decode_turbojpeg(buf: memoryview, header: ImageHeader, factor: tuple[int, i
     from turbojpeg import TJPF_RGB
 
     decoder = _backends.turbo_state().decoder
-    arr = np.frombuffer(buf, np.uint8)
     scaling = None if factor == (1, 1) else factor
+    return _turbo_call(lambda arr: decoder.decode(arr, pixel_format=TJPF_RGB,
+                                                  scaling_factor=scaling), buf)
+
+
+def _turbo_call(fn: Callable[[np.ndarray], Any], buf: memoryview) -> Any:
+    """Run ``fn`` (a PyTurboJPEG decode) on ``buf`` as a uint8 array, raising DecodeError for a
+    libjpeg error (OSError) or a warning that is not in ``_BENIGN_WARNINGS``."""
+    arr = np.frombuffer(buf, np.uint8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            img = decoder.decode(arr, pixel_format=TJPF_RGB, scaling_factor=scaling)
+            result = fn(arr)
         except OSError as exc:
             raise DecodeError(f"turbojpeg: {exc} ({len(buf)} bytes)") from None
     for warning in caught:
         message = str(warning.message)
         if not any(benign in message for benign in _BENIGN_WARNINGS):
             raise DecodeError(f"turbojpeg: {message} ({len(buf)} bytes): truncated or corrupt JPEG")
-    return img
+    return result
+
+
+def plane_subsampling(header: ImageHeader) -> Optional[tuple[int, int]]:
+    """(vertical, horizontal) chroma subsampling of a YCbCr JPEG whose chroma components are
+    both sampled (1, 1) and whose luma is sampled at most 2 per axis ((1, 1) for 4:4:4, (2, 2)
+    for 4:2:0, (1, 2) for 4:2:2, (2, 1) for 4:4:0); (1, 1) for a greyscale JPEG; None for
+    anything else (other layouts, RGB/CMYK colour spaces, other formats)."""
+    if header.fmt != "jpeg":
+        return None
+    if header.colorspace == "gray" and len(header.sampling) == 1:
+        return (1, 1)
+    if header.colorspace != "ycbcr" or len(header.sampling) != 3:
+        return None
+    (luma_h, luma_v), chroma1, chroma2 = header.sampling
+    if chroma1 != (1, 1) or chroma2 != (1, 1) or luma_h not in (1, 2) or luma_v not in (1, 2):
+        return None
+    return (luma_v, luma_h)
+
+
+def decode_planes(data: Buffer, *, header: Optional[ImageHeader] = None,
+                  factor: tuple[int, int] = (1, 1)) -> list[np.ndarray]:
+    """Decode a YCbCr or greyscale JPEG into its planes with libjpeg-turbo, skipping the chroma
+    upsampling and colour conversion that :func:`decode` does.
+
+    Returns [Y] for a greyscale JPEG, else [Y, Cb, Cr] (uint8, JPEG's full-range BT.601 YCbCr,
+    stored orientation: EXIF orientation is *not* applied). Y is (H, W) pixels with (H, W) =
+    ``scaled_size(encoded_height, encoded_width, factor)``; Cb and Cr are
+    (ceil(H / sub_y), ceil(W / sub_x)) for the ``(sub_y, sub_x)`` of :func:`plane_subsampling`,
+    each chroma sample centred on the sub_y x sub_x luma block it covers (JFIF siting).
+    ``factor``: a DCT scaling factor from ``FACTORS``. At factors below 1 libjpeg-turbo decodes
+    the chroma planes at sub-sampled size too, whereas :func:`decode` IDCT-scales them to the
+    luma size, so colour keeps less detail here.
+    Raises ValueError when :func:`plane_subsampling` is None or libjpeg-turbo is not loaded,
+    and :class:`~gpufeed.errors.DecodeError` for undecodable input or planes whose sizes differ
+    from the header's.
+    """
+    buf = as_buffer(data)
+    if header is None:
+        header = read_header(buf)
+    sub = plane_subsampling(header)
+    decoder = _backends.turbo_state().decoder
+    if sub is None or decoder is None:
+        raise ValueError(f"decode_planes needs a YCbCr or greyscale JPEG and libjpeg-turbo. "
+                         f"Found: {header.fmt} {header.colorspace or ''} sampling "
+                         f"{header.sampling}, turbojpeg {'loaded' if decoder else 'unavailable'}.")
+    scaling = None if factor == (1, 1) else factor
+    height, width = scaled_size(header.encoded_height, header.encoded_width, factor)
+    if header.colorspace == "gray":
+        from turbojpeg import TJPF_GRAY
+
+        # decode_to_yuv_planes fails on greyscale JPEGs in PyTurboJPEG 1.8 (it compares a
+        # ctypes c_int to TJSAMP_GRAY and allocates three planes); the grey pixel format is Y.
+        img = _turbo_call(lambda arr: decoder.decode(arr, pixel_format=TJPF_GRAY,
+                                                     scaling_factor=scaling), buf)
+        planes = [img.reshape(img.shape[:2])]
+        expected = [(height, width)]
+    else:
+        planes = _turbo_call(lambda arr: decoder.decode_to_yuv_planes(
+            arr, scaling_factor=scaling), buf)
+        sub_y, sub_x = sub
+        # libjpeg pads the luma plane to whole chroma samples: tjPlaneHeight/tjPlaneWidth.
+        padded = (-(-height // sub_y) * sub_y, -(-width // sub_x) * sub_x)
+        chroma = (padded[0] // sub_y, padded[1] // sub_x)
+        expected = [padded, chroma, chroma]
+    found = [p.shape[:2] for p in planes]
+    if found != expected:
+        raise DecodeError(f"jpeg: decoded planes {found} differ from the header's {expected} "
+                          f"(at scale {factor[0]}/{factor[1]}): corrupt file")
+    planes[0] = planes[0][:height, :width]
+    return planes
 
 
 def _decode_opencv(buf: memoryview, header: ImageHeader, factor: tuple[int, int]) -> np.ndarray:

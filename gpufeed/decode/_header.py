@@ -1,17 +1,18 @@
 """Cheap image headers: size, format, EXIF orientation and colour layout without decoding pixels.
 
-JPEG: one pass over the marker segments before the first scan (SOF for the size and component
-count (4: CMYK/YCCK), APP1/Exif for the orientation tag). This is pure Python on a
-handful of segments (a few microseconds) and gives the EXIF orientation in the same pass, which
-``TurboJPEG.decode_header`` does not. PNG: the IHDR chunk. WebP and BMP: their fixed headers.
-Anything else (TIFF, PPM/PGM, ...): a full OpenCV decode.
+JPEG: one pass over the marker segments before the first scan (SOF for the size, the components
+and their sampling factors, APP1/Exif for the orientation tag, APP0/JFIF and APP14/Adobe for the
+colour space). This is pure Python on a handful of segments (a few microseconds) and gives the
+EXIF orientation in the same pass, which ``TurboJPEG.decode_header`` does not. PNG: the IHDR
+chunk. WebP and BMP: their fixed headers. Anything else (TIFF, PPM/PGM, ...): a full OpenCV
+decode.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -37,6 +38,10 @@ class ImageHeader:
     ``fmt`` is "jpeg", "png" or "other". ``channels`` is the number of stored components (1 grey,
     3 colour, 4 CMYK/RGBA). ``cmyk`` is True for CMYK/YCCK JPEGs (which libjpeg-turbo's
     TurboJPEG API cannot turn into RGB). ``orientation`` is the EXIF tag value, 1-8 (1: as stored).
+    JPEG only: ``sampling`` holds each component's (horizontal, vertical) sampling factors as
+    stored, and ``colorspace`` the colour space libjpeg decodes it as ("gray", "ycbcr", "rgb",
+    "cmyk", "ycck" or "" when unknown), by libjpeg's own rule (JFIF and Adobe markers, then the
+    component ids).
     """
 
     height: int
@@ -46,6 +51,8 @@ class ImageHeader:
     orientation: int = 1
     cmyk: bool = False
     progressive: bool = False
+    sampling: Tuple[Tuple[int, int], ...] = ()
+    colorspace: str = ""
 
     @property
     def transposed(self) -> bool:
@@ -122,6 +129,10 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
     channels = 3
     orientation = 1
     progressive = False
+    sampling: Tuple[Tuple[int, int], ...] = ()
+    ids = b""
+    jfif = False
+    adobe_transform = None
     while pos + 4 <= n:
         if buf[pos] != 0xFF:
             raise DecodeError(f"jpeg: bad marker at byte {pos} (0x{buf[pos]:02x}): corrupt file")
@@ -141,6 +152,15 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
             _, height, width, channels = struct.unpack_from(">BHHB", buf, seg)
             size = (height, width)
             progressive = marker in _PROGRESSIVE
+            specs = bytes(buf[seg + 6:seg + 6 + 3 * channels])
+            if len(specs) < 3 * channels:
+                raise IndexError("SOF component specifications cut short")
+            ids = specs[0::3]
+            sampling = tuple([(hv >> 4, hv & 15) for hv in specs[1::3]])
+        elif marker == 0xE0 and bytes(buf[seg:seg + 5]) == b"JFIF\x00" and length >= 16:
+            jfif = True
+        elif marker == 0xEE and bytes(buf[seg:seg + 5]) == b"Adobe" and length >= 14:
+            adobe_transform = buf[seg + 11]
         elif marker == 0xE1 and bytes(buf[seg:seg + 6]) == b"Exif\x00\x00":
             orientation = _exif_orientation(buf[seg + 6:min(end, n)])
         elif marker == 0xDA:  # start of scan: the header is over
@@ -155,7 +175,25 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
     if orientation in _TRANSPOSING:
         height, width = width, height
     return ImageHeader(height=height, width=width, fmt="jpeg", channels=channels,
-                       orientation=orientation, cmyk=channels == 4, progressive=progressive)
+                       orientation=orientation, cmyk=channels == 4, progressive=progressive,
+                       sampling=sampling,
+                       colorspace=_jpeg_colorspace(channels, ids, jfif, adobe_transform))
+
+
+def _jpeg_colorspace(channels: int, ids: bytes, jfif: bool,
+                     adobe_transform: Optional[int]) -> str:
+    """The colour space libjpeg(-turbo) assumes for a JPEG (``default_decompress_parms``)."""
+    if channels == 1:
+        return "gray"
+    if channels == 3:
+        if jfif:
+            return "ycbcr"
+        if adobe_transform is not None:
+            return "rgb" if adobe_transform == 0 else "ycbcr"
+        return "rgb" if ids == b"RGB" else "ycbcr"  # component ids
+    if channels == 4:
+        return "ycck" if adobe_transform == 2 else "cmyk"
+    return ""
 
 
 def _exif_orientation(tiff: memoryview) -> int:

@@ -21,6 +21,8 @@ from gpufeed.decode import (
     backends,
     choose_factor,
     decode,
+    decode_planes,
+    plane_subsampling,
     read_header,
     scaled_size,
 )
@@ -330,3 +332,98 @@ def test_import_loads_no_backend():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- planes ---------------------------------------------------------------------------------
+
+_SAMPLING = {"420": ((2, 2), (2, 2)), "422": ((2, 1), (1, 2)), "444": ((1, 1), (1, 1)),
+             "440": ((1, 2), (2, 1))}  # name: (luma (h, v) sampling, (sub_y, sub_x))
+
+
+def _jpeg_440(img: np.ndarray, quality: int = 90) -> bytes:
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440])
+    assert ok
+    return buf.tobytes()
+
+
+def _layout_jpeg(layout: str, img: np.ndarray) -> bytes:
+    return _jpeg_440(img) if layout == "440" else encode(img, quality=90, subsampling=layout)
+
+
+@pytest.mark.parametrize("layout", sorted(_SAMPLING))
+def test_header_reads_sampling_and_colorspace(layout):
+    header = read_header(_layout_jpeg(layout, photo_like(40, 50, seed=1)))
+    luma, sub = _SAMPLING[layout]
+    assert header.sampling == (luma, (1, 1), (1, 1)) and header.colorspace == "ycbcr"
+    assert plane_subsampling(header) == sub
+
+
+def test_header_colorspace_of_grey_cmyk_rgb_and_non_jpeg():
+    gray = read_header(JPEGS["gray"])
+    assert (gray.colorspace, gray.sampling, plane_subsampling(gray)) == ("gray", ((1, 1),), (1, 1))
+    cmyk = read_header(_cmyk_jpeg(photo_like(32, 48, seed=6)))
+    assert cmyk.colorspace in ("cmyk", "ycck") and plane_subsampling(cmyk) is None
+    # APP14/Adobe with transform 0 instead of APP0/JFIF: libjpeg reads the components as RGB.
+    ycc = _jpeg_440(photo_like(32, 48, seed=6))
+    adobe = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+    rgb = read_header(ycc[:2] + adobe + ycc[4 + int.from_bytes(ycc[4:6], "big"):])
+    assert rgb.colorspace == "rgb" and plane_subsampling(rgb) is None
+    png = read_header(encode(photo_like(20, 20, seed=1), "png"))
+    assert (png.colorspace, png.sampling, plane_subsampling(png)) == ("", (), None)
+
+
+@requires_turbojpeg
+@pytest.mark.parametrize("factor", [(1, 1), (1, 2), (1, 8)])
+@pytest.mark.parametrize("size", [(120, 161), (17, 23), (1, 1)])
+@pytest.mark.parametrize("layout", sorted(_SAMPLING))
+def test_decode_planes_sizes_and_colour(layout, size, factor):
+    data = _layout_jpeg(layout, photo_like(*size, seed=2, noise=2))
+    y, cb, cr = decode_planes(data, factor=factor)
+    h, w = scaled_size(*size, factor)
+    sub_y, sub_x = _SAMPLING[layout][1]
+    assert y.shape == (h, w) and cb.shape == cr.shape == (-(-h // sub_y), -(-w // sub_x))
+    if factor == (1, 1) and min(size) > 1:
+        # Upsampled and converted with OpenCV, the planes give the RGB decode back (libjpeg
+        # upsamples chroma with the same centred bilinear weights at 2x): measured max 2 levels.
+        padded = (cb.shape[1] * sub_x, cb.shape[0] * sub_y)  # libjpeg pads luma to whole samples
+        up = [cv2.resize(c, padded, interpolation=cv2.INTER_LINEAR)[:h, :w] for c in (cr, cb)]
+        rgb = cv2.cvtColor(cv2.merge([y, *up]), cv2.COLOR_YCrCb2RGB)
+        assert np.abs(rgb.astype(np.int16) - decode(data)).max() <= 3
+
+
+@requires_turbojpeg
+@pytest.mark.parametrize("factor", [(1, 1), (1, 4)])
+def test_decode_planes_grey_is_the_rgb_decode(factor):
+    (y,) = decode_planes(JPEGS["gray"], factor=factor)
+    rgb = decode(JPEGS["gray"], min_height=-(-120 * factor[0] // factor[1]),
+                 min_width=-(-161 * factor[0] // factor[1]))
+    assert np.array_equal(y, rgb[..., 0])
+
+
+@requires_turbojpeg
+@pytest.mark.parametrize("name", ["jpeg_truncated_half", "progressive_truncated"])
+def test_decode_planes_truncated_raises_like_decode(name):
+    with pytest.raises(DecodeError, match="Premature end of JPEG|truncated or corrupt"):
+        decode_planes(BAD[name])
+    grey = JPEGS["gray"]
+    with pytest.raises(DecodeError, match="Premature end of JPEG"):
+        decode_planes(grey[: len(grey) // 2])
+
+
+@requires_turbojpeg
+def test_decode_planes_checks_plane_sizes_against_header():
+    data = JPEGS["baseline420"]
+    wrong = ImageHeader(height=121, width=161, fmt="jpeg", sampling=((2, 2), (1, 1), (1, 1)),
+                        colorspace="ycbcr")
+    with pytest.raises(DecodeError, match="differ from the header"):
+        decode_planes(data, header=wrong)
+
+
+@pytest.mark.parametrize("kind", ["png", "cmyk"])
+def test_decode_planes_refuses_what_has_no_ycbcr_planes(kind):
+    data = (encode(photo_like(20, 20, seed=1), "png") if kind == "png"
+            else _cmyk_jpeg(photo_like(20, 20, seed=1)))
+    with pytest.raises(ValueError, match="YCbCr or greyscale JPEG"):
+        decode_planes(data)
