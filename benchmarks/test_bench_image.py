@@ -108,6 +108,37 @@ def test_transform_apply(benchmark, jpegs, backend, name, layout, interpolation)
     benchmark(lambda: t.apply(data, index=next(counter), epoch=0, seed=0, out=out))
 
 
+def _jpeg_layout(img: np.ndarray, layout: str) -> bytes:
+    """Quality-90 JPEG of an RGB image: "420", "440" (4:4:0: chroma halved vertically) or "gray"."""
+    if layout == "gray":
+        return encode(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY), quality=90)
+    if layout == "420":
+        return encode(img, quality=90)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440])
+    assert ok
+    return buf.tobytes()
+
+
+@pytest.mark.skipif(not TURBO, reason="libturbojpeg not loadable")
+@pytest.mark.parametrize("path", ["rgb", "planes"])
+@pytest.mark.parametrize("layout", ["420", "440", "gray"])
+@pytest.mark.parametrize("name", ["RandomResizedCrop", "ResizeCenterCrop"])
+def test_transform_apply_rgb_vs_planes(benchmark, name, layout, path):
+    """apply through the RGB path (decode to RGB, one resize) vs the plane path (decode to
+    Y/Cb/Cr, resize each plane, convert colour at 224x224). apply's own choice ("auto") is in
+    extra_info: planes for 4:4:0 and greyscale, RGB for 4:2:0."""
+    data = _jpeg_layout(photo_like(375, 500, seed=1), layout)
+    t = RandomResizedCrop(224) if name == "RandomResizedCrop" else ResizeCenterCrop(224, 256)
+    out = np.empty((3, 224, 224), np.uint8)
+    counter = iter(range(10**9))
+    benchmark.group = f"transform-path-500x375-{name}-{layout}"
+    benchmark.extra_info.update(path=path, layout=layout, layout_out="chw",
+                                auto="rgb" if layout == "420" else "planes")
+    benchmark(lambda: t._apply(data, next(counter), 0, 0, out, path=path))
+
+
 @pytest.mark.parametrize("interpolation", ["auto", "area"])
 @pytest.mark.parametrize("dct", [True, False])
 def test_transform_dct_scaling_effect(benchmark, jpegs, dct, interpolation):
