@@ -46,6 +46,8 @@ from gpufeed._imagepath import ImagePlan, fill_batch
 from gpufeed._transport import pack
 
 PARENT_POLL_S = 0.25
+MAX_WARM_WAIT_S = 0.005  # longest wait for a warm slot per task
+WARM_WAIT_FRACTION = 0.05  # ... and at most this share of the previous task's time
 
 
 @dataclass
@@ -276,6 +278,7 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
     w = _writer
     assert w is not None
     reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
+    last_task_s = 0.0  # how long the previous task took, reply included (s)
     while True:
         msg = tasks.recv()
         if msg is None:
@@ -288,7 +291,8 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
         if reported_end:
             continue
         if swap:
-            w.begin_late(functools.partial(_pick_slot, spec.arena.warm_fd, results, epoch, task_idx, slot))
+            wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
+            w.begin_late(functools.partial(_pick_slot, spec.arena.warm_fd, results, epoch, task_idx, slot, wait_s))
         else:
             w.begin(slot)
         try:
@@ -319,15 +323,25 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
             data = None
         results.send(reply)
         del reply
+        last_task_s = time.perf_counter() - t0
 
 
-def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int) -> int:
-    """A warm slot from the arena's pipe if one waits, else the task's cold fallback.
+def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int, wait_s: float) -> int:
+    """A warm slot from the arena's pipe, else the task's cold fallback.
+
+    When none waits, wait up to ``wait_s`` seconds for one: the consumer usually frees the batch
+    before this one right after this worker's last reply reached it, and taking that slot saves
+    writing a cold one (a page fault per 4 KiB) and keeping one more batch of memory. A consumer
+    slower than the workers makes the wait free (the loader is not the bottleneck); one that
+    holds on to its batches costs at most ``wait_s`` per task.
 
     The parent is told before any byte is written there, so a worker that dies later cannot
     strand the slot; only a death in the instant between the read and the send could.
     """
     warm = take_warm(warm_fd)
+    if warm is None and wait_s > 0:
+        select.select([warm_fd], [], [], wait_s)
+        warm = take_warm(warm_fd)
     if warm is None:
         return fallback
     results.send(("claim", epoch, task_idx, warm))

@@ -134,3 +134,25 @@ def test_late_binding_without_writes_never_picks(arena):
     assert writer.alloc(SLOT + 1) is None  # too big: falls back to pickling, binds nothing
     writer.end()
     assert not writer.active
+
+
+def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena):
+    import multiprocessing
+    import threading
+    import time
+
+    from gpufeed._worker import _pick_slot
+
+    fallback, warm = arena.acquire(), arena.acquire()
+    write(arena, warm)
+    theirs, ours = multiprocessing.Pipe(duplex=False)
+    timer = threading.Timer(0.02, arena.release, args=(warm,))
+    timer.start()
+    got = _pick_slot(arena.handle().warm_fd, ours, 0, 7, fallback, wait_s=2.0)
+    timer.join()
+    assert got == warm
+    assert theirs.recv() == ("claim", 0, 7, warm)  # the parent is told before the slot is written
+    t0 = time.monotonic()
+    assert _pick_slot(arena.handle().warm_fd, ours, 0, 8, fallback, wait_s=0.05) == fallback
+    assert 0.04 <= time.monotonic() - t0 < 1.0  # waited, then wrote the cold fallback
+    assert not theirs.poll()  # no claim for a fallback
