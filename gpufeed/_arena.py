@@ -203,6 +203,30 @@ class Arena:
                 self.emptied += 1
             self._cold.append(slot)
 
+    def trim_waiting(self) -> int:
+        """Empty every warm slot waiting in the pipe (pinned ones excepted); returns how many.
+
+        For a parent that waits for data: workers that are mid-batch have their slots, and the
+        one that replies next will take the batch the consumer frees then, so a slot waiting now
+        is surplus.
+        """
+        emptied = []
+        while (slot := take_warm(self._warm_r)) is not None:
+            emptied.append(slot)
+        with self._lock:
+            if self._closed:
+                return 0
+            for slot in emptied:
+                if slot in self._pinned:
+                    os.write(self._warm_w, struct.pack("<i", slot))
+                    continue
+                chunk, first, _ = chunk_of(slot)
+                if hasattr(mmap, "MADV_REMOVE"):
+                    self._maps[chunk].madvise(mmap.MADV_REMOVE, (slot - first) * self.slot_bytes, self.slot_bytes)
+                self.emptied += 1
+                self._cold.append(slot)
+        return len(emptied)
+
     def free_slots(self) -> int:
         """Slots nobody holds: cold ones plus warm ids waiting in the pipe."""
         with self._lock:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
 
 log = logging.getLogger(__name__)
+IDLE_TRIM_S = 0.01  # a consumer that waited this long for data: warm slots waiting are surplus
 
 
 @dataclass
@@ -307,14 +308,20 @@ class FastIter(_BaseDataLoaderIter):
         """(task index, reply) of the next answered current-epoch task; handles deaths and timeouts."""
         timeout_s = self._timeout
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        trim = self._feed is None or self._feed.cache is None  # workers bind slots themselves
         while not self._ready:
             wait_s = self._config.liveness_interval_s
+            if trim:
+                wait_s = min(wait_s, IDLE_TRIM_S)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._timeout_error(timeout_s)
                 wait_s = min(wait_s, remaining)
             self._poll(wait_s)
+            if trim and not self._ready:
+                self._arena.trim_waiting()  # the loader is the bottleneck: idle warm slots are surplus
+                trim = False
         return self._ready.pop(0)
 
     def _poll(self, wait_s: float) -> None:

@@ -156,3 +156,17 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     assert _pick_slot(arena.handle().warm_fd, ours, 0, 8, fallback, wait_s=0.05) == fallback
     assert 0.04 <= time.monotonic() - t0 < 1.0  # waited, then wrote the cold fallback
     assert not theirs.poll()  # no claim for a fallback
+
+
+def test_trim_waiting_empties_waiting_warm_slots_but_not_pinned_ones(arena):
+    a, b, c = (arena.acquire() for _ in range(3))
+    for s in (a, b, c):
+        write(arena, s)
+    arena.mark_pinned(c)
+    arena.release(a)
+    arena.release(c)
+    assert arena.trim_waiting() == 2
+    assert arena.emptied == 1 and arena.warm_waiting() == 1  # the pinned one is back in the pipe
+    assert arena.resident_bytes() == 2 * SLOT  # b (in use) and the pinned c
+    assert arena.free_slots() == 2
+    assert take_warm(arena.handle().warm_fd) == c
