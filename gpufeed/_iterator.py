@@ -121,7 +121,9 @@ def _shutdown(pool: WorkerPool, ledger: _Ledger) -> None:
     """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
     if pool.closed or not pool.owned_here:
         return
-    pool.shutdown()
+    for _, msg in pool.shutdown():
+        if msg[0] == "claim":  # a queued task the worker ran while stopping took a warm slot
+            ledger.claim((msg[1], msg[2]), msg[3])
     ledger.release_all()
     ledger.arena.detach()
 

@@ -171,16 +171,22 @@ class WorkerPool:
         self._start(worker_id)
         return self.pid(worker_id)
 
-    def shutdown(self) -> None:
-        """Stop every worker (idempotent; a no-op in processes other than the owner)."""
-        if self.closed or os.getpid() != self._owner_pid:
-            return
-        self.closed = True
-        workers = [w for w in self._workers if w is not None]
-        self._workers = [None] * len(self._workers)
-        self._stop(workers)
+    def shutdown(self) -> list[tuple[int, Any]]:
+        """Stop every worker (idempotent; a no-op in processes other than the owner).
 
-    def _stop(self, workers: list[_Worker]) -> None:
+        Returns the messages the workers sent and nobody read, as (worker id, message): a
+        worker finishes the tasks queued before its stop message, so these can be claims of
+        arena slots that the caller must free.
+        """
+        if self.closed or os.getpid() != self._owner_pid:
+            return []
+        self.closed = True
+        ids = [i for i, w in enumerate(self._workers) if w is not None]
+        workers = [self._workers[i] for i in ids]
+        self._workers = [None] * len(self._workers)
+        return self._stop(workers, ids)
+
+    def _stop(self, workers: list[_Worker], ids: list[int] | None = None) -> list[tuple[int, Any]]:
         for w in workers:
             try:
                 w.tasks.send(None)
@@ -198,7 +204,9 @@ class WorkerPool:
                 getattr(w.process, sig_step)()
             for w in alive:
                 w.process.join(timeout=1.0)
-        for w in workers:
+        unread: list[tuple[int, Any]] = []
+        for worker_id, w in zip(ids if ids is not None else range(len(workers)), workers):
+            self._drain(worker_id, w.results, unread)  # the writer is gone: no partial message waits
             for c in (w.tasks, w.results):
                 try:
                     c.close()
@@ -208,3 +216,4 @@ class WorkerPool:
                 w.process.close()
             except ValueError:
                 pass  # still running after SIGKILL (uninterruptible sleep): the OS reaps it later
+        return unread

@@ -667,3 +667,19 @@ def test_cache_counters_are_exact_after_a_worker_death(image_root, tmp_path):
     stats = loader.stats()
     assert (stats["cache_hits"], stats["cache_misses"]) == (k, n + (n - k))
     loader.close()
+
+
+@pytest.mark.parametrize("path", ["image", "generic"])
+def test_break_mid_epoch_strands_no_slot(image_root, path):
+    """Workers finish their queued tasks while they shut down, taking warm slots as they go: the
+    parent reads those claims before it closes the pipes, so every slot comes back."""
+    ds = folder(image_root, TRAIN) if path == "image" else TensorDataset(torch.arange(4096.0).view(256, 16))
+    loader = FastLoader(ds, batch_size=BATCH, num_workers=2, prefetch_factor=2)
+    for _ in range(4):
+        for k, _batch in enumerate(loader):
+            if k == 1:
+                break
+        del _batch
+    arena = loader._arena
+    assert arena.free_slots() == arena.num_slots
+    loader.close()
