@@ -180,7 +180,12 @@ class Arena:
 
         Surplus: ``warm_cap`` ids already wait, or at every release of the last
         ``TRIM_WINDOW`` at least one id was waiting, so one warm slot was never needed.
+
+        A no-op in a forked child: its copy of a batch died, but the parent still holds the slot,
+        and the pipe is shared with the parent's workers.
         """
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             if self._closed:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import pytest
 import torch
@@ -170,3 +171,24 @@ def test_trim_waiting_empties_waiting_warm_slots_but_not_pinned_ones(arena):
     assert arena.resident_bytes() == 2 * SLOT  # b (in use) and the pinned c
     assert arena.free_slots() == 2
     assert take_warm(arena.handle().warm_fd) == c
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_dropped_in_a_forked_child_stays_held_by_the_parent(arena):
+    """A forked child has copies of the parent's batches; when one dies there (``del``, or the
+    weakref finalizers run at a normal exit), its slot must not reach the pipe the parent shares
+    with its workers: the parent still holds the batch, and a worker would write over it."""
+    slot = arena.acquire()
+    write(arena, slot)
+    view = arena.lease(slot, 64)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            del view  # the child's copy of the lease dies and its finalizer runs here
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert arena.warm_waiting() == 0 and arena.free_slots() == 0
+    del view  # the parent's own batch dies: now the slot is free
+    assert take_warm(arena.handle().warm_fd) == slot
+
