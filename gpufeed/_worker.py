@@ -340,7 +340,9 @@ def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int, 
     """
     warm = take_warm(warm_fd)
     if warm is None and wait_s > 0:
-        select.select([warm_fd], [], [], wait_s)
+        poller = select.poll()  # not select(): it rejects descriptors >= 1024 (many files open)
+        poller.register(warm_fd, select.POLLIN)
+        poller.poll(wait_s * 1000)
         warm = take_warm(warm_fd)
     if warm is None:
         return fallback

@@ -192,3 +192,28 @@ def test_a_batch_dropped_in_a_forked_child_stays_held_by_the_parent(arena):
     del view  # the parent's own batch dies: now the slot is free
     assert take_warm(arena.handle().warm_fd) == slot
 
+
+def test_a_worker_waits_for_a_warm_slot_on_a_descriptor_above_1023(arena):
+    """select() cannot watch descriptors >= FD_SETSIZE (1024): a process with many files open
+    (and its forked workers) has the warm pipe up there."""
+    import fcntl
+    import multiprocessing
+    import resource
+
+    from gpufeed._worker import _pick_slot
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2048), hard))
+    high = fcntl.fcntl(arena.handle().warm_fd, fcntl.F_DUPFD, 1024)
+    try:
+        fallback = arena.acquire()
+        theirs, ours = multiprocessing.Pipe(duplex=False)
+        assert _pick_slot(high, ours, 0, 1, fallback, wait_s=0.01) == fallback
+        warm = arena.acquire()
+        write(arena, warm)
+        arena.release(warm)
+        assert _pick_slot(high, ours, 0, 2, fallback, wait_s=0.01) == warm
+        assert theirs.recv() == ("claim", 0, 2, warm)
+    finally:
+        os.close(high)
