@@ -330,8 +330,16 @@ class FastIter(_BaseDataLoaderIter):
         """Take in what the workers sent within ``wait_s`` seconds; handle deaths."""
         messages, dead = self._pool.wait(wait_s)
         # Replies first: a worker that answered and then died must not re-run that task.
-        for worker_id, msg in messages:
-            self._accept(worker_id, msg)
+        for i, (worker_id, msg) in enumerate(messages):
+            try:
+                self._accept(worker_id, msg)
+            except BaseException:
+                # (e.g. worker_init_fn raised) The messages read with it are gone from the pipes;
+                # claims among them name warm slots other workers took, which must be freed.
+                for _, later in messages[i + 1 :]:
+                    if later[0] == "claim":
+                        self._ledger.claim((later[1], later[2]), later[3])
+                raise
         for worker_id in dead:
             self._on_death(worker_id)
 

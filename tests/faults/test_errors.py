@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 
@@ -64,6 +67,38 @@ def test_worker_init_fn_exception_reaches_user_and_stops_workers():
     assert "worker_init_fn" in _notes(info.value)
     assert it.worker_pids == []
 
+
+
+class _InitFailsOnceArmed:
+    """worker_init_fn: worker 0 fails, slowly, once ``marker`` exists (a later epoch's workers)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 0 and os.path.exists(self.marker):
+            time.sleep(0.5)  # worker 1 meanwhile takes a warm slot and says so
+            raise RuntimeError("init failed")
+
+
+def test_worker_init_fn_exception_strands_no_slot_another_worker_claimed(tmp_path):
+    """The failure and another worker's claim of a warm slot arrive in one poll: the claim is
+    still honoured (the slot is freed) although the failure is raised first."""
+    marker = tmp_path / "armed"
+    loader = FastLoader(Squares(64), batch_size=4, num_workers=2, worker_init_fn=_InitFailsOnceArmed(str(marker)))
+    for batch in loader:  # epoch 0 leaves warm slots in the pipe
+        pass
+    del batch
+    arena = loader._arena
+    assert arena.warm_waiting() > 0
+    marker.touch()
+    it = iter(loader)
+    time.sleep(1.0)  # both messages wait when the parent first looks
+    with pytest.raises(RuntimeError, match="init failed"):
+        next(it)
+    assert it.worker_pids == []
+    assert arena.free_slots() == arena.num_slots
+    loader.close()
 
 def test_timeout_names_batch_worker_and_option():
     loader = FastLoader(Slow(8, 2.0), batch_size=2, num_workers=1, timeout=0.3)
