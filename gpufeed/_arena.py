@@ -94,7 +94,9 @@ class Arena:
     """Parent side of the arena: owns the file descriptor, the slot mappings and the free list.
 
     Thread-safe: slots are released from ``weakref.finalize`` callbacks, which run in whatever
-    thread drops the user's last reference.
+    thread drops the user's last reference, or inside a garbage collection that an allocation
+    made while this thread holds the lock set off (a batch in a reference cycle): so the lock is
+    reentrant, and every locked region stays correct if a release runs in the middle of it.
     """
 
     def __init__(self, slot_bytes: int, name: str = "gpufeed-arena", warm_cap: int = 2) -> None:
@@ -112,7 +114,7 @@ class Arena:
         self._maps: list[mmap.mmap] = []  # one per chunk
         self._num_slots = 0
         self._cold: list[int] = []  # free slots without pages
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._closed = False
         self._users = 0  # live iterators; closing waits for the last one
         self._close_requested = False

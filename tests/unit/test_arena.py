@@ -217,3 +217,42 @@ def test_a_worker_waits_for_a_warm_slot_on_a_descriptor_above_1023(arena):
         assert theirs.recv() == ("claim", 0, 2, warm)
     finally:
         os.close(high)
+
+
+@pytest.mark.parametrize("op", ["release", "trim_waiting"])
+def test_a_collection_inside_the_arena_lock_that_frees_a_batch_does_not_deadlock(monkeypatch, op):
+    """A garbage collection can run at any allocation, also one made while the arena's lock is
+    held; if it frees a batch in a reference cycle, the batch's finalizer releases its slot in
+    that same thread."""
+    import gc
+    import threading
+
+    import gpufeed._arena as arena_module
+
+    arena = Arena(SLOT, warm_cap=1)
+    held, other, waiting = arena.acquire(), arena.acquire(), arena.acquire()
+    arena.release(waiting)  # one id waits: the next release is surplus and empties its slot
+    if op == "trim_waiting":
+        arena.release(other)
+
+    class Batch:
+        pass
+
+    batch = Batch()
+    batch.cycle, batch.view = batch, arena.lease(held, 64)
+    del batch  # garbage only a collection finds
+    chunk_of = arena_module.chunk_of
+
+    def chunk_of_collecting(slot: int):
+        gc.collect()  # the collection an allocation in the locked region happened to trigger
+        return chunk_of(slot)
+
+    monkeypatch.setattr(arena_module, "chunk_of", chunk_of_collecting)
+    run = (lambda: arena.release(other)) if op == "release" else arena.trim_waiting
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "deadlocked on the arena's own lock"
+    monkeypatch.undo()
+    assert arena.free_slots() == 3
+    arena.close()
