@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -168,6 +169,9 @@ class CudaIter:
         self._queue: collections.deque[tuple[Any, Any, torch.cuda.Event, torch.cuda.Event]] = collections.deque()
         self._retiring: collections.deque[tuple[Any, torch.cuda.Event, torch.cuda.Event]] = collections.deque()
         self._done = False
+        # Dropped mid-epoch (``break``): the host batches die with the queues, freeing their slots
+        # to workers; copies still reading them must finish first.
+        weakref.finalize(self, _wait_for_copies, self._queue, self._retiring).atexit = False
 
     def __iter__(self) -> CudaIter:
         return self
@@ -221,6 +225,14 @@ class CudaIter:
         if not self._done:
             self._issue()  # keep the pipeline full while the consumer computes
         return dev
+
+
+def _wait_for_copies(*queues: collections.deque) -> None:
+    """Block until the copy of every host batch in ``queues`` completed, then drop them."""
+    for queue in queues:
+        for entry in queue:
+            entry[-1].synchronize()  # the end-of-copy event is each entry's last item
+        queue.clear()
 
 
 def _owned_by(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -61,6 +61,25 @@ def test_consumer_keeping_old_batches_sees_them_unchanged(folder):
     assert all(torch.equal(r, h.cpu()) for r, h in zip(reference, held))
 
 
+def test_break_while_copies_are_queued_keeps_the_last_batch_intact(folder):
+    """The CUDA iterator dies at ``break`` with copies still queued behind a busy consumer stream;
+    their slots go back to the workers only once those copies finished."""
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    loader = FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", prefetch_batches=3,
+                        persistent_workers=True)
+    for k, (images, _) in enumerate(loader):
+        if k == 0:
+            torch.cuda._sleep(500_000_000)  # copies issued from now on wait behind this on the GPU
+        if k == 4:  # issued after the sleep: its copy is still pending when the host loop breaks
+            kept = images
+            break
+    for _ in loader:  # the next epoch's workers take the freed slots and overwrite them
+        pass
+    torch.cuda.synchronize()
+    assert torch.equal(kept.cpu(), reference[4])
+    loader.close()
+
+
 def test_batches_follow_the_current_stream(folder):
     side = torch.cuda.Stream()
     reference = [b[0] for b in FastLoader(_dataset(folder), batch_size=8, num_workers=1)]
