@@ -122,7 +122,7 @@ def _shutdown(pool: WorkerPool, ledger: _Ledger) -> None:
     if pool.closed or not pool.owned_here:
         return
     for _, msg in pool.shutdown():
-        if msg[0] == "claim":  # a queued task the worker ran while stopping took a warm slot
+        if msg[0] == "claim":  # the task a worker was running when told to stop took a warm slot
             ledger.claim((msg[1], msg[2]), msg[3])
     ledger.release_all()
     ledger.arena.detach()

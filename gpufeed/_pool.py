@@ -62,7 +62,8 @@ class WorkerPool:
 
     def __init__(self, ctx: Any, spec: WorkerSpec, num_workers: int, shutdown_timeout_s: float) -> None:
         self._ctx = ctx
-        self._spec = spec
+        self._stopping = ctx.RawValue("b", 0)  # tells workers to skip their queued tasks
+        self._spec = replace(spec, stopping=self._stopping)
         self._fork = ctx.get_start_method() == "fork"
         self._shutdown_timeout_s = shutdown_timeout_s
         self._owner_pid = os.getpid()
@@ -174,13 +175,14 @@ class WorkerPool:
     def shutdown(self) -> list[tuple[int, Any]]:
         """Stop every worker (idempotent; a no-op in processes other than the owner).
 
-        Returns the messages the workers sent and nobody read, as (worker id, message): a
-        worker finishes the tasks queued before its stop message, so these can be claims of
-        arena slots that the caller must free.
+        Workers skip the tasks still queued (a shared flag, as torch's ``done_event``) but finish
+        the one they are running. Returns the messages they sent and nobody read, as (worker
+        id, message): these can be claims of arena slots that the caller must free.
         """
         if self.closed or os.getpid() != self._owner_pid:
             return []
         self.closed = True
+        self._stopping.value = 1
         ids = [i for i, w in enumerate(self._workers) if w is not None]
         workers = [self._workers[i] for i in ids]
         self._workers = [None] * len(self._workers)

@@ -70,6 +70,7 @@ class WorkerSpec:
     image_plan: ImagePlan | None = None  # the image fast path replaces fetch + collate
     pin_cpus: tuple[int, ...] = ()  # pin_workers: worker k runs on pin_cpus[k % len]
     log_dir: str | None = None  # per-worker log files: LOG_DIR/worker-K.log
+    stopping: Any = None  # shared byte (multiprocessing RawValue), set when the pool shuts down
 
 
 @dataclass
@@ -288,8 +289,8 @@ def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
             reported_end = False
             continue
         _, epoch, task_idx, slot, index, extra, swap = msg
-        if reported_end:
-            continue
+        if reported_end or (spec.stopping is not None and spec.stopping.value):
+            continue  # shutting down (as torch's done_event): queued tasks are skipped, not run
         if swap:
             wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
             w.begin_late(functools.partial(_pick_slot, spec.arena.warm_fd, results, epoch, task_idx, slot, wait_s))

@@ -683,3 +683,4 @@ def test_break_mid_epoch_strands_no_slot(image_root, path):
     arena = loader._arena
     assert arena.free_slots() == arena.num_slots
     loader.close()
+

@@ -7,10 +7,12 @@ import copy
 import gc
 import io
 import pickle
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from gpufeed import FastLoader
 
@@ -174,3 +176,27 @@ def test_iterating_a_temporary_loader():
     assert_same_batches(got, want)
     assert_same(next(iter(make(FastLoader))), next(iter(make(DataLoader))))
     gc.collect()
+
+
+class RecordsLoads(Dataset):
+    """Slow samples that leave a marker file per index loaded."""
+
+    def __init__(self, marker_dir: str) -> None:
+        self.marker_dir = marker_dir
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        Path(self.marker_dir, f"loaded-{i}").write_text("")
+        time.sleep(0.05)
+        return torch.tensor(i)
+
+
+def test_break_skips_the_tasks_still_queued(tmp_path):
+    """As torch's done_event: at shutdown a worker finishes its current batch, not its queue."""
+    loader = FastLoader(RecordsLoads(str(tmp_path)), batch_size=4, num_workers=2, prefetch_factor=4)
+    for _ in loader:
+        break  # 8 tasks were dispatched: 1 consumed, at most 2 running, the rest queued
+    loaded = len(list(tmp_path.glob("loaded-*")))
+    assert loaded <= 4 * 3, f"{loaded} samples loaded: queued tasks ran during shutdown"
