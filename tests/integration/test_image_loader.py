@@ -114,6 +114,18 @@ class KillsOnRead(ImageFolder):
         return super().read(index)
 
 
+class SlowReads(ImageFolder):
+    """An image folder whose reads take ``read_s`` seconds longer (a slow disk)."""
+
+    def __init__(self, root, transform, read_s: float) -> None:
+        super().__init__(root, transform=transform)
+        self.read_s = read_s
+
+    def read(self, index: int) -> bytes:
+        time.sleep(self.read_s)
+        return super().read(index)
+
+
 def epoch_batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch, every batch cloned (so the arena slot can be reused at once)."""
     return [(x.clone(), y.clone()) for x, y in loader]
@@ -518,8 +530,10 @@ def test_arena_memory_and_slots_stay_bounded_over_epochs(image_root, cache):
 
 def test_tasks_waiting_in_worker_queues_hold_no_memory(image_root):
     """Slots are bound when a worker starts writing, not when a task is queued: with 8 tasks in
-    flight, a loader that is waited on keeps about one slot per worker plus the user's batch."""
-    ds = folder(image_root, TRAIN)
+    flight, a loader that is waited on keeps about one slot per worker plus the user's batch.
+    Reads are slowed (sleeping, not computing) so the consumer is always the one waiting, also
+    on a loaded machine: workers that ran ahead would fill slots with finished batches."""
+    ds = SlowReads(image_root, TRAIN, read_s=0.01)
     loader = FastLoader(ds, batch_size=BATCH, num_workers=2, prefetch_factor=4,
                         persistent_workers=True)
     peak = batch_bytes = 0
