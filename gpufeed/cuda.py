@@ -116,6 +116,16 @@ class HostRegistrar:
         self._registered.clear()
 
 
+def current_stream_event() -> torch.cuda.Event:
+    """An event recorded on this thread's current CUDA stream: the copy guard of a loader with
+    ``pin_memory=True`` (see ``Arena.set_copy_guard``). A batch freed right after
+    ``.to("cuda", non_blocking=True)`` on that stream keeps its slot until the copy ran, as
+    torch's pinned-memory allocator keeps its blocks."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream())
+    return event
+
+
 @dataclass(frozen=True)
 class GpuTransform:
     """What the consumer stream does to image batches after the copy: dtype, layout, normalize."""

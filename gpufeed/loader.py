@@ -14,7 +14,7 @@ from gpufeed._arena import Arena
 from gpufeed._imagefeed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import CudaFeed, HostRegistrar, resolve_device
+from gpufeed.cuda import CudaFeed, HostRegistrar, current_stream_event, resolve_device
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -176,6 +176,8 @@ class FastLoader(DataLoader[T_co]):
             wants_pinned = self._cuda_feed is not None or self.pin_memory
             if wants_pinned and torch.cuda.is_available():
                 self._registrar = HostRegistrar(self._arena)
+                if self._cuda_feed is None:  # the user copies: slots wait for those copies
+                    self._arena.set_copy_guard(current_stream_event)
         return self._arena
 
     def stats(self) -> dict[str, float | int]:

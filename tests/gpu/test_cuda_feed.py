@@ -80,6 +80,19 @@ def test_break_while_copies_are_queued_keeps_the_last_batch_intact(folder):
     loader.close()
 
 
+def test_pin_memory_batch_dropped_right_after_a_non_blocking_copy_is_not_overwritten(folder):
+    """The usual loop: ``x = x.to("cuda", non_blocking=True)`` drops the pinned host batch while its
+    copy still waits behind the model's work; the slot must not be reused before the copy ran."""
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    got = []
+    for images, _ in FastLoader(_dataset(folder), batch_size=8, num_workers=2, pin_memory=True):
+        torch.cuda._sleep(20_000_000)  # "the model": the copy below queues behind it
+        images = images.to("cuda", non_blocking=True)  # the host batch dies here
+        got.append(images)
+    torch.cuda.synchronize()
+    assert all(torch.equal(r, g.cpu()) for r, g in zip(reference, got))
+
+
 def test_batches_follow_the_current_stream(folder):
     side = torch.cuda.Stream()
     reference = [b[0] for b in FastLoader(_dataset(folder), batch_size=8, num_workers=1)]

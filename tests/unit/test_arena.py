@@ -256,3 +256,50 @@ def test_a_collection_inside_the_arena_lock_that_frees_a_batch_does_not_deadlock
     monkeypatch.undo()
     assert arena.free_slots() == 3
     arena.close()
+
+
+class _Event:
+    """Stands in for a CUDA event (this suite runs without a GPU): done once ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_a_guarded_pinned_slot_is_freed_only_after_its_copy_event(arena):
+    events = []
+    arena.set_copy_guard(lambda: events.append(_Event()) or events[-1])
+    pinned, plain = arena.acquire(), arena.acquire()
+    arena.mark_pinned(pinned)
+    arena.release(pinned)
+    arena.release(plain)  # not page-locked: no copy can read it, freed at once
+    assert arena.warm_waiting() == 1 and len(events) == 1
+    arena.free_copied()
+    assert arena.warm_waiting() == 1  # the copy has not run yet
+    events[0].done = True
+    arena.free_copied()
+    assert arena.warm_waiting() == 2
+    assert take_warm(arena.handle().warm_fd) == plain
+    assert take_warm(arena.handle().warm_fd) == pinned
+
+
+def test_close_waits_for_pending_copies_before_its_hooks(arena):
+    order = []
+
+    class Pending(_Event):
+        def synchronize(self) -> None:
+            order.append("sync")
+            super().synchronize()
+
+    arena.set_copy_guard(Pending)
+    arena.add_close_hook(lambda: order.append("unregister"))
+    slot = arena.acquire()
+    arena.mark_pinned(slot)
+    arena.release(slot)
+    arena.close()
+    assert order == ["sync", "unregister"]
