@@ -237,7 +237,14 @@ class Arena:
                 return
             except BlockingIOError:  # 16k ids waiting: cannot happen short of a leak
                 pass
-        if hasattr(mmap, "MADV_REMOVE") and slot not in self._pinned:
+        if slot in self._pinned:
+            self._cold.append(slot)
+        else:
+            self._empty(slot)
+
+    def _empty(self, slot: int) -> None:
+        """Give ``slot``'s pages back to the OS and make it cold (lock held; not pinned)."""
+        if hasattr(mmap, "MADV_REMOVE"):
             chunk, first, _ = chunk_of(slot)
             self._maps[chunk].madvise(mmap.MADV_REMOVE, (slot - first) * self.slot_bytes, self.slot_bytes)
             self.emptied += 1
@@ -259,12 +266,8 @@ class Arena:
             for slot in emptied:
                 if slot in self._pinned:
                     os.write(self._warm_w, struct.pack("<i", slot))
-                    continue
-                chunk, first, _ = chunk_of(slot)
-                if hasattr(mmap, "MADV_REMOVE"):
-                    self._maps[chunk].madvise(mmap.MADV_REMOVE, (slot - first) * self.slot_bytes, self.slot_bytes)
-                self.emptied += 1
-                self._cold.append(slot)
+                else:
+                    self._empty(slot)
         return len(emptied)
 
     def free_slots(self) -> int:

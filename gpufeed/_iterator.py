@@ -142,6 +142,9 @@ class FastIter(_BaseDataLoaderIter):
         self._arena = loader._get_arena()
         self._registrar = loader._registrar  # page-locks slots when CUDA will read them
         self._feed = loader._image_feed
+        # With a cache the parent writes the hits into a task's slot when it dispatches it, so
+        # that slot is bound at once; otherwise workers bind slots late (see gpufeed._arena).
+        self._parent_binds = self._feed is not None and self._feed.cache is not None
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         init_fn = loader.worker_init_fn
         if isinstance(self._dataset, (IterDataPipe, MapDataPipe)):
@@ -239,11 +242,9 @@ class FastIter(_BaseDataLoaderIter):
         else:
             return
         task_idx = self._send_idx
-        # With a cache the parent writes hits into the slot now: that slot is bound at once.
-        fixed = self._feed is not None and self._feed.cache is not None
-        slot = self._ledger.take((self._epoch, task_idx), worker_id, warm=fixed)
+        slot = self._ledger.take((self._epoch, task_idx), worker_id, warm=self._parent_binds)
         task = self._task_info[task_idx] = _Task(worker_id, task_idx, slot, index, self._prepare(slot, index),
-                                                 swap=not fixed)
+                                                 swap=not self._parent_binds)
         self._send(task)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1
@@ -311,7 +312,7 @@ class FastIter(_BaseDataLoaderIter):
         """(task index, reply) of the next answered current-epoch task; handles deaths and timeouts."""
         timeout_s = self._timeout
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-        trim = self._feed is None or self._feed.cache is None  # workers bind slots themselves
+        trim = not self._parent_binds
         while not self._ready:
             wait_s = self._config.liveness_interval_s
             if trim:
