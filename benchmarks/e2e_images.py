@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from gpufeed.bench.cli_bench import prepare_demo_data, write
+from gpufeed.cli.bench import prepare_demo_data, write
 from gpufeed.cli import main as gpufeed_main
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader
-from gpufeed._imagepath import FillReport
+from gpufeed._image.fill import FillReport
 from gpufeed.stats import Stats
 
 BATCH = 64

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from gpufeed._probe import ProbeResult, TreeProbe
+from gpufeed._observe.probe import ProbeResult, TreeProbe
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
 

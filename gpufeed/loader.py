@@ -10,8 +10,8 @@ from typing import Any, Sequence, TypeVar
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from gpufeed._arena import Arena
-from gpufeed._imagefeed import make_image_feed
+from gpufeed._engine.arena import Arena
+from gpufeed._image.feed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, HostRegistrar, current_stream_event, resolve_device
@@ -147,11 +147,11 @@ class FastLoader(DataLoader[T_co]):
     def _get_iterator(self):
         if self.num_workers == 0:
             if self._image_feed is not None:
-                from gpufeed._local import LocalImageIter
+                from gpufeed._image.local import LocalImageIter
 
                 return LocalImageIter(self)
             return super()._get_iterator()
-        from gpufeed._iterator import FastIter
+        from gpufeed._engine.iterator import FastIter
 
         self.check_worker_number_rationality()
         return FastIter(self)

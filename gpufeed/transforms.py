@@ -16,7 +16,7 @@ at a fractional ratio costs 6-9x INTER_LINEAR (0.8-1.1 ms vs 0.13 ms to bring a 
 amount (mean 2.4-2.8 vs 2.4-2.8 levels on our test images). After a DCT-scaled decode (factors
 1/8, 1/4, 1/2, 1) the remaining shrink is always below 2x, so JPEGs take the fast path.
 
-Two decode paths (the pixel work is in ``gpufeed._resample``). The RGB path decodes to RGB and
+Two decode paths (the pixel work is in ``gpufeed._image.resample``). The RGB path decodes to RGB and
 resizes once. The plane path decodes a JPEG to its Y (Cb, Cr) planes, skipping libjpeg's chroma
 upsampling and colour conversion, resizes each plane straight to the output size (chroma lined
 up with luma: ``_resample._chroma_span``) and converts YCbCr to RGB once, at the output size.
@@ -48,7 +48,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-from gpufeed._resample import crop_resize, crop_resize_planes
+from gpufeed._image.resample import crop_resize, crop_resize_planes
 from gpufeed.decode import (
     choose_factor,
     decode,

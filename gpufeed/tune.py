@@ -10,7 +10,7 @@ where the gain shrinks, back off one step, and stay under a memory ceiling::
 
 :func:`measure` takes one measurement (one loader, one worker count) as a :class:`TuneRow`;
 :func:`tune` runs the search and returns a :class:`TuneResult` whose ``reasons`` say why each
-step was taken or the search stopped. ``gpufeed tune ROOT`` (:mod:`gpufeed.cli_tune`) is the
+step was taken or the search stopped. ``gpufeed tune ROOT`` (:mod:`gpufeed.cli.tune`) is the
 command line. Importing this module starts nothing.
 """
 
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import psutil
 
 from gpufeed.bench.compare import batch_size_of
-from gpufeed._tune_rules import (
+from gpufeed._observe.tune_rules import (
     cache_bytes_needed,
     recommend_cache_bytes,
     recommend_prefetch_factor,
 )
-from gpufeed.bench.memory import PeakPSS, format_bytes, process_pss_bytes
+from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -71,7 +71,7 @@ class TuneRow:
         cpu_percent: CPU time of this process tree over the timed batches divided by their wall
             time, in percent (200.0 = two cores busy).
         peak_memory_bytes: peak PSS of this process tree (bytes) while the loader lived, from
-            :class:`gpufeed.bench.memory.PeakPSS`.
+            :class:`gpufeed._observe.memory.PeakPSS`.
         memory_per_worker_bytes: mean PSS of the loader's worker processes (bytes), each at its
             largest during the timed batches; shared pages (the arena) count 1/n per process.
             For loaders without ``worker_pids()`` (torch's DataLoader): (peak PSS - PSS before

@@ -4,7 +4,7 @@ tree, and the environment every result records. Importing it starts nothing."""
 from gpufeed.bench.compare import CompareResult, LoaderSummary, RoundResult, compare
 from gpufeed.bench.datasets import SyntheticImageDataset
 from gpufeed.bench.environment import describe_environment
-from gpufeed.bench.memory import PeakPSS, format_bytes, tree_pss_bytes
+from gpufeed._observe.memory import PeakPSS, format_bytes, tree_pss_bytes
 
 __all__ = [
     "CompareResult",

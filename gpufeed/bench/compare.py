@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import torch
 
-from gpufeed.bench.memory import PeakPSS, format_bytes
+from gpufeed._observe.memory import PeakPSS, format_bytes
 
 __all__ = [
     "CompareResult",

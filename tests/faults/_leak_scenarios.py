@@ -15,14 +15,14 @@ import threading
 
 import psutil
 
-import gpufeed._pool
+import gpufeed._engine.pool
 from gpufeed import FastLoader
 from tests.faults._datasets import RaisesAt, Squares
 
 # Every process of this scenario, so /dev/shm entries made by other programs on the machine
 # (torch names its files torch_<pid>_...) are not blamed on gpufeed.
 _OURS = {os.getpid()}
-_start_worker = gpufeed._pool.WorkerPool._start
+_start_worker = gpufeed._engine.pool.WorkerPool._start
 
 
 def _recording_start(self, worker_id: int) -> None:
@@ -30,7 +30,7 @@ def _recording_start(self, worker_id: int) -> None:
     _OURS.add(self.pid(worker_id))
 
 
-gpufeed._pool.WorkerPool._start = _recording_start
+gpufeed._engine.pool.WorkerPool._start = _recording_start
 
 
 def _ours(name: str) -> bool:

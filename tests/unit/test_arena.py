@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from gpufeed._arena import TRIM_WINDOW, Arena, SlotWriter, take_warm
+from gpufeed._engine.arena import TRIM_WINDOW, Arena, SlotWriter, take_warm
 
 SLOT = 16 * mmap.PAGESIZE
 
@@ -142,7 +142,7 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     import threading
     import time
 
-    from gpufeed._worker import _pick_slot
+    from gpufeed._engine.worker import _pick_slot
 
     fallback, warm = arena.acquire(), arena.acquire()
     write(arena, warm)
@@ -200,7 +200,7 @@ def test_a_worker_waits_for_a_warm_slot_on_a_descriptor_above_1023(arena):
     import multiprocessing
     import resource
 
-    from gpufeed._worker import _pick_slot
+    from gpufeed._engine.worker import _pick_slot
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1100:
@@ -227,7 +227,7 @@ def test_a_collection_inside_the_arena_lock_that_frees_a_batch_does_not_deadlock
     import gc
     import threading
 
-    import gpufeed._arena as arena_module
+    import gpufeed._engine.arena as arena_module
 
     arena = Arena(SLOT, warm_cap=1)
     held, other, waiting = arena.acquire(), arena.acquire(), arena.acquire()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpufeed.bench.cli_bench import DEMO_MARKER, format_report
+from gpufeed.cli.bench import DEMO_MARKER, format_report
 from gpufeed.bench.images import (
     CV_NAME,
     FAST_NAME,

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpufeed._probe import TreeProbe, thread_states, usable_cpus
+from gpufeed._observe.probe import TreeProbe, thread_states, usable_cpus
 from gpufeed.doctor import BOTTLENECKS, Evidence, Report, decide, diagnose
 
 pytestmark = pytest.mark.timeout(60)

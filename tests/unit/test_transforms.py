@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufeed import _resample
+from gpufeed._image import resample as _resample
 from gpufeed.decode import backends, decode
 from gpufeed.errors import DecodeError
 from gpufeed.synth import encode, photo_like, with_exif_orientation

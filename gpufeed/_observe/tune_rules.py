@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from gpufeed.bench.memory import format_bytes
+from gpufeed._observe.memory import format_bytes
 
 __all__ = ["cache_bytes_needed", "recommend_cache_bytes", "recommend_prefetch_factor"]
 

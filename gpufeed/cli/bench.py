@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpufeed._cliutil import non_negative_int as _non_negative, positive_int as _positive, write
+from gpufeed.cli._util import non_negative_int as _non_negative, positive_int as _positive, write
 from gpufeed.bench.images import (
     CV_NAME,
     FAST_NAME,
@@ -33,7 +33,7 @@ from gpufeed.bench.images import (
     pil_available,
     run_image_bench,
 )
-from gpufeed.bench.memory import format_bytes
+from gpufeed._observe.memory import format_bytes
 
 __all__ = ["add_bench_parser", "add_demo_parser", "format_report", "prepare_demo_data",
            "run_bench", "run_demo", "write"]

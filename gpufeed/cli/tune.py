@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpufeed._cliutil import non_negative_int as _non_negative, positive_int as _positive, write
+from gpufeed.cli._util import non_negative_int as _non_negative, positive_int as _positive, write
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 

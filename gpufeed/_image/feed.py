@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data._utils.collate import default_collate
 
-from gpufeed._imagepath import ImageFeed, ImagePlan
+from gpufeed._image.fill import ImageFeed, ImagePlan
 from gpufeed.cache import HostCache
 from gpufeed.cuda import GpuTransform
 

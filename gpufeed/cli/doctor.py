@@ -17,7 +17,7 @@ import argparse
 import json
 from typing import Any
 
-from gpufeed._cliutil import non_negative_int as _non_negative_int, positive_int as _positive, write
+from gpufeed.cli._util import non_negative_int as _non_negative_int, positive_int as _positive, write
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 
@@ -30,7 +30,7 @@ def _milliseconds(value: str) -> float:
 
 
 def _default_workers() -> int:
-    from gpufeed._probe import usable_cpus
+    from gpufeed._observe.probe import usable_cpus
 
     return min(8, len(usable_cpus()))
 

@@ -22,10 +22,10 @@ from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_init_fn
 
-from gpufeed._arena import Arena
-from gpufeed._pool import WorkerPool, describe_exit
-from gpufeed._transport import unpack
-from gpufeed._worker import WorkerException, WorkerSpec
+from gpufeed._engine.arena import Arena
+from gpufeed._engine.pool import WorkerPool, describe_exit
+from gpufeed._engine.transport import unpack
+from gpufeed._engine.worker import WorkerException, WorkerSpec
 from gpufeed.errors import LoaderTimeoutError, WorkerError, add_note
 from gpufeed.stats import Stats
 
@@ -44,7 +44,7 @@ class _Task:
     index: Any
     extra: Any = None  # ImageTask on the image path
     reply: Any = None  # the worker's message once it arrived
-    swap: bool = True  # the worker may write a warm slot instead (see gpufeed._arena)
+    swap: bool = True  # the worker may write a warm slot instead (see gpufeed._engine.arena)
 
 
 class _Ledger:
@@ -143,7 +143,7 @@ class FastIter(_BaseDataLoaderIter):
         self._registrar = loader._registrar  # page-locks slots when CUDA will read them
         self._feed = loader._image_feed
         # With a cache the parent writes the hits into a task's slot when it dispatches it, so
-        # that slot is bound at once; otherwise workers bind slots late (see gpufeed._arena).
+        # that slot is bound at once; otherwise workers bind slots late (see gpufeed._engine.arena).
         self._parent_binds = self._feed is not None and self._feed.cache is not None
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         init_fn = loader.worker_init_fn

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from gpufeed._imagepath import _align, fill_batch
+from gpufeed._image.fill import _align, fill_batch
 
 
 class LocalImageIter(_BaseDataLoaderIter):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed._arena import SlotWriter
+from gpufeed._engine.arena import SlotWriter
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 

@@ -41,9 +41,9 @@ import torch
 import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
-from gpufeed._arena import ArenaHandle, SlotWriter, take_warm
-from gpufeed._imagepath import ImagePlan, fill_batch
-from gpufeed._transport import pack
+from gpufeed._engine.arena import ArenaHandle, SlotWriter, take_warm
+from gpufeed._image.fill import ImagePlan, fill_batch
+from gpufeed._engine.transport import pack
 
 PARENT_POLL_S = 0.25
 MAX_WARM_WAIT_S = 0.005  # longest wait for a warm slot per task

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpufeed._cv2threads import single_threaded_cv2
-from gpufeed._worker import WorkerSpec, worker_main
+from gpufeed._image.cv2threads import single_threaded_cv2
+from gpufeed._engine.worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@
 
     gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--no-progress]
     gpufeed backends
-    gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.bench.cli_bench)
-    gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.bench.cli_bench)
-    gpufeed tune ROOT [--max-workers N] [--json OUT] [--plot OUT.png]           (gpufeed.cli_tune)
-    gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--json OUT]     (gpufeed.cli_doctor)
+    gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
+    gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.cli.bench)
+    gpufeed tune ROOT [--max-workers N] [--json OUT] [--plot OUT.png]           (gpufeed.cli.tune)
+    gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--json OUT]     (gpufeed.cli.doctor)
 """
 
 from __future__ import annotations
@@ -60,16 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backends", help="print the active image decoders as JSON")
     p.set_defaults(run=_backends)
 
-    from gpufeed.bench import cli_bench
+    from gpufeed.cli import bench as cli_bench
 
     cli_bench.add_bench_parser(sub)
     cli_bench.add_demo_parser(sub)
 
-    from gpufeed import cli_tune
+    from gpufeed.cli import tune as cli_tune
 
     cli_tune.add_tune_parser(sub)
 
-    from gpufeed import cli_doctor
+    from gpufeed.cli import doctor as cli_doctor
 
     cli_doctor.add_doctor_parser(sub)
     return parser

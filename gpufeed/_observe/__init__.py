@@ -1,0 +1,1 @@
+"""Observation below the public tools: process-tree probes and memory, tuning rules."""
