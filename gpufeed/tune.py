@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import psutil
 
-from gpufeed.bench.compare import batch_size_of
+from gpufeed._observe.batches import batch_size_of
 from gpufeed._observe.tune_rules import (
     cache_bytes_needed,
     recommend_cache_bytes,

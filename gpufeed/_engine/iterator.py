@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_init_fn
 
-from gpufeed._engine.arena import Arena
+from gpufeed._engine.ledger import SlotLedger
 from gpufeed._engine.pool import WorkerPool, describe_exit
 from gpufeed._engine.transport import unpack
 from gpufeed._engine.worker import WorkerException, WorkerSpec
@@ -47,77 +47,7 @@ class _Task:
     swap: bool = True  # the worker may write a warm slot instead (see gpufeed._engine.arena)
 
 
-class _Ledger:
-    """Which arena slots this iterator holds, so each is freed exactly once.
-
-    ``held`` maps (epoch, task index) to the slot of every task that was dispatched and whose
-    batch was neither handed to the user nor dropped; ``claims`` maps a task to the warm slot its
-    worker took instead, until the reply settles it; ``unanswered[w]`` lists, oldest first, the
-    tasks worker ``w`` still owes a reply (they are re-sent if it dies).
-    """
-
-    def __init__(self, arena: Arena, num_workers: int) -> None:
-        self.arena = arena
-        self.held: dict[tuple[int, int], int] = {}
-        self.claims: dict[tuple[int, int], int] = {}
-        self.unanswered: list[dict[tuple[int, int], None]] = [{} for _ in range(num_workers)]
-
-    def take(self, key: tuple[int, int], worker_id: int, warm: bool = False) -> int:
-        slot = self.arena.acquire(warm)
-        self.held[key] = slot
-        self.unanswered[worker_id][key] = None
-        return slot
-
-    def claim(self, key: tuple[int, int], slot: int) -> None:
-        """The task's worker writes warm ``slot`` instead of the fallback."""
-        if key in self.held:
-            self.claims[key] = slot
-        else:  # the task was dropped meanwhile: nobody will read the slot
-            self.arena.release(slot)
-
-    def settle(self, key: tuple[int, int]) -> None:
-        """The task was answered: its batch lives in the claimed slot, if any."""
-        slot = self.claims.pop(key, None)
-        if slot is not None:
-            self.arena.release_cold(self.held[key])
-            self.held[key] = slot
-
-    def drop_claim(self, key: tuple[int, int]) -> None:
-        """The task's worker died: free the warm slot it took (the task is re-sent)."""
-        slot = self.claims.pop(key, None)
-        if slot is not None:
-            self.arena.release(slot)
-
-    def answered(self, key: tuple[int, int], worker_id: int) -> bool:
-        """Mark answered; False if the task was not outstanding (e.g. already dropped)."""
-        return self.unanswered[worker_id].pop(key, False) is None
-
-    def release(self, key: tuple[int, int]) -> None:
-        slot = self.held.pop(key, None)
-        claimed = self.claims.pop(key, None)
-        if claimed is not None:
-            self.arena.release(claimed)
-            if slot is not None:
-                self.arena.release_cold(slot)
-        elif slot is not None:
-            self.arena.release(slot)
-
-    def slot(self, key: tuple[int, int]) -> int:
-        return self.held[key]
-
-    def lease(self, key: tuple[int, int], nbytes: int) -> memoryview:
-        return self.arena.lease(self.held.pop(key), nbytes)
-
-    def release_all(self) -> None:
-        for key in list(self.held):
-            self.release(key)
-        for key in list(self.claims):
-            self.drop_claim(key)
-        for tasks in self.unanswered:
-            tasks.clear()
-
-
-def _shutdown(pool: WorkerPool, ledger: _Ledger) -> None:
+def _shutdown(pool: WorkerPool, ledger: SlotLedger) -> None:
     """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
     if pool.closed or not pool.owned_here:
         return
@@ -168,7 +98,7 @@ class FastIter(_BaseDataLoaderIter):
             log_dir=loader.log_dir,
         )
         self._is_iterable = spec.is_iterable
-        self._ledger = _Ledger(self._arena, self._num_workers)
+        self._ledger = SlotLedger(self._arena, self._num_workers)
         self._restarts = 0
         self._epoch = 0
         self._arena.attach()

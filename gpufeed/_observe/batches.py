@@ -1,0 +1,29 @@
+"""Counting the samples of a collated batch (tuning and the benchmark harness both need it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a collated batch: the leading dimension of its first tensor/array.
+
+    Tuples, lists and dicts are searched depth-first; a list of plain values (collated strings)
+    counts as its length; anything else with ``len()`` too; otherwise 1.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    if isinstance(batch, Mapping):
+        return batch_size_of(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        if not batch:
+            return 0
+        first = batch[0]
+        nested = getattr(first, "shape", None) is not None or isinstance(first, (Mapping, list, tuple))
+        return batch_size_of(first) if nested else len(batch)  # e.g. a collated list of strings
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
