@@ -1,4 +1,5 @@
 # Two entry points (see README): `make demo` and `make test`. Both build .venv from nothing.
+# `make docs` builds the docs site into site/ (also run by `make test`).
 PYTHON ?= python3
 VENV   ?= .venv
 # The CPU wheel; pick another build with e.g. `make test TORCH="torch==2.11.0"`.
@@ -6,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 
-.PHONY: demo test bench sysdeps clean
+.PHONY: demo test docs bench sysdeps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +26,16 @@ sysdeps:
 demo: sysdeps $(STAMP)
 	$(BIN)/python -m gpufeed demo
 
-test: sysdeps $(STAMP)
+# The API reference (docstrings) and docs/ pages; --strict makes every warning an error.
+# No -q: with --quiet, mkdocs 1.6 drops warnings before strict mode counts them (mkdocs#4126).
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
+
+test: sysdeps $(STAMP) docs
 	$(BIN)/python -m pytest tests
 
 bench: sysdeps $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .benchmarks

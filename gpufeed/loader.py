@@ -34,7 +34,7 @@ class FastLoader(DataLoader[T_co]):
     crop and resize straight into the batch, which arrives as ``(images, labels)``: images a
     ``[N, 3, H, W]`` tensor (uint8, or normalized floats), labels int64 ``[N]``.
 
-    gpufeed options (keyword-only):
+    Other Parameters:
         max_worker_restarts: dead workers replaced per iterator before raising ``WorkerError``.
         max_batch_bytes: arena slot capacity in bytes (virtual; larger batches still work).
         shutdown_timeout_s: wait for workers to exit before terminating them, in seconds.
