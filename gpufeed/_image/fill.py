@@ -23,16 +23,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gpufeed._engine.layout import align_up as _align
 from gpufeed.cache import HostCache
 from gpufeed.errors import DecodeError
 
 log = logging.getLogger(__name__)
-ALIGN = 64
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass(frozen=True)
