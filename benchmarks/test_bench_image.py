@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpufeed._image.normalize import affine, scale_shift, to_float_
 from gpufeed.decode import backends, decode, read_header
 from gpufeed.synth import encode, photo_like
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
@@ -157,8 +158,7 @@ def batch():
 
 
 def test_normalize_numpy(benchmark, batch):
-    scale = np.array([1 / (255 * s) for s in STD], np.float32).reshape(1, 3, 1, 1)
-    shift = np.array([-m / s for m, s in zip(MEAN, STD)], np.float32).reshape(1, 3, 1, 1)
+    scale, shift = (np.array(v, np.float32).reshape(1, 3, 1, 1) for v in scale_shift((MEAN, STD)))
     out = np.empty(batch.shape, np.float32)
 
     def normalize():
@@ -175,15 +175,14 @@ def test_normalize_numpy(benchmark, batch):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_normalize_torch(benchmark, batch, threads):
     x = torch.from_numpy(batch)
-    scale = torch.tensor([1 / (255 * s) for s in STD]).view(1, 3, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)]).view(1, 3, 1, 1)
+    constants = affine((MEAN, STD), torch.float32)  # what the image fill uses
     out = torch.empty(x.shape, dtype=torch.float32)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
 
     def normalize():
         out.copy_(x)
-        return out.mul_(scale).add_(shift)
+        return to_float_(out, constants)
 
     benchmark.group = "normalize-64x3x224x224"
     benchmark.extra_info.update(library="torch", threads=threads)

@@ -22,11 +22,12 @@ import collections
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
+from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
 from gpufeed.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
@@ -128,23 +129,39 @@ def current_stream_event() -> torch.cuda.Event:
 
 @dataclass(frozen=True)
 class GpuTransform:
-    """What the consumer stream does to image batches after the copy: dtype, layout, normalize."""
+    """What the consumer stream does to image batches after the copy: dtype, layout, normalize
+    (the arithmetic of the CPU path: ``gpufeed._image.normalize``)."""
 
     dtype: torch.dtype = torch.uint8
-    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    normalize: Normalize | None = None
     channels_last: bool = False
+    # device -> (scale, shift) of self.dtype: built once per device, since torch.tensor(...,
+    # device=cuda) is a host-to-device copy that blocks the host, too slow for every batch
+    _constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_image_output(self.dtype, self.normalize)
 
     def apply(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (uint8 NCHW, any memory format) in ``dtype``, normalized; uint8 unchanged."""
         if self.dtype == torch.uint8:
             return images
-        out = images.to(self.dtype)
+        return to_float_(images.to(self.dtype), self.constants(images.device))
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(scale, shift) on ``device`` for ``normalize``, the same tensors at every call; None
+        without ``normalize``."""
         if self.normalize is None:
-            return out.mul_(1.0 / 255.0)
-        mean, std = self.normalize
-        dev = images.device
-        scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=self.dtype, device=dev).view(1, 3, 1, 1)
-        shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=self.dtype, device=dev).view(1, 3, 1, 1)
-        return out.mul_(scale).add_(shift)
+            return None
+        found = self._constants.get(device)
+        if found is None:
+            found = self._constants[device] = affine(self.normalize, self.dtype, device)
+        if device.type == "cuda":  # kept across batches: used on whichever stream is current
+            stream = torch.cuda.current_stream(device)
+            for t in found:
+                t.record_stream(stream)
+        return found
 
 
 class CudaFeed:

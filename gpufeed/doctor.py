@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from gpufeed._observe.probe import ProbeResult, TreeProbe
+from gpufeed.stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
 
@@ -55,8 +56,6 @@ BLOCKED = 0.50  # share of samples a worker's main thread waited (S/D)
 BUSY_LOW = 0.50  # workers inside a stage less than this share of the time: they are idle
 SPARE_CORES = 0.50  # idle cores needed to call for more workers (cores)
 TRANSFER_SHARE = 0.50  # h2d seconds per wall second that make the copy the limit
-
-_STAGES = ("fetch_s", "read_s", "decode_s", "transform_s", "collate_s", "pack_s", "h2d_s")
 
 
 @dataclass(frozen=True)
@@ -431,7 +430,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         batches=batches, wall_s=wall_s, wait_s=wait_s, step_s=step_s, num_workers=num_workers,
         usable_cores=probe.usable_cores, image_path="images" in after,
         samples=int(delta("samples")) or samples,
-        **{k: max(0.0, delta(k)) for k in _STAGES},
+        **{k: max(0.0, delta(k)) for k in STAGES},
         queue_depth_mean=max(0.0, depth), queue_capacity=prefetch * num_workers,
         worker_cpu=tuple(cpu / wall for cpu in probe.worker_cpu_s.values()),
         main_cpu=probe.main_cpu_s / wall,

@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from gpufeed.errors import BackendUnavailableError
+from gpufeed.stats import STAGES
 
 __all__ = ["METRIC_NAMES", "MetricsServer", "serve"]
 
@@ -70,7 +71,8 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 _STAGE_NAME = "gpufeed_stage_seconds"
 _STAGE_HELP = "Worker seconds spent per pipeline stage, summed over workers (seconds)."
-_STAGES = ("fetch", "read", "decode", "transform", "collate", "pack", "h2d")  # stats() key: f"{stage}_s"
+# stats() key -> the ``stage`` label: "fetch_s" -> "fetch"
+_STAGE_LABELS: dict[str, str] = {key: key.removesuffix("_s") for key in STAGES}
 _WORKER_CPU = (
     "gpufeed_worker_cpu_seconds",
     "CPU seconds (user + system) of each live worker process (seconds).",
@@ -284,9 +286,9 @@ class _LoaderCollector:
             yield from _family(CounterMetricFamily, metric, help_text, key, snapshots)
         stages = CounterMetricFamily(_STAGE_NAME, _STAGE_HELP, labels=["loader", "stage"])
         for name, stats in snapshots:
-            for stage in _STAGES:
-                if f"{stage}_s" in stats:
-                    stages.add_metric([name, stage], float(stats[f"{stage}_s"]))
+            for key, stage in _STAGE_LABELS.items():
+                if key in stats:
+                    stages.add_metric([name, stage], float(stats[key]))
         if stages.samples:
             yield stages
         cpu = CounterMetricFamily(*_WORKER_CPU, labels=["loader", "worker"])

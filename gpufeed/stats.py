@@ -12,7 +12,9 @@ from typing import Any
 
 import psutil
 
-STAGES = ("fetch_s", "read_s", "decode_s", "transform_s", "collate_s", "pack_s", "h2d_s")
+# The per-stage seconds, in pipeline order: keys of ``stats()``, fields of ``Stats`` and of
+# ``gpufeed.doctor.Evidence``; ``gpufeed.metrics`` labels them without the ``_s``.
+STAGES: tuple[str, ...] = ("fetch_s", "read_s", "decode_s", "transform_s", "collate_s", "pack_s", "h2d_s")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from gpufeed._observe.tune_rules import (
     recommend_prefetch_factor,
 )
 from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
+from gpufeed._observe.probe import usable_core_count
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -347,10 +348,9 @@ def _gain(before: float, after: float) -> float:
 # ---------------------------------------------------------------------------------- rules
 
 def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask), else ``os.cpu_count()``."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """Whole cores this process may keep busy: the CPUs of its affinity mask, capped by the
+    cgroup CPU quota rounded up (``min(affinity CPUs, ceil(quota))``, at least 1)."""
+    return usable_core_count()
 
 
 def worker_counts(max_workers: int) -> list[int]:
@@ -420,7 +420,7 @@ def tune(
             cost model in tests); ``dataset`` may still be given for the cache rule.
 
     The search:
-        1. ``max_workers`` defaults to the usable cores (``os.sched_getaffinity``); a larger
+        1. ``max_workers`` defaults to :func:`usable_cores` (affinity, cgroup quota); a larger
            value is honoured when given explicitly. Counts: :func:`worker_counts`.
         2. Before each count n > 1: stop if the projected memory, the baseline's tree memory
            without its worker (:attr:`TuneRow.base_memory_bytes`) plus n x the largest

@@ -49,10 +49,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gpufeed._engine.layout import ALIGN_BYTES
+
 log = logging.getLogger(__name__)
 
 PAGE_BYTES = mmap.PAGESIZE
-ALIGN_BYTES = 64
 
 
 def _round_up(n: int, to: int) -> int:

@@ -23,16 +23,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gpufeed._engine.layout import align_up as _align
+from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
 from gpufeed.cache import HostCache
 from gpufeed.errors import DecodeError
 
 log = logging.getLogger(__name__)
-ALIGN = 64
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass(frozen=True)
@@ -42,7 +38,7 @@ class ImagePlan:
     transform: Any  # gpufeed.transforms.ImageTransform
     channels_last: bool = False
     on_error: str = "raise"
-    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    normalize: Normalize | None = None
     dtype: torch.dtype = torch.uint8
     seed: int = 0
     cache: str | None = None  # "decoded" | "encoded" | None
@@ -50,17 +46,7 @@ class ImagePlan:
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {self.on_error!r}.")
-        if self.dtype != torch.uint8 and self.dtype not in _FLOAT_DTYPES:
-            raise ValueError(
-                f"`dtype` must be torch.uint8, float32, float16 or bfloat16. Found: {self.dtype}."
-            )
-        if self.normalize is not None:
-            mean, std = self.normalize
-            if len(mean) != 3 or len(std) != 3 or any(s == 0 for s in std):
-                raise ValueError(
-                    "`normalize` must be ((m_r, m_g, m_b), (s_r, s_g, s_b)) with non-zero std, in "
-                    f"the 0-1 scale of torchvision's Normalize. Found: {self.normalize!r}."
-                )
+        check_image_output(self.dtype, self.normalize)
 
     @property
     def hw(self) -> tuple[int, int]:
@@ -204,12 +190,7 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
     else:
         out = flat.view(k, 3, h, w)
     out.copy_(images)
-    if plan.normalize is None:
-        return out.mul_(1.0 / 255.0)
-    mean, std = plan.normalize
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=plan.dtype).view(1, 3, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=plan.dtype).view(1, 3, 1, 1)
-    return out.mul_(scale).add_(shift)
+    return to_float_(out, None if plan.normalize is None else affine(plan.normalize, plan.dtype))
 
 
 class ImageFeed:

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from gpufeed._image.fill import _align, fill_batch
+from gpufeed._engine.layout import align_up
+from gpufeed._image.fill import fill_batch
 
 
 class LocalImageIter(_BaseDataLoaderIter):
@@ -34,9 +35,9 @@ class LocalImageIter(_BaseDataLoaderIter):
     def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
-        nbytes = _align(plan.offsets(len(indices))[2])
+        nbytes = align_up(plan.offsets(len(indices))[2])
         if plan.cache == "encoded":  # room for the encoded hits the feed stages in the buffer
-            nbytes += sum(_align(len(v)) for v in map(feed.cache.peek, indices) if v is not None)
+            nbytes += sum(align_up(len(v)) for v in map(feed.cache.peek, indices) if v is not None)
         buf = torch.empty(nbytes, dtype=torch.uint8)
         task = feed.prepare(self._aug_epoch, indices, buf)
         staged: dict[int, bytes] = {}

@@ -17,6 +17,7 @@ handed over by the caller's thread (``set_workers``), so the sampler never touch
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -53,16 +54,35 @@ def usable_cpus() -> list[int]:
     return list(range(psutil.cpu_count() or 1))
 
 
-def cgroup_quota_cores() -> float | None:
-    """The cgroup v2 CPU quota in cores (``cpu.max``), or None without one."""
+def cgroup_quota_cores(cgroup_dir: str | None = None) -> float | None:
+    """The cgroup v2 CPU quota in cores (``cpu.max`` in ``cgroup_dir``, default
+    ``/sys/fs/cgroup``), or None without one."""
     try:
-        with open(os.path.join(_CGROUP, "cpu.max")) as f:
+        with open(os.path.join(cgroup_dir or _CGROUP, "cpu.max")) as f:
             quota, period = f.read().split()[:2]
     except (OSError, ValueError):
         return None
     if quota == "max":
         return None
-    return int(quota) / int(period)
+    try:
+        cores = int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return cores if cores > 0 else None
+
+
+def usable_cores(cgroup_dir: str | None = None) -> float:
+    """Cores this process may keep busy: the CPUs of its affinity mask, capped by the cgroup CPU
+    quota (so possibly fractional: a 1.5-core quota on 8 CPUs gives 1.5)."""
+    cpus = float(len(usable_cpus()))
+    quota = cgroup_quota_cores(cgroup_dir)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def usable_core_count(cgroup_dir: str | None = None) -> int:
+    """:func:`usable_cores` in whole cores, rounded up, at least 1: how many processes can run
+    at once (``min(affinity CPUs, ceil(quota))``)."""
+    return max(1, math.ceil(usable_cores(cgroup_dir)))
 
 
 def _cgroup_usage_s() -> float | None:
@@ -177,7 +197,6 @@ class TreeProbe:
             deltas = {pid: self._last[pid] - self._base.get(pid, 0.0) for pid in self._last}
             samples, running, blocked, in_d = self._counts
         quota = cgroup_quota_cores()
-        usable = float(len(self._cpus)) if quota is None else min(float(len(self._cpus)), quota)
         spare = None
         cg1 = _cgroup_usage_s()
         if quota is not None and self._cg0 is not None and cg1 is not None:
@@ -185,7 +204,7 @@ class TreeProbe:
         workers = {pid: deltas.get(pid, 0.0) for pid in self._seen_workers}
         return ProbeResult(
             wall_s=wall,
-            usable_cores=usable,
+            usable_cores=usable_cores(),
             main_cpu_s=main,
             tree_cpu_s=main + sum(d for pid, d in deltas.items() if pid != self._main.pid),
             worker_cpu_s=workers,

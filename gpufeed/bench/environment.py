@@ -8,6 +8,8 @@ import os
 import platform
 import sys
 
+from gpufeed._observe.probe import usable_core_count
+
 __all__ = ["cpu_model", "decode_backend", "describe_environment", "package_version"]
 
 
@@ -66,10 +68,6 @@ def describe_environment(num_workers: int | None = None) -> dict[str, object]:
     Args:
         num_workers: the loaders' ``num_workers`` in this run (None: not applicable).
     """
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = os.cpu_count() or 0
     return {
         "gpufeed": package_version("gpufeed"),
         "torch": package_version("torch"),
@@ -82,7 +80,7 @@ def describe_environment(num_workers: int | None = None) -> dict[str, object]:
         "executable": sys.executable,
         "cpu_model": cpu_model(),
         "logical_cores": os.cpu_count() or 0,
-        "usable_cores": affinity,
+        "usable_cores": usable_core_count(),  # affinity, cgroup quota
         "decode_backend": decode_backend(),
         "num_workers": num_workers,
     }

@@ -30,9 +30,9 @@ def _milliseconds(value: str) -> float:
 
 
 def _default_workers() -> int:
-    from gpufeed._observe.probe import usable_cpus
+    from gpufeed._observe.probe import usable_core_count
 
-    return min(8, len(usable_cpus()))
+    return min(8, usable_core_count())
 
 
 def add_doctor_parser(sub: Any) -> None:

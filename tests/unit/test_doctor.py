@@ -10,12 +10,14 @@ import json
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
-from gpufeed._observe.probe import TreeProbe, thread_states, usable_cpus
-from gpufeed.doctor import BOTTLENECKS, Evidence, Report, decide, diagnose
+import gpufeed.tune
+from gpufeed._observe.probe import ProbeResult, TreeProbe, thread_states, usable_cpus
+from gpufeed.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
+from gpufeed.stats import STAGES, Stats
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -225,6 +227,30 @@ def test_probe_accounts_for_the_cores_and_joins_its_thread():
     assert cores == pytest.approx(len(usable_cpus()), rel=0.25)
     assert result.main_cpu_s == pytest.approx(0.3, abs=0.05)
     assert result.system_busy_s >= 0.8 * result.main_cpu_s
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_probe_and_tune_count_cores_from_the_same_cgroup_quota(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
+    monkeypatch.setattr("gpufeed._observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
+    (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
+    probe = TreeProbe(interval_s=0.01)
+    probe.set_workers([])
+    probe.start()
+    result = probe.stop()
+    assert result.usable_cores == 1.5 and result.cgroup_spare_s is not None
+    assert gpufeed.tune.usable_cores() == 2  # whole cores: ceil(1.5)
+
+
+def test_evidence_carries_every_stage_of_the_loader_stats():
+    before = {key: 1.0 for key in STAGES}
+    after = {key: 1.0 + i + 0.5 for i, key in enumerate(STAGES)}
+    probe = ProbeResult(wall_s=2.0, usable_cores=2.0, main_cpu_s=0.0, tree_cpu_s=0.0)
+    ev = _evidence(None, before, after, probe, batches=1, wall_s=2.0, wait_s=0.0, step_s=0.0,
+                   samples=1, replay=(0, None), image_info={}, epochs=(0, 0.0))
+    assert [getattr(ev, key) for key in STAGES] == [i + 0.5 for i in range(len(STAGES))]
+    assert [f.name for f in fields(Stats) if f.name in STAGES] == list(STAGES)
 
 
 def test_thread_states_reads_this_process():

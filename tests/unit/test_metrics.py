@@ -23,10 +23,11 @@ from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed.metrics import METRIC_NAMES, MetricsServer, serve
+from gpufeed.stats import STAGES as STAGE_KEYS
 
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
-STAGES = ("fetch", "read", "decode", "transform", "collate", "pack", "h2d")
+STAGES = tuple(key.removesuffix("_s") for key in STAGE_KEYS)  # the `stage` labels
 COUNTERS = {  # metric -> stats() key
     "gpufeed_batches_total": "batches",
     "gpufeed_samples_total": "samples",
@@ -173,6 +174,15 @@ def test_every_stats_key_maps_to_exactly_the_documented_metric_names(server):
     assert got[("gpufeed_worker_rss_bytes", w1)] == 2 << 20
     assert got[("gpufeed_workers", one)] == 2
     assert got[("gpufeed_stage_seconds_total", frozenset({("loader", "fake"), ("stage", "h2d")}))] == 6.5
+    labels = {dict(k)["stage"] for name, k in got if name == "gpufeed_stage_seconds_total"}
+    assert labels == set(STAGES) and len(STAGES) == len(STAGE_KEYS) == 7
+
+
+def test_stage_labels_documented_are_the_stats_stages():
+    text = (MONITORING / "README.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `gpufeed_stage_seconds_total"))
+    documented = re.findall(r"`(\w+)`", row.split("summed over workers:")[1])
+    assert tuple(documented) == STAGES
 
 
 def test_help_texts_name_their_units(server):

@@ -4,6 +4,7 @@ the library and the ``gpufeed tune`` command."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -17,6 +18,7 @@ from gpufeed.tune import (
     recommend_cache_bytes,
     recommend_prefetch_factor,
     tune,
+    usable_cores,
     worker_counts,
 )
 
@@ -109,6 +111,20 @@ def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
     result = _tune(model, max_workers=8)
     assert _unpinned(model) == [1, 2, 4, 8]
     assert any("above the 4 usable cores" in r for r in result.reasons)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_a_cgroup_quota_below_the_affinity_lowers_the_usable_cores(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
+    monkeypatch.setattr("gpufeed._observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
+    assert usable_cores() == 4
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
+    assert usable_cores() == 2
+    model = CostModel(lambda w: 100 * w)
+    result = _tune(model)
+    assert result.max_workers == 2 and _unpinned(model) == [1, 2]
+    assert any("(2 usable cores)" in r for r in result.reasons)
 
 
 def test_memory_ceiling_stops_the_doubling_and_says_why():
