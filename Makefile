@@ -34,8 +34,11 @@ docs: $(STAMP)
 test: sysdeps $(STAMP) docs
 	$(BIN)/python -m pytest tests
 
+# The pytest-benchmark suites, then the tests marked perf (speed ratios, memory figures), which
+# the default test run leaves out; -raP prints the figures they measured.
 bench: sysdeps $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
+	$(BIN)/python -m pytest -m perf -raP tests
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .benchmarks

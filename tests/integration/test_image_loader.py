@@ -455,6 +455,7 @@ def test_cache_bytes_accepts_sizes_and_shares(image_root):
         FastLoader(ds, batch_size=BATCH, cache_bytes=-1)
 
 
+@pytest.mark.perf  # a speed ratio; the cache's counts and bytes are checked above
 @pytest.mark.timeout(120)
 def test_second_epoch_from_a_full_eval_cache_is_10x_faster(big_root):
     ds = ImageFolder(big_root, transform=ResizeCenterCrop(224, 256))

@@ -4,7 +4,6 @@ sharding and exhaustion, start methods."""
 from __future__ import annotations
 
 import multiprocessing
-import os
 
 import pytest
 import torch
@@ -202,9 +201,3 @@ def test_forkserver_workers_live_through_a_long_epoch():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         pytest.skip("forkserver is not available on this platform")
     check_parity(SlowDataset(8, 0.15), num_workers=1, batch_size=2, multiprocessing_context="forkserver")
-
-
-def test_start_method_skip_condition():
-    # the skip above is for non-Linux platforms only
-    if os.name == "posix" and os.uname().sysname == "Linux":
-        assert {"fork", "spawn", "forkserver"} <= set(multiprocessing.get_all_start_methods())

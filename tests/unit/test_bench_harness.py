@@ -203,7 +203,7 @@ def _list_loader(num_batches: int, delay_s: float):
 
 def test_compare_on_two_trivial_loaders() -> None:
     result = compare(
-        {"slow": _list_loader(6, 0.01), "fast": _list_loader(6, 0.002)},
+        {"slow": _list_loader(6, 0.03), "fast": _list_loader(6, 0.002)},
         num_batches=5,
         num_rounds=3,
         num_warmup_rounds=1,
@@ -217,7 +217,7 @@ def test_compare_on_two_trivial_loaders() -> None:
         assert s.median_batches_per_s > 0 and s.median_samples_per_s == pytest.approx(8 * s.median_batches_per_s)
         assert s.peak_pss_bytes > 10 * MiB
     assert result.ratio("slow") == pytest.approx(1.0)
-    assert result.ratio("fast") > 1.5  # 2 ms vs 10 ms per batch
+    assert result.ratio("fast") > 2  # 2 ms vs 30 ms per batch: ~10x measured on a busy 2-core box
     assert len(result.paired_ratios("fast")) == 3
     assert result.memory_ratio("fast") > 0
     d = result.to_dict()

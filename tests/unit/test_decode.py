@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import io
 import subprocess
 import sys
@@ -276,27 +274,6 @@ def test_trailing_bytes_after_eoi_are_fine():
 
 
 # --- backends and the fallback --------------------------------------------------------------
-
-def test_skip_condition_matches_library_presence():
-    """The turbojpeg skip condition is what backends() says, and backends() tells the truth."""
-    info = backends()
-    name = ctypes.util.find_library("turbojpeg")
-    loadable = True
-    try:
-        ctypes.CDLL(name or "libturbojpeg.so.0")
-    except OSError:
-        loadable = False
-    try:
-        import turbojpeg  # noqa: F401
-    except ImportError:
-        loadable = False
-    assert info["turbojpeg"]["available"] == loadable == TURBO
-    assert info["jpeg"] == ("turbojpeg" if loadable else "opencv")
-    assert (info["turbojpeg"]["reason"] is None) == loadable
-    if loadable:
-        assert "turbojpeg" in info["turbojpeg"]["library"]
-    assert info["opencv"]["version"] == cv2.__version__
-
 
 @pytest.fixture
 def without_turbojpeg():

@@ -150,18 +150,18 @@ def test_without_thread_states_cpu_fractions_decide():
     assert decide(ev)[0] == "decode"
 
 
-def test_every_verdict_is_a_known_bottleneck_and_reasons_are_short():
-    cases = [starving(wait_s=0.1), cpu_bound(decode_s=9.0), cpu_bound(transform_s=9.0),
-             cpu_bound(decode_s=9.0, idle_cores=2.0), starving(num_workers=0),
-             cpu_bound(h2d_s=9.0), starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9,
-                                            state_samples=10)]
-    seen = set()
-    for ev in cases:
+def test_every_verdict_has_short_reasons_and_a_fix():
+    cases = [(starving(wait_s=0.1), "compute"), (cpu_bound(decode_s=9.0), "decode"),
+             (cpu_bound(transform_s=9.0), "transform"),
+             (cpu_bound(decode_s=9.0, idle_cores=2.0), "workers"),
+             (starving(num_workers=0), "workers"), (cpu_bound(h2d_s=9.0), "transfer"),
+             (starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9, state_samples=10),
+              "read")]
+    for ev, expected in cases:
         bottleneck, reasons, fix = decide(ev)
-        assert bottleneck in BOTTLENECKS and reasons and fix
+        assert bottleneck == expected and reasons and fix
         assert all(len(r) < 160 for r in reasons)
-        seen.add(bottleneck)
-    assert seen == set(BOTTLENECKS)
+    assert {expected for _, expected in cases} == set(BOTTLENECKS)
 
 
 def test_report_prints_at_most_15_lines_and_dumps_json():
@@ -200,12 +200,16 @@ def test_bad_arguments_fail_before_anything_runs(kwargs, message):
 
 def test_diagnose_runs_any_iterable_loader_and_replays_the_step():
     calls = []
-    report = diagnose([1, 2, 3], lambda b: calls.append(b), batches=5, warmup_batches=1,
-                      replay_batches=2)
+
+    def step(batch):  # 10 ms per step against a list's next(): the loader keeps up
+        calls.append(batch)
+        time.sleep(0.01)
+
+    report = diagnose([1, 2, 3], step, batches=5, warmup_batches=1, replay_batches=2)
     # 1 warm-up + 5 measured, epochs rolled over, then the first 2 measured batches replayed
     assert calls == [1, 2, 3, 1, 2, 3, 2, 3]
     assert report.evidence.batches == 5 and report.evidence.replay_batches == 2
-    assert report.bottleneck in BOTTLENECKS
+    assert report.bottleneck == "compute", str(report)
 
 
 def test_empty_loader_is_an_error():
@@ -225,7 +229,9 @@ def test_probe_accounts_for_the_cores_and_joins_its_thread():
     assert not any(t.name.startswith("gpufeed-doctor") for t in threading.enumerate())
     cores = (result.system_busy_s + result.system_idle_s + result.system_iowait_s) / result.wall_s
     assert cores == pytest.approx(len(usable_cpus()), rel=0.25)
-    assert result.main_cpu_s == pytest.approx(0.3, abs=0.05)
+    # /proc counts CPU in 10 ms ticks; above the 0.3 s only start()/stop() and the sampler add
+    # (a few ms): the upper bound leaves 10x that, so a busy machine cannot break it
+    assert 0.25 <= result.main_cpu_s < 0.5
     assert result.system_busy_s >= 0.8 * result.main_cpu_s
 
 

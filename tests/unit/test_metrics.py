@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import TensorDataset
 
@@ -348,78 +349,8 @@ def test_importing_gpufeed_metrics_has_no_side_effects():
 # -- shipped alerts and dashboard -----------------------------------------------------------------
 
 
-def load_yaml_subset(text: str):
-    """Parse the block-style YAML subset alerts.yml is written in (mappings, lists of mappings,
-    plain or quoted scalars, ``|``/``|-`` literal and same-indent ``>``/``>-`` folded scalars), so
-    the file is checked without PyYAML. Anything else fails an assertion."""
-    raw = text.splitlines()
-    lines = [  # (line number, indent, content) of the lines that carry structure
-        [i, len(ln) - len(ln.lstrip(" ")), ln.strip()]
-        for i, ln in enumerate(raw)
-        if ln.strip() and not ln.strip().startswith("#")
-    ]
-    pos = 0
-
-    def scalar(value: str) -> str:
-        if value[:1] in "\"'":
-            assert len(value) > 1 and value[-1] == value[0], value
-            return value[1:-1]
-        assert not value.startswith(("{", "[", "&", "*", "!")), f"unsupported: {value}"
-        return value
-
-    def block_scalar(style: str, lineno: int, indent: int) -> str:
-        nonlocal pos
-        body = []
-        for ln in raw[lineno + 1:]:
-            if ln.strip() and len(ln) - len(ln.lstrip(" ")) <= indent:
-                break
-            body.append(ln)
-        while body and not body[-1].strip():
-            body.pop()
-        assert body, f"empty block scalar at line {lineno + 1}"
-        inner = len(body[0]) - len(body[0].lstrip(" "))
-        assert all(len(b) - len(b.lstrip(" ")) >= inner for b in body if b.strip())
-        while pos < len(lines) and lines[pos][0] <= lineno + len(body):
-            pos += 1
-        if style.startswith("|"):
-            out = "\n".join(b[inner:] for b in body)
-        else:
-            assert all(len(b) - len(b.lstrip(" ")) == inner for b in body), "folded: one indent only"
-            out = " ".join(b.strip() for b in body)
-        return out if style.endswith("-") else out + "\n"
-
-    def node(indent: int):
-        nonlocal pos
-        if lines[pos][2].startswith("- "):
-            items = []
-            while pos < len(lines) and lines[pos][1] == indent and lines[pos][2].startswith("- "):
-                lines[pos][1] += 2  # the item's first key, one level in
-                lines[pos][2] = lines[pos][2][2:]
-                items.append(node(indent + 2))
-            return items
-        mapping = {}
-        while pos < len(lines) and lines[pos][1] == indent and not lines[pos][2].startswith("- "):
-            lineno, _, content = lines[pos]
-            key, sep, value = content.partition(":")
-            assert sep and key and key not in mapping, f"line {lineno + 1}: {content}"
-            value = value.strip()
-            pos += 1
-            if value in (">-", ">", "|", "|-"):
-                mapping[key] = block_scalar(value, lineno, indent)
-            elif value:
-                mapping[key] = scalar(value)
-            else:
-                assert pos < len(lines) and lines[pos][1] >= indent, f"line {lineno + 1}: no value"
-                mapping[key] = node(lines[pos][1])
-        return mapping
-
-    doc = node(0)
-    assert pos == len(lines), f"unparsed from line {lines[pos][0] + 1}: {lines[pos][2]}"
-    return doc
-
-
 def alert_rules() -> list[dict]:
-    doc = load_yaml_subset((MONITORING / "alerts.yml").read_text())
+    doc = yaml.safe_load((MONITORING / "alerts.yml").read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
@@ -451,19 +382,6 @@ def test_alerts_parse_and_reference_only_emitted_metrics():
     assert "gpufeed doctor" in by_name["GpufeedDataWaitHigh"]["annotations"]["description"]
     assert "num_workers" in by_name["GpufeedQueueEmpty"]["annotations"]["description"]
     assert {"gpufeed_errors_total", "gpufeed_skipped_total", "gpufeed_worker_restarts_total"} <= used
-
-
-def test_alerts_subset_parser_agrees_with_pyyaml():
-    yaml = pytest.importorskip("yaml")
-    text = (MONITORING / "alerts.yml").read_text()
-    assert load_yaml_subset(text) == yaml.safe_load(text)
-
-
-def test_yaml_subset_parser_rejects_what_it_cannot_read():
-    assert load_yaml_subset("a:\n  - b: 1\n    c: \"x: y\"\n  - b: 2\nd: >-\n  one\n  two\n") == {
-        "a": [{"b": "1", "c": "x: y"}, {"b": "2"}], "d": "one two"}
-    with pytest.raises(AssertionError):
-        load_yaml_subset("a: 1\n   b: 2\n")  # bad indentation is left unparsed
 
 
 def test_dashboard_is_templated_on_loader_and_queries_only_emitted_metrics():

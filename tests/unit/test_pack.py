@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpufeed.cli import main
-from gpufeed.decode import decode, read_header
+from gpufeed.decode import backends, decode, read_header
 from gpufeed.errors import DecodeError
 from gpufeed.sources import ImageFolder, LMDBDataset, pack
 from gpufeed.sources.packed import META_KEY, _put_all, sample_key
@@ -153,8 +153,7 @@ def test_cli_pack_and_backends(src, tmp_path, capsys):
     assert main(["pack", str(src), str(tmp_path / "db.lmdb"), "--no-progress"]) == 1
     assert "already exists" in capsys.readouterr().err
     assert main(["backends"]) == 0
-    info = json.loads(capsys.readouterr().out)
-    assert info["jpeg"] in ("turbojpeg", "opencv") and "opencv" in info
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(backends()))
 
 
 def test_cli_requires_a_command(capsys):
@@ -165,6 +164,6 @@ def test_cli_requires_a_command(capsys):
 
 def test_python_dash_m_gpufeed():
     proc = subprocess.run([sys.executable, "-m", "gpufeed", "backends"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "turbojpeg" in json.loads(proc.stdout)

@@ -285,6 +285,7 @@ def test_sources_agree_with_each_other(packed):
     assert isinstance(c, ImageSource) and c.classes == a.classes
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_torch_dataloader_workers_match_main_process(packed, context):
     ds = LMDBDataset(packed / "db.lmdb", transform=RandomResizedCrop(24, seed=3))

@@ -188,6 +188,7 @@ def _params_in_child(args):
     return [t.params(seed, epoch, i, 375, 500) for i in indices]
 
 
+@pytest.mark.timeout(60)  # a spawned pool
 def test_params_identical_in_another_process():
     t = RandomResizedCrop(224)
     ctx = mp.get_context("spawn")
@@ -517,6 +518,7 @@ def _plane_path_in_child(args):
     return rows
 
 
+@pytest.mark.timeout(60)  # a spawned pool
 @requires_turbojpeg
 def test_plane_path_identical_in_another_process():
     data = jpeg(photo_like(350, 400, seed=8), "440")
