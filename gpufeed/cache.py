@@ -10,12 +10,11 @@ deterministic (evaluation, inference), the encoded bytes when it is random (trai
 from __future__ import annotations
 
 import re
-from typing import Union
 
 import cachetools
 import psutil
 
-CacheSize = Union[int, str, None]
+CacheSize = int | str | None
 
 _UNITS = {
     "": 1, "B": 1,

@@ -21,9 +21,9 @@ from __future__ import annotations
 import collections
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gpufeed._observe.probe import ProbeResult, TreeProbe
 from gpufeed.stats import STAGES

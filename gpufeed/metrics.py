@@ -22,7 +22,8 @@ import itertools
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from gpufeed.errors import BackendUnavailableError
 from gpufeed.stats import STAGES
@@ -46,7 +47,8 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("errors", "gpufeed_errors", "Exceptions raised by dataset/collate code in workers (count)."),
     ("skipped", "gpufeed_skipped", "Undecodable samples left out with on_error='skip' (count)."),
     ("worker_restarts", "gpufeed_worker_restarts", "Dead worker processes replaced (count)."),
-    ("cache_hits", "gpufeed_cache_hits", "Host cache lookups that found the sample (decoded row or encoded bytes) (count)."),
+    ("cache_hits", "gpufeed_cache_hits",
+     "Host cache lookups that found the sample (decoded row or encoded bytes) (count)."),
     ("cache_misses", "gpufeed_cache_misses", "Host cache lookups that had to read storage (count)."),
 )
 _GAUGES: tuple[tuple[str, str, str], ...] = (

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -140,7 +140,7 @@ def make_image_folder(
     rng = np.random.default_rng(seed)
     root = Path(root)
     classes = tuple(f"class_{c:02d}" for c in range(num_classes))
-    for c, name in enumerate(classes):
+    for name in classes:
         folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):

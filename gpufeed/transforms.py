@@ -44,7 +44,6 @@ import math
 import struct
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -60,7 +59,7 @@ from gpufeed.decode import (
 from gpufeed.decode._decode import jpeg_decoder
 from gpufeed.decode._header import Buffer, ImageHeader
 
-Size = Union[int, Tuple[int, int]]
+Size = int | tuple[int, int]
 _INTERPOLATIONS = ("auto", "area", "linear")
 
 
@@ -81,20 +80,20 @@ class ImageTransform:
     Subclasses implement :meth:`_box` and set ``size`` (output (height, width) in pixels).
     """
 
-    size: Tuple[int, int]
+    size: tuple[int, int]
     interpolation: str
     dct_scaling: bool
-    backend: Optional[str]
+    backend: str | None
     deterministic: bool = True
-    seed: Optional[int] = None
+    seed: int | None = None
 
     @property
-    def output_size(self) -> Tuple[int, int]:
+    def output_size(self) -> tuple[int, int]:
         """(height, width) of the output in pixels."""
         return self.size
 
     def _box(self, height: int, width: int, seed: int, epoch: int,
-             index: int) -> Tuple[float, float, float, float, bool]:
+             index: int) -> tuple[float, float, float, float, bool]:
         """(top, left, height, width, flip): the source box, in (fractional) source pixels."""
         raise NotImplementedError
 
@@ -148,7 +147,7 @@ class ImageTransform:
         return decode_s
 
     def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
-                    out: Optional[np.ndarray] = None) -> np.ndarray:
+                    out: np.ndarray | None = None) -> np.ndarray:
         """Apply to an already-decoded (H, W, 3) uint8 RGB image; returns ``out`` (allocated
         (H, W, 3) when None)."""
         if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
@@ -177,7 +176,7 @@ class ResizeCenterCrop(ImageTransform):
     resize: int = 256
     interpolation: str = "auto"
     dct_scaling: bool = True
-    backend: Optional[str] = None
+    backend: str | None = None
     deterministic = True
 
     def __post_init__(self) -> None:
@@ -190,13 +189,13 @@ class ResizeCenterCrop(ImageTransform):
                              f"or lower `size`.")
         _check_interpolation(self.interpolation)
 
-    def resized_size(self, height: int, width: int) -> Tuple[int, int]:
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) in pixels of the image after torchvision's ``Resize(resize)``."""
         if width <= height:
             return int(self.resize * height / width), self.resize
         return self.resize, int(self.resize * width / height)
 
-    def source_box(self, height: int, width: int) -> Tuple[float, float, float, float]:
+    def source_box(self, height: int, width: int) -> tuple[float, float, float, float]:
         """The center crop as (top, left, height, width) in (fractional) source pixels."""
         nh, nw = self.resized_size(height, width)
         th, tw = self.size
@@ -222,13 +221,13 @@ class RandomResizedCrop(ImageTransform):
     """
 
     size: Size = 224
-    scale: Tuple[float, float] = (0.08, 1.0)
-    ratio: Tuple[float, float] = (3 / 4, 4 / 3)
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
-    seed: Optional[int] = None
+    seed: int | None = None
     interpolation: str = "auto"
     dct_scaling: bool = True
-    backend: Optional[str] = None
+    backend: str | None = None
     deterministic = False
 
     def __post_init__(self) -> None:
@@ -281,14 +280,14 @@ class RandomResizedCrop(ImageTransform):
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53: (word >> 11) * _TO_UNIT is uniform in [0, 1)
 
 
-def _random_words(seed: int, epoch: int, index: int) -> Tuple[int, ...]:
+def _random_words(seed: int, epoch: int, index: int) -> tuple[int, ...]:
     """23 uniform 64-bit words that depend only on (seed, epoch, index) (SHAKE-128 output):
     2 per try (area, aspect ratio) x 10 tries, then top, left and flip."""
     key = f"gpufeed-rrc:{int(seed)}:{int(epoch)}:{int(index)}".encode()
     return struct.unpack("<23Q", hashlib.shake_128(key).digest(184))
 
 
-def _check_size(size: Size) -> Tuple[int, int]:
+def _check_size(size: Size) -> tuple[int, int]:
     if isinstance(size, int) and not isinstance(size, bool):
         pair = (size, size)
     elif isinstance(size, (tuple, list)) and len(size) == 2 and all(
@@ -307,14 +306,14 @@ def _check_interpolation(value: str) -> None:
         raise ValueError(f"`interpolation` must be one of {_INTERPOLATIONS}. Found: {value!r}.")
 
 
-def _check_backend(value: Optional[str]) -> None:
+def _check_backend(value: str | None) -> None:
     from gpufeed.decode._backends import BACKENDS
 
     if value is not None and value not in BACKENDS:
         raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {value!r}.")
 
 
-def _check_out(out: np.ndarray, size: Tuple[int, int]) -> str:
+def _check_out(out: np.ndarray, size: tuple[int, int]) -> str:
     """Return "hwc" or "chw" for a valid ``out``; raise ValueError naming the problem otherwise."""
     if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"`out` must be a C-contiguous uint8 numpy array. Found: "
@@ -333,8 +332,8 @@ def _check_out(out: np.ndarray, size: Tuple[int, int]) -> str:
 _PLANE_SUBSAMPLINGS = frozenset({(2, 1)})
 
 
-def _plane_path(header: ImageHeader, backend: Optional[str], min_h: Optional[int],
-                min_w: Optional[int]) -> Optional[Tuple[int, int]]:
+def _plane_path(header: ImageHeader, backend: str | None, min_h: int | None,
+                min_w: int | None) -> tuple[int, int] | None:
     """(sub_y, sub_x) when ``apply`` should decode this image to planes, None for the RGB path:
     a greyscale JPEG, or a 4:4:0 YCbCr JPEG decoded at full size; stored orientation, decoded by
     libjpeg-turbo."""

@@ -21,19 +21,20 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from gpufeed._observe.batches import batch_size_of
+from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
+from gpufeed._observe.probe import usable_core_count
 from gpufeed._observe.tune_rules import (
     cache_bytes_needed,
     recommend_cache_bytes,
     recommend_prefetch_factor,
 )
-from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
-from gpufeed._observe.probe import usable_core_count
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -150,7 +151,7 @@ def measure(
     *,
     batches: int = 20,
     warmup_batches: int = 3,
-    step: Optional[Callable[[Any], Any]] = None,
+    step: Callable[[Any], Any] | None = None,
     sample_interval_s: float = 0.2,
 ) -> TuneRow:
     """Measure one loader: ``make_loader(num_workers, pin_workers)``.
@@ -239,12 +240,12 @@ class TuneResult:
     recommended_prefetch_factor: int
     recommended_cache_bytes: int
     reasons: tuple[str, ...]
-    knee_num_workers: Optional[int] = None
+    knee_num_workers: int | None = None
     max_workers: int = 0
     min_gain: float = 0.05
     memory_fraction: float = 0.8
     available_memory_bytes: int = 0
-    dataset_cache_bytes: Optional[int] = None
+    dataset_cache_bytes: int | None = None
 
     @property
     def recommended_row(self) -> TuneRow:
@@ -276,7 +277,7 @@ class TuneResult:
         """A text table: workers, pin, images/s, gain, CPU %, memory, per worker, data wait."""
         header = ("workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
         lines: list[list[str]] = []
-        previous: Optional[TuneRow] = None
+        previous: TuneRow | None = None
         for row in self.rows:
             if row.pin_workers:
                 ref = next((r for r in self.rows if not r.pin_workers
@@ -395,18 +396,18 @@ class _Progress:
 
 
 def tune(
-    make_loader: Optional[LoaderFactory] = None,
+    make_loader: LoaderFactory | None = None,
     *,
     dataset: Any = None,
     batch_size: int = 64,
-    max_workers: Optional[int] = None,
+    max_workers: int | None = None,
     memory_fraction: float = 0.8,
     min_gain: float = 0.05,
     batches: int = 20,
     warmup_batches: int = 3,
-    step: Optional[Callable[[Any], Any]] = None,
-    measure_fn: Optional[MeasureFn] = None,
-    available_memory_bytes: Optional[int] = None,
+    step: Callable[[Any], Any] | None = None,
+    measure_fn: MeasureFn | None = None,
+    available_memory_bytes: int | None = None,
     progress: bool = True,
     **loader_kwargs: Any,
 ) -> TuneResult:
@@ -461,7 +462,7 @@ def tune(
         factory = make_loader if make_loader is not None else _dataset_factory(
             dataset, batch_size, loader_kwargs)
 
-        def recording(num_workers: int, pin_workers: bool) -> "FastLoader":
+        def recording(num_workers: int, pin_workers: bool) -> FastLoader:
             loader = factory(num_workers, pin_workers)
             seen.setdefault("dataset", getattr(loader, "dataset", None))
             return loader
@@ -477,10 +478,10 @@ def tune(
     if max_workers > cores:
         reasons.append(f"max_workers={max_workers} is above the {cores} usable cores (explicit).")
     rows: list[TuneRow] = []
-    knee: Optional[int] = None
+    knee: int | None = None
     bar = _Progress(len(counts) + 1, progress)
     try:
-        best: Optional[TuneRow] = None
+        best: TuneRow | None = None
         for n in counts:
             if best is not None:
                 per_worker = max(r.memory_per_worker_bytes for r in rows)
@@ -562,7 +563,7 @@ def tune(
 def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:
     from gpufeed.loader import FastLoader
 
-    def make(num_workers: int, pin_workers: bool) -> "FastLoader":
+    def make(num_workers: int, pin_workers: bool) -> FastLoader:
         kwargs = dict(loader_kwargs)
         kwargs.setdefault("persistent_workers", num_workers > 0)
         return FastLoader(dataset, batch_size=batch_size, num_workers=num_workers,

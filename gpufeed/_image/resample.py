@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import List, Tuple
 
 import numpy as np
 
-Box = Tuple[float, float, float, float]  # top, left, height, width in full-size source pixels
+Box = tuple[float, float, float, float]  # top, left, height, width in full-size source pixels
 
 # Chroma alignment: how many leading output pixels the chroma resize may compute and drop
 # (see _chroma_span). 3 leaves a mean offset of 0.04 chroma pixels (0 allows 0.25).
@@ -58,7 +57,7 @@ def crop_resize(img: np.ndarray, full_h: int, full_w: int, box: Box, flip: bool,
         _split_into(target, out)
 
 
-def crop_resize_planes(planes: List[np.ndarray], sub: Tuple[int, int], full_h: int,
+def crop_resize_planes(planes: list[np.ndarray], sub: tuple[int, int], full_h: int,
                        full_w: int, box: Box, flip: bool, out: np.ndarray, layout: str,
                        interpolation: str) -> None:
     """As :func:`crop_resize`, from JPEG planes: ``planes`` is [Y] (greyscale) or [Y, Cb, Cr]
@@ -105,7 +104,7 @@ def crop_resize_planes(planes: List[np.ndarray], sub: Tuple[int, int], full_h: i
         _split_into(target, out)
 
 
-def _region(dh: int, dw: int, full_h: int, full_w: int, box: Box) -> Tuple[int, int, int, int]:
+def _region(dh: int, dw: int, full_h: int, full_w: int, box: Box) -> tuple[int, int, int, int]:
     """(y0, y1, x0, x1): ``box`` (full-size source pixels) rounded to whole pixels of a
     dh x dw image, at least one pixel, inside it."""
     sy, sx = dh / full_h, dw / full_w
@@ -118,7 +117,7 @@ def _region(dh: int, dw: int, full_h: int, full_w: int, box: Box) -> Tuple[int, 
 
 
 def _chroma_span(start: int, stop: int, sub: int, n: int,
-                 length: int) -> Tuple[int, int, int, float]:
+                 length: int) -> tuple[int, int, int, float]:
     """How to resample one axis of a chroma plane (``length`` samples, ``sub`` luma pixels per
     sample) so that it lines up with the luma region [start, stop) resized to ``n`` pixels.
 
@@ -160,7 +159,7 @@ def _chroma_span(start: int, stop: int, sub: int, n: int,
     return c0, min(length, c0 + math.ceil((n + skip) * step) + 1), skip, inv_step
 
 
-def _out_size(out: np.ndarray, layout: str) -> Tuple[int, int]:
+def _out_size(out: np.ndarray, layout: str) -> tuple[int, int]:
     return (out.shape[0], out.shape[1]) if layout == "hwc" else (out.shape[1], out.shape[2])
 
 
@@ -179,7 +178,7 @@ def _resize_into(region: np.ndarray, target: np.ndarray, interpolation: str) -> 
         np.copyto(target, result)
 
 
-def _merge_into(planes: Tuple[np.ndarray, np.ndarray, np.ndarray], target: np.ndarray) -> None:
+def _merge_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], target: np.ndarray) -> None:
     import cv2
 
     result = cv2.merge(planes, target)

@@ -7,7 +7,7 @@ rule can be read, tested and changed on its own. Re-exported by :mod:`gpufeed.tu
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from gpufeed._observe.memory import format_bytes
 
@@ -46,7 +46,7 @@ def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
     return 2, (f"prefetch_factor 2: the consumer waited only {data_wait_fraction:.0%} of the time")
 
 
-def cache_bytes_needed(dataset: Any) -> tuple[Optional[int], str]:
+def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
     """Bytes the loader's host cache needs to hold all of ``dataset``, and what they are.
 
     The cache holds what the image path would recompute (see :mod:`gpufeed.cache`): with a
@@ -82,7 +82,7 @@ def cache_bytes_needed(dataset: Any) -> tuple[Optional[int], str]:
     return int(mean * count), f"{count} encoded images (estimated from {len(picks)} reads)"
 
 
-def recommend_cache_bytes(needed_bytes: Optional[int], what: str, available_bytes: int,
+def recommend_cache_bytes(needed_bytes: int | None, what: str, available_bytes: int,
                           loader_bytes: int) -> tuple[int, str]:
     """``cache_bytes`` for the loader, and why: all of the dataset or nothing.
 

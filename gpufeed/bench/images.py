@@ -46,9 +46,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
+from gpufeed._observe.memory import PeakPSS, tree_memory
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
-from gpufeed._observe.memory import PeakPSS, tree_memory
 from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
 __all__ = [

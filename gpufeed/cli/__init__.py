@@ -16,7 +16,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gpufeed`` command line with ``argv`` (default ``sys.argv[1:]``); exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)

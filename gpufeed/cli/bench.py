@@ -19,10 +19,11 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
-from gpufeed.cli._util import non_negative_int as _non_negative, positive_int as _positive, write
+from gpufeed._observe.memory import format_bytes
 from gpufeed.bench.images import (
     CV_NAME,
     FAST_NAME,
@@ -33,7 +34,9 @@ from gpufeed.bench.images import (
     pil_available,
     run_image_bench,
 )
-from gpufeed._observe.memory import format_bytes
+from gpufeed.cli._util import non_negative_int as _non_negative
+from gpufeed.cli._util import positive_int as _positive
+from gpufeed.cli._util import write
 
 __all__ = ["add_bench_parser", "add_demo_parser", "format_report", "prepare_demo_data",
            "run_bench", "run_demo", "write"]
@@ -101,7 +104,7 @@ def add_demo_parser(sub: Any) -> None:
 
 # ---------------------------------------------------------------------------------- running
 
-def _progress(total: int, enabled: bool) -> tuple[Optional[Callable[[str], None]], Callable[[], None]]:
+def _progress(total: int, enabled: bool) -> tuple[Callable[[str], None] | None, Callable[[], None]]:
     """(per-round callback, close) for a tqdm bar of ``total`` rounds; no-ops without tqdm."""
     if not enabled or total <= 0:
         return None, lambda: None
@@ -119,7 +122,7 @@ def _progress(total: int, enabled: bool) -> tuple[Optional[Callable[[str], None]
 
 
 def _run_one(args: argparse.Namespace, root: str, transform: str, workers: int,
-             warmup: Optional[int] = None) -> ImageBenchResult:
+             warmup: int | None = None) -> ImageBenchResult:
     warmup = args.warmup if warmup is None else warmup
     num_loaders = 3 if pil_available() else 2
     tick, close = _progress(num_loaders * (args.rounds + warmup) + args.epochs, not args.no_progress)

@@ -17,7 +17,9 @@ import argparse
 import json
 from typing import Any
 
-from gpufeed.cli._util import non_negative_int as _non_negative_int, positive_int as _positive, write
+from gpufeed.cli._util import non_negative_int as _non_negative_int
+from gpufeed.cli._util import positive_int as _positive
+from gpufeed.cli._util import write
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 

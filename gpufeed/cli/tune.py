@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
-from gpufeed.cli._util import non_negative_int as _non_negative, positive_int as _positive, write
+from gpufeed.cli._util import non_negative_int as _non_negative
+from gpufeed.cli._util import positive_int as _positive
+from gpufeed.cli._util import write
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 
@@ -98,7 +101,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from gpufeed.bench.environment import describe_environment
     from gpufeed.tune import tune
 
-    step: Optional[Callable[[Any], None]] = None
+    step: Callable[[Any], None] | None = None
     if args.step_ms > 0:
         delay_s = args.step_ms / 1000.0
 

@@ -13,7 +13,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError
 
@@ -27,9 +27,9 @@ class TurboState:
     """Outcome of loading libturbojpeg in this process."""
 
     decoder: Any  # turbojpeg.TurboJPEG, or None when unavailable
-    version: Optional[str]  # PyTurboJPEG's version
-    library: Optional[str]  # path of the loaded libturbojpeg
-    reason: Optional[str]  # why it is unavailable, None when available
+    version: str | None  # PyTurboJPEG's version
+    library: str | None  # path of the loaded libturbojpeg
+    reason: str | None  # why it is unavailable, None when available
     scaling_factors: tuple[tuple[int, int], ...] = ()  # (num, denom), ascending, <= 1 only
 
     @property
@@ -38,11 +38,11 @@ class TurboState:
 
 
 _lock = threading.Lock()
-_turbo: Optional[TurboState] = None
+_turbo: TurboState | None = None
 _warned = False
 
 
-def load_turbojpeg(lib_path: Optional[str] = None) -> TurboState:
+def load_turbojpeg(lib_path: str | None = None) -> TurboState:
     """Try to load libturbojpeg (from ``lib_path`` or PyTurboJPEG's search); never raises."""
     try:
         import turbojpeg
@@ -76,7 +76,7 @@ def turbo_state() -> TurboState:
     return state
 
 
-def set_turbo_state(state: Optional[TurboState]) -> None:
+def set_turbo_state(state: TurboState | None) -> None:
     """Replace this process's libturbojpeg state (None: load again on next use). For tests/tools."""
     global _turbo, _warned
     with _lock:
@@ -84,7 +84,7 @@ def set_turbo_state(state: Optional[TurboState]) -> None:
         _warned = False
 
 
-def jpeg_backend(requested: Optional[str]) -> str:
+def jpeg_backend(requested: str | None) -> str:
     """The backend that decodes JPEGs for a request of ``requested`` (None, or one of BACKENDS)."""
     if requested is not None and requested not in BACKENDS:
         raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {requested!r}.")
@@ -134,7 +134,7 @@ def _fast_factors(state: TurboState) -> list[tuple[int, int]]:
     return [f for f in FACTORS if f in state.scaling_factors]
 
 
-def _loaded_library_path(name: str) -> Optional[str]:
+def _loaded_library_path(name: str) -> str | None:
     """Path of a shared library mapped into this process whose file name starts with ``name``."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:

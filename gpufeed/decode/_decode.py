@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +41,8 @@ def scaled_size(height: int, width: int, factor: tuple[int, int]) -> tuple[int, 
     return -(-height * num // den), -(-width * num // den)
 
 
-def choose_factor(header: ImageHeader, min_height: Optional[int], min_width: Optional[int],
-                  backend: Optional[str] = None) -> tuple[int, int]:
+def choose_factor(header: ImageHeader, min_height: int | None, min_width: int | None,
+                  backend: str | None = None) -> tuple[int, int]:
     """The smallest DCT scaling factor whose output is >= (min_height, min_width) on both axes.
 
     Factors are taken from ``FACTORS`` (those libjpeg-turbo reports in
@@ -64,7 +65,7 @@ def choose_factor(header: ImageHeader, min_height: Optional[int], min_width: Opt
     return (1, 1)
 
 
-def jpeg_decoder(header: ImageHeader, backend: Optional[str]) -> str:
+def jpeg_decoder(header: ImageHeader, backend: str | None) -> str:
     """Which backend decodes this image: "turbojpeg" or "opencv"."""
     if header.fmt != "jpeg" or header.cmyk:
         _backends.jpeg_backend(backend)  # still validate the request and warn on fallback
@@ -72,8 +73,8 @@ def jpeg_decoder(header: ImageHeader, backend: Optional[str]) -> str:
     return _backends.jpeg_backend(backend)
 
 
-def decode(data: Buffer, *, min_height: Optional[int] = None, min_width: Optional[int] = None,
-           backend: Optional[str] = None, header: Optional[ImageHeader] = None) -> np.ndarray:
+def decode(data: Buffer, *, min_height: int | None = None, min_width: int | None = None,
+           backend: str | None = None, header: ImageHeader | None = None) -> np.ndarray:
     """Decode an encoded image into an (H, W, 3) uint8 RGB C-contiguous array.
 
     ``min_height``/``min_width`` (pixels of the oriented output): JPEGs are decoded at the
@@ -127,7 +128,7 @@ def _turbo_call(fn: Callable[[np.ndarray], Any], buf: memoryview) -> Any:
     return result
 
 
-def plane_subsampling(header: ImageHeader) -> Optional[tuple[int, int]]:
+def plane_subsampling(header: ImageHeader) -> tuple[int, int] | None:
     """(vertical, horizontal) chroma subsampling of a YCbCr JPEG whose chroma components are
     both sampled (1, 1) and whose luma is sampled at most 2 per axis ((1, 1) for 4:4:4, (2, 2)
     for 4:2:0, (1, 2) for 4:2:2, (2, 1) for 4:4:0); (1, 1) for a greyscale JPEG; None for
@@ -144,7 +145,7 @@ def plane_subsampling(header: ImageHeader) -> Optional[tuple[int, int]]:
     return (luma_v, luma_h)
 
 
-def decode_planes(data: Buffer, *, header: Optional[ImageHeader] = None,
+def decode_planes(data: Buffer, *, header: ImageHeader | None = None,
                   factor: tuple[int, int] = (1, 1)) -> list[np.ndarray]:
     """Decode a YCbCr or greyscale JPEG into its planes with libjpeg-turbo, skipping the chroma
     upsampling and colour conversion that :func:`decode` does.

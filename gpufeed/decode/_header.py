@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
 
 import numpy as np
 
 from gpufeed.errors import DecodeError
 
-Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
+Buffer = bytes | bytearray | memoryview | np.ndarray
 
 # EXIF orientations 5-8 swap the axes (transpose/rotate by 90 degrees).
 _TRANSPOSING = frozenset({5, 6, 7, 8})
@@ -51,7 +50,7 @@ class ImageHeader:
     orientation: int = 1
     cmyk: bool = False
     progressive: bool = False
-    sampling: Tuple[Tuple[int, int], ...] = ()
+    sampling: tuple[tuple[int, int], ...] = ()
     colorspace: str = ""
 
     @property
@@ -129,7 +128,7 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
     channels = 3
     orientation = 1
     progressive = False
-    sampling: Tuple[Tuple[int, int], ...] = ()
+    sampling: tuple[tuple[int, int], ...] = ()
     ids = b""
     jfif = False
     adobe_transform = None
@@ -181,7 +180,7 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
 
 
 def _jpeg_colorspace(channels: int, ids: bytes, jfif: bool,
-                     adobe_transform: Optional[int]) -> str:
+                     adobe_transform: int | None) -> str:
     """The colour space libjpeg(-turbo) assumes for a JPEG (``default_decompress_parms``)."""
     if channels == 1:
         return "gray"

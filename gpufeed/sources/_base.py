@@ -8,7 +8,7 @@ fresh tensor, so every source also works under ``torch.utils.data.DataLoader``.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,8 +54,8 @@ class ImageSource(Dataset):
         """Epoch used by ``__getitem__`` for random transforms (the fast path passes its own)."""
         self.epoch = operator.index(epoch)
 
-    def decode_into(self, index: int, data: Buffer, out: Optional[np.ndarray] = None, *,
-                    epoch: Optional[int] = None, seed: Optional[int] = None) -> np.ndarray:
+    def decode_into(self, index: int, data: Buffer, out: np.ndarray | None = None, *,
+                    epoch: int | None = None, seed: int | None = None) -> np.ndarray:
         """Decode (and transform) ``data``, the bytes of sample ``index``, into ``out``.
 
         With a transform, ``out`` is (H, W, 3) or (3, H, W) uint8 (allocated CHW when None);

@@ -8,7 +8,7 @@ encoded paths plus an int64 offset array is never written after construction, so
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

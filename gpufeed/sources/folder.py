@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class ImageFolder(ImageSource):
     labels are kept in numpy arrays (``samples`` builds its list on demand).
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Optional[Any] = None) -> None:
+    def __init__(self, root: str | os.PathLike, transform: Any | None = None) -> None:
         self.root = os.fspath(root)
         self._prefix = os.path.join(self.root, "")
         self.transform = transform

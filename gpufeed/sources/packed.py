@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def sample_key(index: int) -> bytes:
 class LMDBDataset(ImageSource):
     """Images and labels from an LMDB written by :func:`pack` (a directory or a single file)."""
 
-    def __init__(self, path: str | os.PathLike, transform: Optional[Any] = None) -> None:
+    def __init__(self, path: str | os.PathLike, transform: Any | None = None) -> None:
         self.path = os.fspath(path)
         self.transform = transform
         if not os.path.exists(self.path):
@@ -77,7 +77,7 @@ class LMDBDataset(ImageSource):
         if len(self._labels) != meta["count"]:
             raise ValueError(f"{self.path!r}: {len(self._labels)} labels for {meta['count']} "
                              f"samples: corrupt file. Pack it again.")
-        self._paths: Optional[list[str]] = None
+        self._paths: list[str] | None = None
 
     def _environment(self) -> Any:
         return _shared_env(self.path)[0]
@@ -170,7 +170,7 @@ class PackResult:
 
 
 def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
-         max_side: Optional[int] = None, quality: Optional[int] = None, progress: bool = True,
+         max_side: int | None = None, quality: int | None = None, progress: bool = True,
          txn_bytes: int = 64 << 20) -> PackResult:
     """Pack an image folder (torchvision ``ImageFolder`` layout and order) into a new LMDB.
 
@@ -249,7 +249,7 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     return PackResult(dst, n, tuple(folder.classes), total_in, written, reencoded, seconds)
 
 
-def _prepare(data: bytes, max_side: Optional[int], quality: Optional[int]) -> tuple[bytes, bool]:
+def _prepare(data: bytes, max_side: int | None, quality: int | None) -> tuple[bytes, bool]:
     """The bytes to store for one image, and whether they were re-encoded."""
     from gpufeed.decode import decode, read_header
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from gpufeed.sources._base import ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
@@ -23,7 +23,7 @@ class ImageDataset(ImageSource):
       from it on each read.
     """
 
-    def __init__(self, source: Any, transform: Optional[Any] = None) -> None:
+    def __init__(self, source: Any, transform: Any | None = None) -> None:
         self.transform = transform
         self.classes = list(getattr(source, "classes", []) or [])
         self.class_to_idx = dict(getattr(source, "class_to_idx", {}) or {})
@@ -38,7 +38,7 @@ class ImageDataset(ImageSource):
                         and isinstance(pair[0], (str, os.PathLike))):
                     raise TypeError(f"`source.samples` must be a list of (path, class_index). "
                                     f"Found: {pair!r}.")
-            self._paths: Optional[PathTable] = PathTable(p for p, _ in pairs)
+            self._paths: PathTable | None = PathTable(p for p, _ in pairs)
             self._labels = labels_array([int(c) for _, c in pairs])
         elif hasattr(source, "__getitem__") and hasattr(source, "__len__"):
             self._source = source
