@@ -199,9 +199,9 @@ class Report:
             f"  cpu: workers {ev.num_workers} [{cpu} of a core], main {ev.main_cpu:.0%}, "
             f"idle {ev.idle_cores:.1f}/{ev.usable_cores:g} cores, others {ev.other_cores:.1f}, "
             f"iowait {ev.iowait_fraction:.0%}")
-        if ev.worker_running is not None:
+        if ev.worker_running is not None and ev.worker_blocked is not None:
             lines.append(f"  worker threads: running {ev.worker_running:.0%}, blocked "
-                         f"{ev.worker_blocked:.0%}, D-state {ev.dstate_fraction:.0%} "
+                         f"{ev.worker_blocked:.0%}, D-state {ev.dstate_fraction or 0.0:.0%} "
                          f"({ev.state_samples} samples); queue {ev.queue_depth_mean:.1f}/{ev.queue_capacity}")
         if ev.stage_total_s > 0:
             stages = "  ".join(f"{k} {v:.0%}" for k, v in ev.shares.items())
@@ -234,9 +234,13 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
             "send less over PCIe: keep batches uint8 on the wire (device= with normalize/dtype runs "
             "them on the GPU), a smaller crop; check the link (`nvidia-smi -q`, 'GPU Link Info')")
 
-    sampled = ev.worker_running is not None and ev.state_samples > 0
-    running = ev.worker_running if sampled else min(1.0, ev.worker_cpu_mean)
-    blocked = ev.worker_blocked if sampled else max(0.0, ev.worker_busy - ev.worker_cpu_mean)
+    # Thread states count only when both shares were sampled; otherwise CPU fractions stand in.
+    if ev.worker_running is not None and ev.worker_blocked is not None and ev.state_samples > 0:
+        sampled, running, blocked = True, ev.worker_running, ev.worker_blocked
+    else:
+        sampled = False
+        running = min(1.0, ev.worker_cpu_mean)
+        blocked = max(0.0, ev.worker_busy - ev.worker_cpu_mean)
     dstate = ev.dstate_fraction or 0.0
     shares = ev.shares
     read_share = shares.get("read", 0.0)
@@ -427,11 +431,13 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         idle = min(idle, probe.cgroup_spare_s / wall)
     total_sys = probe.system_busy_s + probe.system_idle_s + probe.system_iowait_s
     n_states = probe.state_samples
+    # Any: Evidence's fields differ in type, so a dict[str, float] could not be spread into it.
+    stage_s: dict[str, Any] = {k: max(0.0, delta(k)) for k in STAGES}
     return Evidence(
         batches=batches, wall_s=wall_s, wait_s=wait_s, step_s=step_s, num_workers=num_workers,
         usable_cores=probe.usable_cores, image_path="images" in after,
         samples=int(delta("samples")) or samples,
-        **{k: max(0.0, delta(k)) for k in STAGES},
+        **stage_s,
         queue_depth_mean=max(0.0, depth), queue_capacity=prefetch * num_workers,
         worker_cpu=tuple(cpu / wall for cpu in probe.worker_cpu_s.values()),
         main_cpu=probe.main_cpu_s / wall,
@@ -454,7 +460,8 @@ def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
     dataset = getattr(loader, "dataset", None)
     transform = getattr(dataset, "transform", None)
     read = getattr(dataset, "read", None)
-    if transform is None or not callable(read) or not hasattr(transform, "output_size"):
+    if (dataset is None or transform is None or not callable(read)
+            or not hasattr(transform, "output_size")):
         return {}
     from gpufeed.decode import read_header
     from gpufeed.errors import DecodeError

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -152,13 +153,15 @@ def make_image_folder(
     return SynthFolder(root=root, classes=classes, num_images=num_classes * per_class)
 
 
-def _size_ranges(size: Sequence) -> tuple[tuple[int, int], tuple[int, int]]:
+def _size_ranges(size: Sequence[Any]) -> tuple[tuple[int, int], tuple[int, int]]:
     if len(size) != 2:
         raise ValueError(f"`size` must be (height, width) or ((min_h, max_h), (min_w, max_w)). "
                          f"Found: {size!r}.")
     h, w = size
-    hr = (int(h), int(h)) if np.isscalar(h) else (int(h[0]), int(h[1]))
-    wr = (int(w), int(w)) if np.isscalar(w) else (int(w[0]), int(w[1]))
+    # np.ndim, not np.isscalar: the latter is a type guard that narrows ``h`` to numpy's scalar
+    # union (complex, str, ...), which int() does not take; the two agree on every valid size.
+    hr = (int(h), int(h)) if np.ndim(h) == 0 else (int(h[0]), int(h[1]))
+    wr = (int(w), int(w)) if np.ndim(w) == 0 else (int(w[0]), int(w[1]))
     if min(hr + wr) <= 0 or hr[0] > hr[1] or wr[0] > wr[1]:
         raise ValueError(f"`size` must hold positive sizes with min <= max. Found: {size!r}.")
     return hr, wr

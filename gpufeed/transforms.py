@@ -44,6 +44,7 @@ import math
 import struct
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -80,7 +81,9 @@ class ImageTransform:
     Subclasses implement :meth:`_box` and set ``size`` (output (height, width) in pixels).
     """
 
-    size: tuple[int, int]
+    # Typed as the constructor takes it; ``__post_init__`` stores it as a (height, width) pair,
+    # which :attr:`output_size` gives with that type.
+    size: Size
     interpolation: str
     dct_scaling: bool
     backend: str | None
@@ -90,7 +93,7 @@ class ImageTransform:
     @property
     def output_size(self) -> tuple[int, int]:
         """(height, width) of the output in pixels."""
-        return self.size
+        return cast("tuple[int, int]", self.size)
 
     def _box(self, height: int, width: int, seed: int, epoch: int,
              index: int) -> tuple[float, float, float, float, bool]:
@@ -113,10 +116,10 @@ class ImageTransform:
         or, for tests and benchmarks, "rgb" (never the plane path) or "planes" (the plane path
         for any YCbCr or greyscale JPEG in stored orientation, ValueError for anything else)."""
         t0 = time.perf_counter()
-        layout = _check_out(out, self.size)
+        layout = _check_out(out, self.output_size)
         header = read_header(data)
         top, left, bh, bw, flip = self._box(header.height, header.width, seed, epoch, index)
-        oh, ow = self.size
+        oh, ow = self.output_size
         scale = max(oh / bh, ow / bw)
         min_h = min_w = None
         if self.dct_scaling and scale < 1.0:
@@ -154,8 +157,8 @@ class ImageTransform:
             raise ValueError(f"`img` must be an (H, W, 3) uint8 array. "
                              f"Found: shape {img.shape}, dtype {img.dtype}.")
         if out is None:
-            out = np.empty((*self.size, 3), np.uint8)
-        layout = _check_out(out, self.size)
+            out = np.empty((*self.output_size, 3), np.uint8)
+        layout = _check_out(out, self.output_size)
         height, width = img.shape[:2]
         top, left, bh, bw, flip = self._box(height, width, seed, epoch, index)
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
@@ -183,7 +186,7 @@ class ResizeCenterCrop(ImageTransform):
         object.__setattr__(self, "size", _check_size(self.size))
         if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
             raise ValueError(f"`resize` must be an int > 0. Found: {self.resize!r}.")
-        if self.resize < max(self.size):
+        if self.resize < max(self.output_size):
             raise ValueError(f"`resize` must be >= the crop size so the crop fits. Found: "
                              f"resize={self.resize}, size={self.size}; fix: raise `resize` "
                              f"or lower `size`.")
@@ -198,13 +201,14 @@ class ResizeCenterCrop(ImageTransform):
     def source_box(self, height: int, width: int) -> tuple[float, float, float, float]:
         """The center crop as (top, left, height, width) in (fractional) source pixels."""
         nh, nw = self.resized_size(height, width)
-        th, tw = self.size
+        th, tw = self.output_size
         top = int(round((nh - th) / 2.0))
         left = int(round((nw - tw) / 2.0))
         sy, sx = height / nh, width / nw
         return top * sy, left * sx, th * sy, tw * sx
 
-    def _box(self, height, width, seed, epoch, index):
+    def _box(self, height: int, width: int, seed: int, epoch: int,
+             index: int) -> tuple[float, float, float, float, bool]:
         return (*self.source_box(height, width), False)
 
 
@@ -272,7 +276,8 @@ class RandomResizedCrop(ImageTransform):
         return CropParams((height - h) // 2, (width - w) // 2, h, w,
                           self.flip and raw[22] >> 63 == 1)
 
-    def _box(self, height, width, seed, epoch, index):
+    def _box(self, height: int, width: int, seed: int, epoch: int,
+             index: int) -> tuple[float, float, float, float, bool]:
         p = self.params(seed, epoch, index, height, width)
         return p.top, p.left, p.height, p.width, p.flip
 

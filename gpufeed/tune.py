@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,7 +122,7 @@ def tree_cpu_s() -> float:
     return total
 
 
-def _batches(loader: Any) -> Iterator[Any]:
+def _batches(loader: Any) -> Generator[Any, None, None]:
     """The loader's batches, epoch after epoch, forever (a loader with no batches: ValueError)."""
     while True:
         empty = True
@@ -458,6 +458,7 @@ def tune(
     budget_bytes = memory_fraction * available_memory_bytes
 
     seen: dict[str, Any] = {}
+    run: Callable[[int, bool], TuneRow]
     if measure_fn is None:
         factory = make_loader if make_loader is not None else _dataset_factory(
             dataset, batch_size, loader_kwargs)
@@ -467,9 +468,11 @@ def tune(
             seen.setdefault("dataset", getattr(loader, "dataset", None))
             return loader
 
-        def run(num_workers: int, pin_workers: bool) -> TuneRow:
+        def run_measure(num_workers: int, pin_workers: bool) -> TuneRow:
             return measure(recording, num_workers, pin_workers, batches=batches,
                            warmup_batches=warmup_batches, step=step)
+
+        run = run_measure
     else:
         run = measure_fn
 

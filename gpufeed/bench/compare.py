@@ -365,15 +365,14 @@ def _wait_children_gone(me: psutil.Process, before: set[int], timeout_s: float) 
     t0 = time.perf_counter()
     while True:
         try:
-            new = [
-                p
+            alive = any(
+                p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
                 for p in me.children(recursive=True)
-                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
-            ]
+            )
         except psutil.NoSuchProcess:
-            new = [None]  # a child vanished while being listed: look again
+            alive = True  # a child vanished while being listed: look again
         waited = time.perf_counter() - t0
-        if not new:
+        if not alive:
             return waited
         if waited > timeout_s:
             return None

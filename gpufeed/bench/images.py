@@ -142,9 +142,10 @@ class _ReferenceFolder(Dataset):
     def _load(self, index: int, path: str) -> torch.Tensor:
         raise NotImplementedError
 
-    def _train_box(self, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
+    def _train_box(self, crop: RandomResizedCrop, index: int, height: int,
+                   width: int) -> tuple[int, int, int, int, bool]:
         """(top, left, height, width, flip) of sample ``index``: gpufeed's params, epoch 0."""
-        p = self.transform.params(self.seed, 0, index, height, width)
+        p = crop.params(self.seed, 0, index, height, width)
         return p.top, p.left, p.height, p.width, p.flip
 
 
@@ -155,20 +156,19 @@ class PILImageFolder(_ReferenceFolder):
         from PIL import Image
 
         with open(path, "rb") as f:  # torchvision's pil_loader
-            img = Image.open(f)
-            img = img.convert("RGB")
+            img = Image.open(f).convert("RGB")
         oh, ow = self.transform.output_size
         if isinstance(self.transform, ResizeCenterCrop):
             nh, nw = self.transform.resized_size(img.height, img.width)
-            img = img.resize((nw, nh), Image.BILINEAR, reducing_gap=None)
+            img = img.resize((nw, nh), Image.Resampling.BILINEAR, reducing_gap=None)
             top, left = int(round((nh - oh) / 2.0)), int(round((nw - ow) / 2.0))
             img = img.crop((left, top, left + ow, top + oh))
         else:
-            top, left, h, w, flip = self._train_box(index, img.height, img.width)
+            top, left, h, w, flip = self._train_box(self.transform, index, img.height, img.width)
             img = img.crop((left, top, left + w, top + h))
-            img = img.resize((ow, oh), Image.BILINEAR, reducing_gap=None)
+            img = img.resize((ow, oh), Image.Resampling.BILINEAR, reducing_gap=None)
             if flip:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1)  # pil_to_tensor
 
 
@@ -200,7 +200,7 @@ class OpenCVImageFolder(_ReferenceFolder):
             top, left = int(round((nh - oh) / 2.0)), int(round((nw - ow) / 2.0))
             img = img[top:top + oh, left:left + ow]
         else:
-            top, left, h, w, flip = self._train_box(index, height, width)
+            top, left, h, w, flip = self._train_box(self.transform, index, height, width)
             region = img[top:top + h, left:left + w]
             img = cv2.resize(region, (ow, oh), interpolation=_cv2_interpolation((h, w), (oh, ow)))
             if flip:
@@ -246,15 +246,19 @@ def loader_factories(
         return dict(batch_size=batch_size, num_workers=num_workers, shuffle=shuffle,
                     generator=torch.Generator().manual_seed(seed), persistent_workers=persistent)
 
+    def fast(ds: ImageFolder) -> LoaderFactory:
+        return lambda: FastLoader(ds, **common(), seed=seed)
+
+    def reference(ds: _ReferenceFolder) -> LoaderFactory:
+        return lambda: DataLoader(ds, **common())
+
     factories: dict[str, LoaderFactory] = {}
     for name in names:
         if name == FAST_NAME:
-            fast_ds = ImageFolder(root, transform=geometry)
-            factories[name] = lambda ds=fast_ds: FastLoader(ds, **common(), seed=seed)
+            factories[name] = fast(ImageFolder(root, transform=geometry))
         else:
             cls = PILImageFolder if name == PIL_NAME else OpenCVImageFolder
-            ref_ds = cls(root, geometry, seed=seed)
-            factories[name] = lambda ds=ref_ds: DataLoader(ds, **common())
+            factories[name] = reference(cls(root, geometry, seed=seed))
     return factories
 
 
@@ -451,19 +455,20 @@ def _instrumented(factory: LoaderFactory, name: str, baselines: list[int],
     with a ``callback``, calls ``callback(name)`` once the loader's iteration ends or is dropped."""
 
     class _Reported:
-        def __init__(self, loader: Iterable[Any]) -> None:
+        def __init__(self, loader: Iterable[Any], report: RoundCallback) -> None:
             self.loader = loader
+            self.report = report
 
         def __iter__(self) -> Iterator[Any]:
             try:
                 yield from self.loader
             finally:
-                callback(name)
+                self.report(name)
 
     def build() -> Iterable[Any]:
         baselines.append(tree_memory().pss_bytes)
         loader = factory()
-        return loader if callback is None else _Reported(loader)
+        return loader if callback is None else _Reported(loader, callback)
 
     return build
 

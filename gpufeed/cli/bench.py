@@ -176,12 +176,13 @@ def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int
     root = Path(directory)
     classes = min(DEMO_CLASSES, num_images)
     per_class = num_images // classes
-    want = {"images": classes * per_class, "classes": classes, "size": DEMO_SIZE, "seed": 0}
+    images = classes * per_class
+    want = {"images": images, "classes": classes, "size": DEMO_SIZE, "seed": 0}
     marker = root / DEMO_MARKER
     if marker.exists():
         have = json.loads(marker.read_text(encoding="utf-8"))
         if have.get("params") == json.loads(json.dumps(want)):
-            return root, want["images"], True
+            return root, images, True
         for name in have.get("class_dirs", []):  # only what an earlier demo wrote
             shutil.rmtree(root / name, ignore_errors=True)
         marker.unlink()
@@ -200,7 +201,7 @@ def run_demo(args: argparse.Namespace) -> int:
     root, count, reused = prepare_demo_data(args.dir, args.images)
     write(f"  {'reused' if reused else 'generated'} {count} images in "
           f"{min(DEMO_CLASSES, args.images)} classes ({time.perf_counter() - t0:.1f} s)\n")
-    runs = []
+    runs: list[ImageBenchResult] = []
     for transform in TRANSFORMS:
         # The eval run's warm-up rounds already warmed the page cache, imports and allocator.
         run = _run_one(args, str(root), transform, args.workers, warmup=0 if runs else None)

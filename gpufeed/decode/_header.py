@@ -72,7 +72,9 @@ class ImageHeader:
 def as_buffer(data: Buffer) -> memoryview:
     """Return a flat byte memoryview over ``data`` (bytes, bytearray, memoryview or uint8 array)."""
     try:
-        view = memoryview(data)
+        # ndarray.data is the memoryview memoryview(ndarray) gives; numpy's stubs make ndarray a
+        # Buffer only for Python >= 3.12, so the attribute keeps 3.10 type-checking exact.
+        view = data.data if isinstance(data, np.ndarray) else memoryview(data)
     except TypeError:
         raise TypeError(
             f"encoded image must be bytes, bytearray, memoryview or a uint8 numpy array. "

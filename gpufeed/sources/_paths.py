@@ -49,7 +49,7 @@ class PathTable:
         self._blob, self._offsets = state
 
 
-def labels_array(labels: Sequence[int]) -> np.ndarray:
+def labels_array(labels: Sequence[int] | np.ndarray) -> np.ndarray:
     """Labels as a read-only int64 array."""
     arr = np.asarray(labels, dtype=np.int64).reshape(-1)
     arr.setflags(write=False)

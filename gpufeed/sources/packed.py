@@ -255,13 +255,13 @@ def _prepare(data: bytes, max_side: int | None, quality: int | None) -> tuple[by
 
     header = read_header(data)
     longest = max(header.height, header.width)
-    shrink = max_side is not None and longest > max_side
-    if not shrink and quality is None:
+    shrink_to = max_side if max_side is not None and longest > max_side else None
+    if shrink_to is None and quality is None:
         return data, False
     import cv2
 
-    if shrink:
-        s = max_side / longest
+    if shrink_to is not None:
+        s = shrink_to / longest
         th, tw = max(1, round(header.height * s)), max(1, round(header.width * s))
         img = decode(data, min_height=th, min_width=tw, header=header)
         if img.shape[:2] != (th, tw):

@@ -150,6 +150,16 @@ def test_without_thread_states_cpu_fractions_decide():
     assert decide(ev)[0] == "decode"
 
 
+def test_running_share_without_blocked_share_falls_back_to_cpu_fractions():
+    # Evidence is public: a hand-built one may carry worker_running alone. decide() and the
+    # report used to format and compare the missing worker_blocked (None) and raise TypeError.
+    partial = cpu_bound(decode_s=18.0, worker_blocked=None, dstate_fraction=None)
+    unsampled = replace(partial, worker_running=None, state_samples=0)
+    bottleneck, reasons, fix = decide(partial)
+    assert (bottleneck, reasons, fix) == decide(unsampled)
+    assert "worker threads" not in str(Report(bottleneck, partial, reasons, fix))
+
+
 def test_every_verdict_has_short_reasons_and_a_fix():
     cases = [(starving(wait_s=0.1), "compute"), (cpu_bound(decode_s=9.0), "decode"),
              (cpu_bound(transform_s=9.0), "transform"),
