@@ -5,12 +5,16 @@ from __future__ import annotations
 import inspect
 import os
 import weakref
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.arena import Arena
+from gpufeed._engine.context import EngineContext, Registrar
+from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
@@ -90,10 +94,19 @@ class FastLoader(DataLoader[T_co]):
             raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {prefetch_batches!r}.")
         cuda_device = resolve_device(device)
         super().__init__(dataset, *args, **kwargs)
-        self.engine_config = config
-        self._stats = Stats()
-        self._arena: Arena | None = None
-        self._arena_finalizer: weakref.finalize | None = None
+        # What the engine needs for the loader's whole life (the arena too, once created); the
+        # iterators read it there, never here.
+        self._context = EngineContext(
+            config,
+            Stats(),
+            cuda_output=cuda_device is not None,
+            pin_workers=bool(pin_workers),
+            log_dir=None if log_dir is None else os.fspath(log_dir),
+            fork_guard=single_threaded_cv2,
+            make_registrar=HostRegistrar,
+            copy_guard=current_stream_event,
+        )
+        weakref.finalize(self, self._context.close)  # the arena goes with the loader
         self._epoch = 0
         self._image_feed = make_image_feed(
             self,
@@ -105,14 +118,11 @@ class FastLoader(DataLoader[T_co]):
             seed=seed,
             on_gpu=cuda_device is not None,
         )
+        self._context.plugin = self._image_feed
         self._cuda_feed: CudaFeed | None = None
         if cuda_device is not None:
             gpu_transform = self._image_feed.gpu_transform if self._image_feed is not None else None
-            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform, self._stats)
-        self._registrar: HostRegistrar | None = None
-        self.pin_workers = bool(pin_workers)
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self._live_iters: weakref.WeakSet = weakref.WeakSet()
+            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform, self._context.stats)
         self.metrics_server = None
         if metrics_port is not None:
             from gpufeed.metrics import serve
@@ -120,14 +130,43 @@ class FastLoader(DataLoader[T_co]):
             self.metrics_server = serve(metrics_port)
             self.metrics_server.register(self)
 
-    def _pin_cpus(self) -> tuple[int, ...]:
-        if not self.pin_workers or not hasattr(os, "sched_getaffinity"):
-            return ()
-        return tuple(sorted(os.sched_getaffinity(0)))
+    # gpufeed's options that the engine reads live in its context: one place, read at iter().
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self._context.config
+
+    @engine_config.setter
+    def engine_config(self, value: EngineConfig) -> None:
+        self._context.config = value
+
+    @property
+    def pin_workers(self) -> bool:
+        return self._context.pin_workers
+
+    @pin_workers.setter
+    def pin_workers(self, value: bool) -> None:
+        self._context.pin_workers = bool(value)
+
+    @property
+    def log_dir(self) -> str | None:
+        return self._context.log_dir
+
+    @log_dir.setter
+    def log_dir(self, value: str | os.PathLike[str] | None) -> None:
+        self._context.log_dir = None if value is None else os.fspath(value)
+
+    @property
+    def _arena(self) -> Arena | None:
+        """The arena, if an iterator created it (for tests and tools)."""
+        return self._context.current_arena
+
+    @property
+    def _registrar(self) -> Registrar | None:
+        return self._context.registrar
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes of every live iterator of this loader."""
-        return [pid for it in list(self._live_iters) for pid in it.worker_pids]
+        return self._context.worker_pids()
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch number the next ``iter()`` uses for random augmentations (then +1 each).
@@ -145,40 +184,36 @@ class FastLoader(DataLoader[T_co]):
         return epoch
 
     def _get_iterator(self):
+        epoch = self._epoch  # the augmentation epoch of this pass, used once the iterator exists
+        iterator: _BaseDataLoaderIter
         if self.num_workers == 0:
-            if self._image_feed is not None:
-                from gpufeed._image.local import LocalImageIter
+            if self._image_feed is None:
+                return super()._get_iterator()
+            from gpufeed._image.local import LocalImageIter
 
-                return LocalImageIter(self)
-            return super()._get_iterator()
-        from gpufeed._engine.iterator import FastIter
+            iterator = LocalImageIter(self, self._image_feed, self._context.stats, epoch)
+        else:
+            from gpufeed._engine.iterator import FastIter
 
-        self.check_worker_number_rationality()
-        return FastIter(self)
+            self.check_worker_number_rationality()
+            iterator = FastIter(self, self._context, epoch)
+        self._epoch = epoch + 1
+        return iterator
 
     def __iter__(self):
-        iterator = super().__iter__()
+        if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
+            # torch's DataLoader.__iter__ would call ``self._iterator._reset(self)``; the new
+            # pass's augmentation epoch goes with it.
+            from gpufeed._engine.iterator import FastIter
+
+            iterator = self._iterator
+            assert isinstance(iterator, FastIter)
+            iterator.next_epoch(self, self._begin_epoch())
+        else:
+            iterator = super().__iter__()
         if self._cuda_feed is None:
             return iterator
         return self._cuda_feed.wrap(iterator)
-
-    def _get_arena(self) -> Arena:
-        """The loader's arena, created on first use and reused by every later iterator."""
-        if self._arena is None:
-            # Warm slots allowed to wait in the arena's pipe: one per worker, plus one, when
-            # workers take them; with a cache the parent binds a slot to every task it
-            # dispatches (it writes the hits), so as many as it keeps in flight.
-            in_flight = (self.prefetch_factor or 2) * self.num_workers + 2
-            cached = self._image_feed is not None and self._image_feed.cache is not None
-            self._arena = Arena(self.engine_config.max_batch_bytes,
-                                warm_cap=in_flight if cached else self.num_workers + 1)
-            self._arena_finalizer = weakref.finalize(self, self._arena.close)
-            wants_pinned = self._cuda_feed is not None or self.pin_memory
-            if wants_pinned and torch.cuda.is_available():
-                self._registrar = HostRegistrar(self._arena)
-                if self._cuda_feed is None:  # the user copies: slots wait for those copies
-                    self._arena.set_copy_guard(current_stream_event)
-        return self._arena
 
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was created.
@@ -190,7 +225,7 @@ class FastLoader(DataLoader[T_co]):
         overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
         images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate.
         """
-        out = self._stats.snapshot()
+        out = self._context.stats.snapshot()
         out["workers"] = worker_usage(self.worker_pids())
         feed = self._image_feed
         if feed is not None:
@@ -216,11 +251,7 @@ class FastLoader(DataLoader[T_co]):
         if iterator is not None and hasattr(iterator, "close"):
             iterator.close()
         self._iterator = None
-        if self._arena_finalizer is not None:
-            self._arena_finalizer()
-        self._arena = None
-        self._arena_finalizer = None
-        self._registrar = None
+        self._context.close()
 
     def __enter__(self) -> FastLoader[T_co]:
         return self

@@ -359,7 +359,8 @@ def take_warm(fd: int) -> int | None:
         return None
     if len(raw) != 4:  # 0: the pipe is closed (the arena is gone); never a partial id
         return None
-    return struct.unpack("<i", raw)[0]
+    slot: int = struct.unpack("<i", raw)[0]
+    return slot
 
 
 @dataclass(frozen=True)
@@ -370,11 +371,11 @@ class ArenaHandle:
     slot_bytes: int
     warm_fd: int
 
-    def __reduce__(self):  # spawn/forkserver: hand the descriptors to the child process
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # spawn/forkserver: hand the descriptors to the child process
         return (_rebuild_handle, (reduction.DupFd(self.fd), self.slot_bytes, reduction.DupFd(self.warm_fd)))
 
 
-def _rebuild_handle(dup, slot_bytes: int, warm_dup) -> ArenaHandle:
+def _rebuild_handle(dup: Any, slot_bytes: int, warm_dup: Any) -> ArenaHandle:
     return ArenaHandle(dup.detach(), slot_bytes, warm_dup.detach())
 
 

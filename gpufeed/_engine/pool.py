@@ -5,7 +5,7 @@ middle of a write corrupts nothing shared: the parent sees EOF on that worker's 
 sentinel, and nobody else is blocked on a lock the dead process held. The parent waits on all
 result pipes *and* all process sentinels at once, so a death is noticed as soon as it happens.
 
-Teardown order (``shutdown``): send the exit message, join within ``shutdown_timeout_s``,
+Teardown order (``shutdown``): send ``Exit``, join within ``shutdown_timeout_s``,
 SIGTERM, join 1 s, SIGKILL, join; then close the parent's pipe ends. The caller releases the
 arena slots of unfinished tasks only after this returns (no writer is left).
 """
@@ -19,10 +19,14 @@ import multiprocessing.connection as mpc
 import os
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
-from gpufeed._image.cv2threads import single_threaded_cv2
+from gpufeed._engine.messages import Exit, FromWorker, ToWorker
 from gpufeed._engine.worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -52,19 +56,36 @@ def describe_exit(exitcode: int | None) -> str:
 
 @dataclass
 class _Worker:
-    process: Any
+    process: BaseProcess
     tasks: mpc.Connection  # parent writes
     results: mpc.Connection  # parent reads
 
 
-class WorkerPool:
-    """The worker processes of one iterator, indexed by worker id."""
+def _pid(w: _Worker) -> int:
+    pid = w.process.pid
+    assert pid is not None, "a started process has a pid"
+    return pid
 
-    def __init__(self, ctx: Any, spec: WorkerSpec, num_workers: int, shutdown_timeout_s: float) -> None:
+
+class WorkerPool:
+    """The worker processes of one engine, indexed by worker id.
+
+    ``fork_guard`` is entered around each ``Process.start()`` under the fork start method.
+    """
+
+    def __init__(
+        self,
+        ctx: BaseContext,
+        spec: WorkerSpec,
+        num_workers: int,
+        shutdown_timeout_s: float,
+        fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         self._ctx = ctx
         self._stopping = ctx.RawValue("b", 0)  # tells workers to skip their queued tasks
         self._spec = replace(spec, stopping=self._stopping)
         self._fork = ctx.get_start_method() == "fork"
+        self._fork_guard = fork_guard
         self._shutdown_timeout_s = shutdown_timeout_s
         self._owner_pid = os.getpid()
         self._workers: list[_Worker | None] = [None] * num_workers
@@ -83,11 +104,11 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers if w is not None]
+        return [_pid(w) for w in self._workers if w is not None]
 
     def pid(self, worker_id: int) -> int:
         w = self._workers[worker_id]
-        return -1 if w is None else w.process.pid
+        return -1 if w is None else _pid(w)
 
     def _parent_fds(self) -> tuple[int, ...]:
         return tuple(
@@ -102,18 +123,18 @@ class WorkerPool:
         inherited = self._parent_fds() + (task_w.fileno(), res_r.fileno()) if self._fork else ()
         parent_pid = 0 if self._ctx.get_start_method() == "forkserver" else self._spec.parent_pid
         spec = replace(self._spec, worker_id=worker_id, inherited_fds=inherited, parent_pid=parent_pid)
-        proc = self._ctx.Process(
+        proc: BaseProcess = self._ctx.Process(  # type: ignore[attr-defined]
             target=worker_main, args=(spec, task_r, res_w), name=f"gpufeed-worker-{worker_id}", daemon=True
         )
         try:
-            with single_threaded_cv2() if self._fork else contextlib.nullcontext():
+            with self._fork_guard() if self._fork else contextlib.nullcontext():
                 proc.start()
         finally:
             task_r.close()
             res_w.close()
         self._workers[worker_id] = _Worker(proc, task_w, res_r)
 
-    def send(self, worker_id: int, msg: Any) -> None:
+    def send(self, worker_id: int, msg: ToWorker) -> None:
         w = self._workers[worker_id]
         assert w is not None
         try:
@@ -121,36 +142,38 @@ class WorkerPool:
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the worker is dead; its sentinel reports it and the task is re-sent
 
-    def wait(self, timeout_s: float) -> tuple[list[tuple[int, Any]], list[int]]:
+    def wait(self, timeout_s: float) -> tuple[list[tuple[int, FromWorker]], list[int]]:
         """Block up to ``timeout_s`` for results or deaths.
 
         Returns (messages as (worker id, message) in arrival order per worker, dead worker ids).
         A dead worker's complete messages are drained before it is reported dead.
         """
-        by_obj: dict[Any, tuple[int, str]] = {}
+        by_obj: dict[Any, tuple[int, str]] = {}  # a result pipe or a process sentinel
         for i, w in enumerate(self._workers):
             if w is not None:
                 by_obj[w.results] = (i, "r")
                 by_obj[w.process.sentinel] = (i, "s")
         ready = mpc.wait(list(by_obj), timeout_s)
-        messages: list[tuple[int, Any]] = []
+        messages: list[tuple[int, FromWorker]] = []
         dead: list[int] = []
         for obj in ready:
             worker_id, kind = by_obj[obj]
             w = self._workers[worker_id]
+            assert w is not None
             if kind == "r":
-                if not self._drain(worker_id, w.results, messages):
-                    if worker_id not in dead:
-                        dead.append(worker_id)
+                if not self._drain(worker_id, w.results, messages) and worker_id not in dead:
+                    dead.append(worker_id)
             elif worker_id not in dead:
                 self._drain(worker_id, w.results, messages)
                 dead.append(worker_id)
         for worker_id in dead:  # a closed pipe alone may precede the exit by a moment
-            self._workers[worker_id].process.join(timeout=1.0)
+            w = self._workers[worker_id]
+            assert w is not None
+            w.process.join(timeout=1.0)
         return messages, dead
 
     @staticmethod
-    def _drain(worker_id: int, conn: mpc.Connection, out: list[tuple[int, Any]]) -> bool:
+    def _drain(worker_id: int, conn: mpc.Connection, out: list[tuple[int, FromWorker]]) -> bool:
         """Read every complete message waiting on ``conn``; False once the pipe is closed."""
         try:
             while conn.poll(0):
@@ -172,7 +195,7 @@ class WorkerPool:
         self._start(worker_id)
         return self.pid(worker_id)
 
-    def shutdown(self) -> list[tuple[int, Any]]:
+    def shutdown(self) -> list[tuple[int, FromWorker]]:
         """Stop every worker (idempotent; a no-op in processes other than the owner).
 
         Workers skip the tasks still queued (a shared flag, as torch's ``done_event``) but finish
@@ -184,14 +207,14 @@ class WorkerPool:
         self.closed = True
         self._stopping.value = 1
         ids = [i for i, w in enumerate(self._workers) if w is not None]
-        workers = [self._workers[i] for i in ids]
+        workers = [w for w in self._workers if w is not None]
         self._workers = [None] * len(self._workers)
         return self._stop(workers, ids)
 
-    def _stop(self, workers: list[_Worker], ids: list[int] | None = None) -> list[tuple[int, Any]]:
+    def _stop(self, workers: list[_Worker], ids: list[int] | None = None) -> list[tuple[int, FromWorker]]:
         for w in workers:
             try:
-                w.tasks.send(None)
+                w.tasks.send(Exit())
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass
         deadline = time.monotonic() + self._shutdown_timeout_s
@@ -206,7 +229,7 @@ class WorkerPool:
                 getattr(w.process, sig_step)()
             for w in alive:
                 w.process.join(timeout=1.0)
-        unread: list[tuple[int, Any]] = []
+        unread: list[tuple[int, FromWorker]] = []
         for worker_id, w in zip(ids if ids is not None else range(len(workers)), workers):
             self._drain(worker_id, w.results, unread)  # the writer is gone: no partial message waits
             for c in (w.tasks, w.results):

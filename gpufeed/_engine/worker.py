@@ -1,23 +1,9 @@
 """Worker process entry: setup, the task loop, error wrapping.
 
-Messages (pickled over per-worker pipes; payloads never travel here, they stay in the arena):
-
-parent -> worker
-    ("task", epoch, task_idx, slot, index, extra, swap)
-                                             fetch ``index`` (a batch of indices, one index, or
-                                             None for iterable datasets), collate, pack into
-                                             ``slot``, or, with ``swap``, into a warm slot taken
-                                             from the arena's pipe; ``extra`` is an ImageTask on
-                                             the image path
-    ("reset", epoch)                         new epoch (persistent workers): fresh dataset iterator
-    None                                     exit
-worker -> parent
-    ("claim", epoch, task_idx, slot)         this task is written into warm ``slot`` instead
-    ("ok", epoch, task_idx, skeleton, slot_bytes_used, overflow_bytes, fetch_s, collate_s, pack_s,
-     report)                                 report: a FillReport on the image path, else None
-    ("err", epoch, task_idx, error)          a ``WorkerException`` from dataset/collate code
-    ("end", epoch, task_idx)                 the worker's IterableDataset is exhausted
-    ("init_err", error)                      worker_init_fn (or fetcher set-up) raised
+The messages a worker reads and sends are defined in ``gpufeed._engine.messages``. A task is
+fetched and collated as torch's DataLoader would (``_MapFetcher`` / ``_IterableFetcher`` and the
+``collate_fn``), or filled by the plug-in's ``BatchFiller`` (``gpufeed._engine.plugin``); either
+way the result is packed into the task's arena slot (``transport.pack``).
 """
 
 from __future__ import annotations
@@ -25,16 +11,15 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import pickle
 import random
 import select
 import signal
-import sys
 import threading
 import time
-import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,8 +27,22 @@ import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
 from gpufeed._engine.arena import ArenaHandle, SlotWriter, take_warm
-from gpufeed._image.fill import ImagePlan, fill_batch
+from gpufeed._engine.messages import (
+    Claim,
+    Done,
+    End,
+    Exit,
+    Failed,
+    InitFailed,
+    Reset,
+    Task,
+    ToWorker,
+    WorkerException,
+)
 from gpufeed._engine.transport import pack
+
+if TYPE_CHECKING:
+    from gpufeed._engine.plugin import BatchFiller, FillReport
 
 PARENT_POLL_S = 0.25
 MAX_WARM_WAIT_S = 0.005  # longest wait for a warm slot per task
@@ -52,75 +51,30 @@ WARM_WAIT_FRACTION = 0.05  # ... and at most this share of the previous task's t
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker needs; pickled as the process argument under spawn/forkserver."""
+    """Everything a worker needs; pickled as the process argument under spawn/forkserver.
+
+    A driver gives what workers run (the dataset down to ``shared_seed``); the engine fills in
+    the rest (arena, ids, plug-in filler, pinning, log directory) and the pool the per-process
+    fields (``worker_id``, ``parent_pid``, ``inherited_fds``, ``stopping``).
+    """
 
     dataset: Any
-    is_iterable: bool
-    auto_collation: bool
-    collate_fn: Callable[[Any], Any]
-    drop_last: bool
-    base_seed: int
-    worker_init_fn: Callable[[int], None] | None
-    worker_id: int
-    num_workers: int
-    shared_seed: int | None
-    arena: ArenaHandle
-    parent_pid: int  # the loader's process when it is our parent (fork, spawn), else 0
-    inherited_fds: tuple[int, ...]  # parent-side pipe ends to close after a fork
-    image_plan: ImagePlan | None = None  # the image fast path replaces fetch + collate
+    is_iterable: bool = False
+    auto_collation: bool = True
+    collate_fn: Callable[[Any], Any] = torch_collate.default_collate
+    drop_last: bool = False
+    base_seed: int = 0
+    worker_init_fn: Callable[[int], None] | None = None
+    shared_seed: int | None = None
+    worker_id: int = 0
+    num_workers: int = 1
+    arena: ArenaHandle | None = None
+    parent_pid: int = 0  # the loader's process when it is our parent (fork, spawn), else 0
+    inherited_fds: tuple[int, ...] = ()  # parent-side pipe ends to close after a fork
+    filler: BatchFiller | None = None  # a plug-in's worker half replaces fetch + collate
     pin_cpus: tuple[int, ...] = ()  # pin_workers: worker k runs on pin_cpus[k % len]
     log_dir: str | None = None  # per-worker log files: LOG_DIR/worker-K.log
     stopping: Any = None  # shared byte (multiprocessing RawValue), set when the pool shuts down
-
-
-@dataclass
-class WorkerException:
-    """An exception from user code, in a form that survives pickling whatever its type."""
-
-    pickled: bytes | None
-    pickled_type: bytes | None
-    type_name: str
-    message: str
-    traceback: str
-
-    @classmethod
-    def capture(cls, exc: BaseException) -> WorkerException:
-        def dumps(obj: object) -> bytes | None:
-            try:
-                return pickle.dumps(obj)
-            except Exception:  # unpicklable exception: rebuilt from its type and message
-                return None
-
-        return cls(
-            pickled=dumps(exc),
-            pickled_type=dumps(type(exc)),
-            type_name=type(exc).__qualname__,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
-        )
-
-    def rebuild(self) -> BaseException:
-        """The original exception if it unpickles, else its type with the message, else RuntimeError."""
-        for attempt in (self._from_instance, self._from_type):
-            try:
-                exc = attempt()
-            except Exception:
-                continue
-            if isinstance(exc, BaseException):
-                return exc
-        return RuntimeError(f"{self.type_name}: {self.message}")
-
-    def _from_instance(self) -> BaseException | None:
-        return None if self.pickled is None else pickle.loads(self.pickled)
-
-    def _from_type(self) -> BaseException | None:
-        """The type, without running its ``__init__`` (which may want other arguments)."""
-        if self.pickled_type is None:
-            return None
-        exc_type = pickle.loads(self.pickled_type)
-        exc = exc_type.__new__(exc_type, self.message)
-        exc.args = (self.message,)
-        return exc
 
 
 class _MapFetcher:
@@ -159,11 +113,14 @@ class _IterableFetcher:
         return data
 
 
+_Fetcher = _MapFetcher | _IterableFetcher
 _writer: SlotWriter | None = None  # the current process's slot writer (worker processes only)
 _torch_collate_tensor = torch_collate.collate_tensor_fn
 
 
-def _collate_tensor_into_slot(batch, *, collate_fn_map=None):
+def _collate_tensor_into_slot(
+    batch: list[torch.Tensor], *, collate_fn_map: dict[Any, Callable[..., Any]] | None = None
+) -> torch.Tensor:
     """torch's tensor collate, but the stacked output lives in the current arena slot.
 
     Installed in worker processes only, so ``default_collate`` (ours or one a user's collate_fn
@@ -175,7 +132,8 @@ def _collate_tensor_into_slot(batch, *, collate_fn_map=None):
         out = w.tensor((len(batch), *elem.shape), elem.dtype)
         if out is not None:
             return torch.stack(batch, 0, out=out)
-    return _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    stacked: torch.Tensor = _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    return stacked
 
 
 def _stackable(t: torch.Tensor) -> bool:
@@ -201,7 +159,7 @@ def _setup(spec: WorkerSpec) -> Any:
     seed = spec.base_seed + spec.worker_id
     random.seed(seed)
     torch.manual_seed(seed)
-    np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))
+    np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))  # type: ignore[no-untyped-call]
     dataset = spec.dataset
     from torch.utils.data import IterDataPipe
     from torch.utils.data.graph_settings import apply_random_seed
@@ -215,7 +173,7 @@ def _setup(spec: WorkerSpec) -> Any:
     return dataset
 
 
-def worker_main(spec: WorkerSpec, tasks, results) -> None:
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a gpufeed worker process (module level so spawn can import it)."""
     global _writer
     # Everything inherited from the parent goes to the GC's permanent generation: a collection
@@ -233,19 +191,18 @@ def worker_main(spec: WorkerSpec, tasks, results) -> None:
     ).start()
     _configure_process(spec)
     torch.set_num_threads(1)  # one core per worker, or the workers oversubscribe the machine
-    if spec.image_plan is not None and "cv2" not in sys.modules:
-        import cv2  # a fresh import (spawn, or a parent without cv2) may be configured safely
-
-        cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
+    if spec.filler is not None:
+        spec.filler.setup()
     _setup(spec)
+    assert spec.arena is not None, "the engine fills in the arena"
     _writer = SlotWriter(spec.arena)
     torch_collate.default_collate_fn_map[torch.Tensor] = _collate_tensor_into_slot
     try:
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(spec.worker_id)
         fetcher = _make_fetcher(spec)
-    except Exception as exc:
-        results.send(("init_err", WorkerException.capture(exc)))
+    except Exception as exc:  # noqa: BLE001 (user code: reported to the parent, which raises it)
+        results.send(InitFailed(error=WorkerException.capture(exc)))
         return
     try:
         _loop(spec, fetcher, tasks, results)
@@ -262,72 +219,79 @@ def _configure_process(spec: WorkerSpec) -> None:
 
         os.makedirs(spec.log_dir, exist_ok=True)
         handler = logging.FileHandler(os.path.join(spec.log_dir, f"worker-{spec.worker_id}.log"))
-        handler.setFormatter(
-            logging.Formatter(f"%(asctime)s worker {spec.worker_id} pid %(process)d %(levelname)s %(name)s: %(message)s")
-        )
+        fmt = f"%(asctime)s worker {spec.worker_id} pid %(process)d %(levelname)s %(name)s: %(message)s"
+        handler.setFormatter(logging.Formatter(fmt))
         root = logging.getLogger()
         root.addHandler(handler)
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
 
 
-def _make_fetcher(spec: WorkerSpec) -> _MapFetcher | _IterableFetcher:
+def _make_fetcher(spec: WorkerSpec) -> _Fetcher:
     return _IterableFetcher(spec) if spec.is_iterable else _MapFetcher(spec)
 
 
-def _loop(spec: WorkerSpec, fetcher, tasks, results) -> None:
+def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Connection) -> None:
     w = _writer
-    assert w is not None
+    assert w is not None and spec.arena is not None
+    warm_fd = spec.arena.warm_fd
     reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
     last_task_s = 0.0  # how long the previous task took, reply included (s)
     while True:
-        msg = tasks.recv()
-        if msg is None:
+        msg: ToWorker = tasks.recv()
+        if isinstance(msg, Exit):
             return
-        if msg[0] == "reset":
+        if isinstance(msg, Reset):
             fetcher = _make_fetcher(spec)
             reported_end = False
             continue
-        _, epoch, task_idx, slot, index, extra, swap = msg
         if reported_end or (spec.stopping is not None and spec.stopping.value):
             continue  # shutting down (as torch's done_event): queued tasks are skipped, not run
-        if swap:
+        if msg.swap:
             wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
-            w.begin_late(functools.partial(_pick_slot, spec.arena.warm_fd, results, epoch, task_idx, slot, wait_s))
+            w.begin_late(functools.partial(_pick_slot, warm_fd, results, msg.epoch, msg.idx, msg.slot, wait_s))
         else:
-            w.begin(slot)
+            w.begin(msg.slot)
+        t0 = time.perf_counter()
+        reply: Done | Failed | End
         try:
-            t0 = time.perf_counter()
-            report = None
-            if spec.image_plan is None:
-                data = fetcher.fetch(index)
-                t1 = time.perf_counter()
-                data = spec.collate_fn(data)
-                t2 = time.perf_counter()
-            else:
-                data, report = _fill(spec.image_plan, spec.dataset, index, extra, w)
-                t1 = t0 + report.read_s
-                t2 = time.perf_counter()
-            skeleton, used, overflow = pack(data, w)
-            t3 = time.perf_counter()
-            reply = ("ok", epoch, task_idx, skeleton, used, overflow, t1 - t0, t2 - t1, t3 - t2, report)
+            reply = _run(spec, fetcher, msg, w)
         except StopIteration as exc:
             if isinstance(fetcher, _IterableFetcher):
                 reported_end = True
-                reply = ("end", epoch, task_idx)
+                reply = End(epoch=msg.epoch, idx=msg.idx)
             else:
-                reply = ("err", epoch, task_idx, WorkerException.capture(exc))
-        except Exception as exc:
-            reply = ("err", epoch, task_idx, WorkerException.capture(exc))
+                reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
+        except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
+            reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
         finally:
             w.end()
-            data = None
         results.send(reply)
         del reply
         last_task_s = time.perf_counter() - t0
 
 
-def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int, wait_s: float) -> int:
+def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter) -> Done:
+    """Fetch and collate (or fill) ``task`` and pack it into the slot."""
+    t0 = time.perf_counter()
+    report: FillReport | None = None
+    if spec.filler is None:
+        data = fetcher.fetch(task.index)
+        t1 = time.perf_counter()
+        data = spec.collate_fn(data)
+        t2 = time.perf_counter()
+    else:
+        data, report = spec.filler.fill(spec.dataset, task.index, task.extra, w)
+        t1 = t0 + report.read_s
+        t2 = time.perf_counter()
+    skeleton, used, overflow = pack(data, w)
+    del data
+    t3 = time.perf_counter()
+    return Done(epoch=task.epoch, idx=task.idx, skeleton=skeleton, used_bytes=used, overflow_bytes=overflow,
+                fetch_s=t1 - t0, collate_s=t2 - t1, pack_s=t3 - t2, report=report)
+
+
+def _pick_slot(warm_fd: int, results: Connection, epoch: int, task_idx: int, fallback: int, wait_s: float) -> int:
     """A warm slot from the arena's pipe, else the task's cold fallback.
 
     When none waits, wait up to ``wait_s`` seconds for one: the consumer usually frees the batch
@@ -347,22 +311,5 @@ def _pick_slot(warm_fd: int, results, epoch: int, task_idx: int, fallback: int, 
         warm = take_warm(warm_fd)
     if warm is None:
         return fallback
-    results.send(("claim", epoch, task_idx, warm))
+    results.send(Claim(epoch=epoch, idx=task_idx, slot=warm))
     return warm
-
-
-def _fill(plan: ImagePlan, source: Any, indices: list[int], task: Any, w: SlotWriter):
-    """Image path: lay the batch out in the slot, stage encoded misses after the parent's hits."""
-    labels, floats, staging = plan.offsets(len(indices))
-    if staging > w.capacity:
-        raise ValueError(
-            f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
-            f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
-        )
-    w.mark(0, len(indices) * plan.row_bytes)
-    w.mark(labels, 8 * len(indices))
-    if floats != staging:
-        w.mark(floats, staging - floats)
-    w.seek(staging + task.staging_used)
-    stage = (lambda pos, data: w.stage(data)) if plan.cache == "encoded" else None
-    return fill_batch(plan, source, indices, task, lambda: w.buffer, stage)

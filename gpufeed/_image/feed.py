@@ -1,15 +1,22 @@
-"""Deciding whether a loader takes the image fast path, and building its plan and feed."""
+"""The parent side of the image path: deciding whether a loader takes it, building its plan, and
+the ``ImageFeed`` (cache look-ups before a batch is dispatched, cache fills after)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data._utils.collate import default_collate
 
-from gpufeed._image.fill import ImageFeed, ImagePlan
+from gpufeed._engine.layout import align_up
+from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed.cache import HostCache
 from gpufeed.cuda import GpuTransform
+
+log = logging.getLogger(__name__)
 
 
 def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed) -> list[str]:
@@ -101,3 +108,74 @@ def make_image_feed(
 def _default_seed(generator: torch.Generator | None) -> int:
     # initial_seed() does not advance the generator, so sampling order is unaffected.
     return (generator.initial_seed() if generator is not None else torch.initial_seed()) % (1 << 63)
+
+
+class ImageFeed:
+    """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
+    dispatch, cache fills after; ``filler`` is the worker side."""
+
+    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None, gpu_transform: Any = None) -> None:
+        self.plan = plan
+        self.filler = ImageFiller(plan)
+        self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
+        self.source = source
+        self.cache = cache if plan.cache else None
+        self.images = 0
+        self.skipped = 0
+        self._logged: set[str] = set()
+
+    @property
+    def parent_binds(self) -> bool:
+        """With a cache, ``prepare`` writes the hits into the task's slot."""
+        return self.cache is not None
+
+    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True) -> ImageTask:
+        """Write cache hits into ``buf`` (the slot) and say which rows are done.
+
+        ``count=False`` for a batch prepared again (re-run after a worker death): its look-ups
+        were already counted as hits and misses.
+        """
+        task = ImageTask(epoch)
+        if self.cache is None or buf is None:
+            return task
+        n = len(indices)
+        _, _, staging = self.plan.offsets(n)
+        if self.plan.cache == "decoded":
+            rows = self.plan.rows(buf, n).numpy().reshape(n, -1)
+            done = []
+            for pos, index in enumerate(indices):
+                hit = self.cache.get(index) if count else self.cache.peek(index)
+                if hit is not None:
+                    rows[pos] = np.frombuffer(hit, np.uint8)
+                    done.append(pos)
+            task.done = tuple(done)
+        else:
+            given, cursor = [], staging
+            for pos, index in enumerate(indices):
+                hit = self.cache.get(index) if count else self.cache.peek(index)
+                if hit is not None:
+                    buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
+                    given.append((pos, cursor, len(hit)))
+                    cursor = align_up(cursor + len(hit))
+            task.given, task.staging_used = tuple(given), cursor - staging
+        return task
+
+    def absorb(self, indices: list[int], task: ImageTask, report: FillReport, buf: torch.Tensor) -> None:
+        """Count the batch; add what the worker produced to the cache; log skips once per file."""
+        self.images += len(report.kept)
+        self.skipped += len(report.errors)
+        for index, where, message in report.errors:
+            if where not in self._logged:
+                self._logged.add(where)
+                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
+        if self.cache is None:
+            return
+        if self.plan.cache == "decoded":
+            done = set(task.done)
+            rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
+            for row, pos in enumerate(report.kept):
+                if pos not in done:
+                    self.cache.put(indices[pos], rows[row].tobytes())
+        else:
+            for pos, off, nbytes in report.staged:
+                self.cache.put(indices[pos], buf[off : off + nbytes].numpy().tobytes())

@@ -7,28 +7,29 @@ slot as::
     [ uint8 rows: n x H x W x 3 (channels_last) or n x 3 x H x W ][ int64 labels: n ]
     [ float output: n x 3 x H x W, only with normalize/dtype ][ encoded-bytes staging ... ]
 
-The parent writes cache hits into the slot before dispatch (decoded rows, or encoded bytes in
-the staging area) and tells the worker which rows are done; the worker fills the rest, stages
-the encoded bytes of misses when the cache wants them, and replies with what it kept, staged
-and skipped. Results depend only on (seed, epoch, sample index), never on the worker.
+The parent (``gpufeed._image.feed.ImageFeed``) writes cache hits into the slot before dispatch
+(decoded rows, or encoded bytes in the staging area) and tells the worker which rows are done;
+the worker (``ImageFiller``, the engine's ``BatchFiller``) fills the rest, stages the encoded
+bytes of misses when the cache wants them, and replies with what it kept, staged and skipped.
+Results depend only on (seed, epoch, sample index), never on the worker.
 """
 
 from __future__ import annotations
 
-import logging
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from gpufeed._engine.layout import align_up as _align
 from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
-from gpufeed.cache import HostCache
 from gpufeed.errors import DecodeError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from gpufeed._engine.arena import SlotWriter
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ImagePlan:
 
     @property
     def hw(self) -> tuple[int, int]:
-        return tuple(self.transform.output_size)  # type: ignore[return-value]
+        return tuple(self.transform.output_size)
 
     @property
     def row_bytes(self) -> int:
@@ -85,6 +86,8 @@ class ImageTask:
 
 @dataclass
 class FillReport:
+    """What a worker did with a batch: which positions it kept, staged and skipped; stage times."""
+
     kept: list[int] = field(default_factory=list)
     staged: list[tuple[int, int, int]] = field(default_factory=list)  # (position, offset, nbytes)
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (index, file, message)
@@ -92,6 +95,11 @@ class FillReport:
     decode_s: float = 0.0
     transform_s: float = 0.0  # crop/resize/flip after the decode
     post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
+
+    @property
+    def samples(self) -> int:
+        """Samples in the batch (the skipped ones left out)."""
+        return len(self.kept)
 
 
 def fill_batch(
@@ -125,6 +133,7 @@ def fill_batch(
             continue
         t0 = time.perf_counter()
         if pos in given:
+            assert buf is not None  # bound above: the parent wrote into the slot
             off, nbytes = given[pos]
             data = buf[off : off + nbytes].numpy()
         else:
@@ -193,65 +202,38 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
     return to_float_(out, None if plan.normalize is None else affine(plan.normalize, plan.dtype))
 
 
-class ImageFeed:
-    """Parent side of the image path: cache look-ups before dispatch, cache fills after."""
+@dataclass(frozen=True)
+class ImageFiller:
+    """The image path's worker half (the engine's ``BatchFiller``): ``fill_batch`` into the
+    task's arena slot, instead of ``__getitem__`` + ``collate_fn``."""
 
-    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None, gpu_transform: Any = None) -> None:
-        self.plan = plan
-        self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
-        self.source = source
-        self.cache = cache if plan.cache else None
-        self.images = 0
-        self.skipped = 0
-        self._logged: set[str] = set()
+    plan: ImagePlan
 
-    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True) -> ImageTask:
-        """Write cache hits into ``buf`` (the slot) and say which rows are done.
+    def setup(self) -> None:
+        """One OpenCV thread per worker."""
+        if "cv2" not in sys.modules:
+            import cv2  # a fresh import (spawn, or a parent without cv2) may be configured safely
 
-        ``count=False`` for a batch prepared again (re-run after a worker death): its look-ups
-        were already counted as hits and misses.
-        """
-        task = ImageTask(epoch)
-        if self.cache is None or buf is None:
-            return task
-        n = len(indices)
-        _, _, staging = self.plan.offsets(n)
-        if self.plan.cache == "decoded":
-            rows = self.plan.rows(buf, n).numpy().reshape(n, -1)
-            done = []
-            for pos, index in enumerate(indices):
-                hit = self.cache.get(index) if count else self.cache.peek(index)
-                if hit is not None:
-                    rows[pos] = np.frombuffer(hit, np.uint8)
-                    done.append(pos)
-            task.done = tuple(done)
-        else:
-            given, cursor = [], staging
-            for pos, index in enumerate(indices):
-                hit = self.cache.get(index) if count else self.cache.peek(index)
-                if hit is not None:
-                    buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
-                    given.append((pos, cursor, len(hit)))
-                    cursor = _align(cursor + len(hit))
-            task.given, task.staging_used = tuple(given), cursor - staging
-        return task
+            cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
 
-    def absorb(self, indices: list[int], task: ImageTask, report: FillReport, buf: torch.Tensor) -> None:
-        """Count the batch; add what the worker produced to the cache; log skips once per file."""
-        self.images += len(report.kept)
-        self.skipped += len(report.errors)
-        for index, where, message in report.errors:
-            if where not in self._logged:
-                self._logged.add(where)
-                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
-        if self.cache is None:
-            return
-        if self.plan.cache == "decoded":
-            done = set(task.done)
-            rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
-            for row, pos in enumerate(report.kept):
-                if pos not in done:
-                    self.cache.put(indices[pos], rows[row].tobytes())
-        else:
-            for pos, off, nbytes in report.staged:
-                self.cache.put(indices[pos], buf[off : off + nbytes].numpy().tobytes())
+    def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
+             ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+        """Lay the batch out in the slot, stage encoded misses after the parent's hits."""
+        plan = self.plan
+        labels, floats, staging = plan.offsets(len(indices))
+        if staging > w.capacity:
+            raise ValueError(
+                f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
+                f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
+            )
+        w.mark(0, len(indices) * plan.row_bytes)
+        w.mark(labels, 8 * len(indices))
+        if floats != staging:
+            w.mark(floats, staging - floats)
+        w.seek(staging + task.staging_used)
+
+        def stage(pos: int, data: Any) -> tuple[int, int] | None:
+            return w.stage(data)
+
+        return fill_batch(plan, source, indices, task, lambda: w.buffer,
+                          stage if plan.cache == "encoded" else None)

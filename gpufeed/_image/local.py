@@ -9,21 +9,23 @@ import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.layout import align_up
+from gpufeed._image.feed import ImageFeed
 from gpufeed._image.fill import fill_batch
+from gpufeed.stats import Stats
 
 
 class LocalImageIter(_BaseDataLoaderIter):
-    """Fills each batch in a fresh buffer; the cache is used directly (no staging)."""
+    """Fills each batch in a fresh buffer; the cache is used directly (no staging).
 
-    def __init__(self, loader: Any) -> None:
+    ``loader`` is read for torch's own attributes only; ``aug_epoch`` is this pass's
+    augmentation epoch (a loader makes a new iterator for every pass at ``num_workers=0``).
+    """
+
+    def __init__(self, loader: Any, feed: ImageFeed, stats: Stats, aug_epoch: int) -> None:
         super().__init__(loader)
-        self._feed = loader._image_feed
-        self._stats = loader._stats
-        self._aug_epoch = loader._begin_epoch()
-
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        super()._reset(loader, first_iter)
-        self._aug_epoch = loader._begin_epoch()
+        self._feed = feed
+        self._stats = stats
+        self._aug_epoch = aug_epoch
 
     def _next_data(self) -> Any:
         t0 = time.perf_counter()
@@ -36,15 +38,15 @@ class LocalImageIter(_BaseDataLoaderIter):
         indices = self._next_index()  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
         nbytes = align_up(plan.offsets(len(indices))[2])
-        if plan.cache == "encoded":  # room for the encoded hits the feed stages in the buffer
-            nbytes += sum(align_up(len(v)) for v in map(feed.cache.peek, indices) if v is not None)
+        cache = feed.cache
+        if plan.cache == "encoded" and cache is not None:  # room for the encoded hits the feed stages
+            nbytes += sum(align_up(len(v)) for v in map(cache.peek, indices) if v is not None)
         buf = torch.empty(nbytes, dtype=torch.uint8)
         task = feed.prepare(self._aug_epoch, indices, buf)
         staged: dict[int, bytes] = {}
 
         def stage(pos: int, data: Any) -> None:
             staged[pos] = bytes(data)
-            return None
 
         batch, report = fill_batch(plan, feed.source, indices, task, lambda: buf,
                                    stage if plan.cache == "encoded" else None)
@@ -54,5 +56,6 @@ class LocalImageIter(_BaseDataLoaderIter):
             for pos, data in staged.items():
                 feed.cache.put(indices[pos], data)
         if self._pin_memory:
-            batch = tuple(t.pin_memory() for t in batch)
+            images, labels = batch
+            batch = (images.pin_memory(), labels.pin_memory())
         return batch

@@ -142,6 +142,7 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     import threading
     import time
 
+    from gpufeed._engine.messages import Claim
     from gpufeed._engine.worker import _pick_slot
 
     fallback, warm = arena.acquire(), arena.acquire()
@@ -152,7 +153,7 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     got = _pick_slot(arena.handle().warm_fd, ours, 0, 7, fallback, wait_s=2.0)
     timer.join()
     assert got == warm
-    assert theirs.recv() == ("claim", 0, 7, warm)  # the parent is told before the slot is written
+    assert theirs.recv() == Claim(epoch=0, idx=7, slot=warm)  # the parent is told before the slot is written
     t0 = time.monotonic()
     assert _pick_slot(arena.handle().warm_fd, ours, 0, 8, fallback, wait_s=0.05) == fallback
     assert 0.04 <= time.monotonic() - t0 < 1.0  # waited, then wrote the cold fallback
@@ -200,6 +201,7 @@ def test_a_worker_waits_for_a_warm_slot_on_a_descriptor_above_1023(arena):
     import multiprocessing
     import resource
 
+    from gpufeed._engine.messages import Claim
     from gpufeed._engine.worker import _pick_slot
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -214,7 +216,7 @@ def test_a_worker_waits_for_a_warm_slot_on_a_descriptor_above_1023(arena):
         write(arena, warm)
         arena.release(warm)
         assert _pick_slot(high, ours, 0, 2, fallback, wait_s=0.01) == warm
-        assert theirs.recv() == ("claim", 0, 2, warm)
+        assert theirs.recv() == Claim(epoch=0, idx=2, slot=warm)
     finally:
         os.close(high)
 

@@ -1,0 +1,115 @@
+"""What lives as long as a loader and every engine it starts shares: the engine's context.
+
+The loader builds one ``EngineContext``; each ``Engine`` (one per multi-process iterator, or one
+per task stream) reads everything it needs from it, never from the loader. Values that change
+per pass (the augmentation epoch) are passed explicitly where a pass starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from gpufeed._engine.arena import Arena
+from gpufeed.config import EngineConfig
+from gpufeed.stats import Stats
+
+if TYPE_CHECKING:
+    from gpufeed._engine.engine import Engine
+    from gpufeed._engine.plugin import FillPlugin
+
+
+class Registrar(Protocol):
+    """Page-locks arena slots for CUDA copies (``gpufeed.cuda.HostRegistrar``)."""
+
+    def ensure(self, slot: int, nbytes: int, /) -> None:
+        """Make the first ``nbytes`` of ``slot`` page-locked (once per slot extent)."""
+
+
+class EngineContext:
+    """A loader's long-lived engine state.
+
+    Attributes:
+        config: the engine's options.
+        stats: the loader's counters (every engine adds to them).
+        plugin: the batch path plug-in (the image feed), or None for fetch + collate.
+        pin_workers: pin worker k to one CPU, round-robin over this process's CPUs.
+        log_dir: each worker also logs to ``LOG_DIR/worker-K.log``.
+        fork_guard: entered around each worker's ``Process.start()`` under fork.
+        engines: the live engines (for worker pids and usage).
+        registrar: page-locks arena slots for CUDA (created with the arena when wanted).
+
+    ``make_registrar(arena)`` makes the registrar, and ``copy_guard`` is the arena's copy guard
+    when the user copies batches himself (``Arena.set_copy_guard``): both from
+    ``gpufeed.cuda``, given by the loader, used only when CUDA is available.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        stats: Stats,
+        *,
+        plugin: FillPlugin | None = None,
+        cuda_output: bool = False,
+        pin_workers: bool = False,
+        log_dir: str | None = None,
+        fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        make_registrar: Callable[[Arena], Registrar] | None = None,
+        copy_guard: Callable[[], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = stats
+        self.plugin = plugin
+        self.pin_workers = pin_workers
+        self.log_dir = log_dir
+        self.fork_guard = fork_guard
+        self.engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self.registrar: Registrar | None = None
+        self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda.CudaFeed
+        self._make_registrar = make_registrar
+        self._copy_guard = copy_guard
+        self._arena: Arena | None = None
+
+    @property
+    def current_arena(self) -> Arena | None:
+        """The arena if one was created (and not closed since), else None."""
+        return self._arena
+
+    def arena(self, warm_cap: int, pin_memory: bool = False) -> Arena:
+        """The loader's arena, created on first use and reused by every later engine.
+
+        ``warm_cap`` (warm slot ids allowed to wait in the arena's pipe) and ``pin_memory``
+        (the user copies batches to the GPU himself) only matter when it is created.
+        """
+        if self._arena is None:
+            arena = Arena(self.config.max_batch_bytes, warm_cap=warm_cap)
+            wants_pinned = self._cuda_output or pin_memory
+            if wants_pinned and self._make_registrar is not None and torch.cuda.is_available():
+                self.registrar = self._make_registrar(arena)
+                if not self._cuda_output and self._copy_guard is not None:  # the user copies:
+                    arena.set_copy_guard(self._copy_guard)  # slots wait for those copies
+            self._arena = arena
+        return self._arena
+
+    def pin_cpus(self) -> tuple[int, ...]:
+        """The CPUs workers are pinned to, round-robin (empty: not pinned)."""
+        if not self.pin_workers or not hasattr(os, "sched_getaffinity"):
+            return ()
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live worker processes of every live engine."""
+        return [pid for engine in list(self.engines) for pid in engine.pids]
+
+    def close(self) -> None:
+        """Release the arena (idempotent); a later engine creates a new one. Batches a user
+        holds stay valid, and engines still running keep it open until they stop."""
+        arena, self._arena, self.registrar = self._arena, None, None
+        if arena is not None:
+            arena.close()

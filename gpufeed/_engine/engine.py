@@ -1,0 +1,399 @@
+"""The engine: worker processes turning a stream of tasks into batches in the arena.
+
+It knows nothing of samplers, DataLoader or images. A driver submits tasks (``submit``) and
+takes in their replies (``poll`` / ``wait``), in arrival order; the engine does the rest:
+
+* starts the workers (``WorkerPool``) and sends each task, with a cold fallback slot from the
+  ``SlotLedger`` (or a slot the plug-in wrote into, when it binds slots);
+* reads the typed replies: claims of warm slots go to the ledger, replies of an abandoned pass
+  free their slots, ``InitFailed`` stops everything and raises the worker's exception;
+* on a worker death: takes in what the worker sent before dying (a task that was answered is
+  never re-run), asks the driver's death policy, then starts a replacement with the same id and
+  seed and re-sends the dead worker's unanswered tasks in order (bounded by
+  ``max_worker_restarts``);
+* hands a batch out (``result``: a view of its slot, freed when the user's last reference
+  dies), turns a failure into the worker's exception (``failure``), or drops a task
+  (``drop``);
+* shuts down (``close``, or the finalizer when the engine is garbage collected).
+
+``FastIter`` drives it with torch's sampler policy; anything else (a request stream) can drive
+it the same way. See docs/design/engine-lifecycle.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from gpufeed._engine.arena import Arena
+from gpufeed._engine.context import EngineContext
+from gpufeed._engine.ledger import SlotLedger
+from gpufeed._engine.messages import (
+    Claim,
+    Done,
+    End,
+    Failed,
+    FromWorker,
+    InitFailed,
+    Reset,
+    Task,
+)
+from gpufeed._engine.pool import WorkerPool, describe_exit
+from gpufeed._engine.transport import unpack
+from gpufeed._engine.worker import WorkerSpec
+from gpufeed.errors import WorkerError, add_note
+
+log = logging.getLogger(__name__)
+IDLE_TRIM_S = 0.01  # a consumer that waited this long for data: warm slots waiting are surplus
+
+TaskKey = tuple[int, int]  # (epoch, idx)
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """A submitted task, as the engine keeps it until it is answered (and re-sends it if its
+    worker dies)."""
+
+    epoch: int
+    idx: int
+    worker_id: int
+    slot: int  # the fallback slot (cold), or the one the plug-in wrote into
+    index: Any
+    extra: Any  # the plug-in's per-task data (Task.extra)
+    tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
+    swap: bool  # the worker may write a warm slot instead (see gpufeed._engine.arena)
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.epoch, self.idx)
+
+
+Arrival = tuple[TaskRecord, Done | Failed | End]
+
+
+@dataclass(frozen=True)
+class WorkerDeath:
+    """What a driver's death policy is told before the engine replaces a dead worker."""
+
+    worker_id: int
+    pid: int
+    where: str  # "gpufeed worker 1 (pid 123) killed by SIGKILL"
+    tasks: list[TaskRecord]  # its unanswered tasks of the current epoch, in order
+
+    @property
+    def in_flight(self) -> str:
+        """The first three of those tasks, for an error message."""
+        listed = ", ".join(f"batch {t.idx} (indices {t.index!r})" for t in self.tasks[:3])
+        return listed or "nothing"
+
+
+DeathPolicy = Callable[[WorkerDeath], None]  # raises to stop instead of replacing the worker
+
+
+def _shutdown(pool: WorkerPool, ledger: SlotLedger) -> None:
+    """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
+    if pool.closed or not pool.owned_here:
+        return
+    for _, msg in pool.shutdown():
+        if isinstance(msg, Claim):  # the task a worker was running when told to stop took a warm slot
+            ledger.claim((msg.epoch, msg.idx), msg.slot)
+    ledger.release_all()
+    ledger.arena.detach()
+
+
+class Engine:
+    """Worker processes and the tasks they owe, for one driver (an iterator, a request stream).
+
+    ``spec`` says what workers run (dataset, collate, seeds, worker_init_fn); the engine fills
+    in the arena, the plug-in's filler, CPU pinning and the log directory from ``context``.
+    ``tasks_in_flight``: how many tasks the driver keeps submitted at most (sizes the arena's
+    warm-slot cap when the plug-in binds slots). ``pin_memory``: the user copies batches to the
+    GPU (the arena's slots are then page-locked and guarded, if CUDA is there).
+    """
+
+    def __init__(
+        self,
+        context: EngineContext,
+        spec: WorkerSpec,
+        num_workers: int,
+        *,
+        mp_context: BaseContext | None = None,
+        tasks_in_flight: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
+        self._context = context
+        self._stats = context.stats
+        self._config = context.config
+        self._plugin = context.plugin
+        # When the plug-in writes into a task's slot at submission (cache hits), that slot is
+        # bound at once; otherwise workers bind slots late (see gpufeed._engine.arena).
+        self.parent_binds = self._plugin is not None and self._plugin.parent_binds
+        # Warm slots allowed to wait in the arena's pipe: one per worker, plus one, when workers
+        # take them; when the parent binds, as many as the tasks it keeps in flight.
+        warm_cap = tasks_in_flight + 2 if self.parent_binds else num_workers + 1
+        self._arena = context.arena(warm_cap, pin_memory)
+        self._registrar = context.registrar  # page-locks slots when CUDA will read them
+        spec = replace(
+            spec,
+            num_workers=num_workers,
+            arena=self._arena.handle(),
+            parent_pid=os.getpid(),
+            filler=None if self._plugin is None else self._plugin.filler,
+            pin_cpus=context.pin_cpus(),
+            log_dir=context.log_dir,
+        )
+        self.num_workers = num_workers
+        self.epoch = 0
+        self._next_idx = 0
+        self._restarts = 0
+        self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
+        self._ledger = SlotLedger(self._arena, num_workers)
+        self._arena.attach()
+        try:
+            self._pool = WorkerPool(
+                mp_context or multiprocessing.get_context(),
+                spec,
+                num_workers,
+                self._config.shutdown_timeout_s,
+                fork_guard=context.fork_guard,
+            )
+        except BaseException:
+            self._arena.detach()
+            raise
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._ledger)
+        context.engines.add(self)
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        """Pids of the live worker processes."""
+        return self._pool.pids
+
+    def pid(self, worker_id: int) -> int:
+        return self._pool.pid(worker_id)
+
+    @property
+    def restarts(self) -> int:
+        """Dead workers replaced so far."""
+        return self._restarts
+
+    @property
+    def closed(self) -> bool:
+        return self._pool.closed
+
+    @property
+    def page_locked(self) -> bool:
+        """Slots are page-locked for CUDA before they are handed out."""
+        return self._registrar is not None
+
+    @property
+    def arena(self) -> Arena:
+        return self._arena
+
+    def owed(self, worker_id: int) -> int:
+        """Tasks ``worker_id`` has not answered yet (all epochs)."""
+        return len(self._ledger.unanswered[worker_id])
+
+    # -- tasks ------------------------------------------------------------------------------
+    def submit(self, index: Any, *, worker_id: int | None = None, tag: Any = None) -> TaskRecord:
+        """Send a task for ``index`` to ``worker_id`` (default: the worker that owes fewest).
+
+        ``tag`` is passed to the plug-in's ``prepare`` (and again if the task is re-sent).
+        Returns the task's record; its reply comes out of ``poll``/``wait``.
+        """
+        if self._pool.closed:
+            raise RuntimeError("gpufeed: the workers were shut down (close(), or the loader was closed)")
+        if worker_id is None:
+            worker_id = min(range(self.num_workers), key=self.owed)
+        idx = self._next_idx
+        slot = self._ledger.take((self.epoch, idx), worker_id, warm=self.parent_binds)
+        record = self._records[(self.epoch, idx)] = TaskRecord(
+            self.epoch, idx, worker_id, slot, index, None, tag, swap=not self.parent_binds)
+        record.extra = self._prepare(record, count=True)
+        self._send(record)
+        self._next_idx += 1
+        return record
+
+    def new_epoch(self) -> None:
+        """Start a new pass: workers get ``Reset`` (a fresh IterableDataset iterator), task
+        numbers start again at 0, and replies of the old pass free their slots as they come."""
+        self.epoch += 1
+        self._next_idx = 0
+        for worker_id in range(self.num_workers):
+            self._pool.send(worker_id, Reset(epoch=self.epoch))
+
+    def _prepare(self, record: TaskRecord, count: bool) -> Any:
+        if self._plugin is None:
+            return None
+        return self._plugin.prepare(record.tag, record.index, self._arena.slot_tensor(record.slot), count)
+
+    def _send(self, record: TaskRecord) -> None:
+        task = Task(epoch=record.epoch, idx=record.idx, slot=record.slot, index=record.index,
+                    extra=record.extra, swap=record.swap)
+        self._pool.send(record.worker_id, task)
+
+    # -- replies ----------------------------------------------------------------------------
+    def poll(self, wait_s: float, on_death: DeathPolicy | None = None) -> list[Arrival]:
+        """Take in what the workers sent within ``wait_s`` seconds; handle deaths.
+
+        Returns the replies of current-epoch tasks, in arrival order, each with its record.
+        ``on_death`` may raise to stop instead of replacing a dead worker.
+        """
+        messages, dead = self._pool.wait(wait_s)
+        arrived: list[Arrival] = []
+        # Replies first: a worker that answered and then died must not re-run that task.
+        for i, (worker_id, msg) in enumerate(messages):
+            try:
+                self._accept(worker_id, msg, arrived)
+            except BaseException:
+                # (e.g. worker_init_fn raised) The messages read with it are gone from the pipes;
+                # claims among them name warm slots other workers took, which must be freed.
+                for _, later in messages[i + 1 :]:
+                    if isinstance(later, Claim):
+                        self._ledger.claim((later.epoch, later.idx), later.slot)
+                raise
+        for worker_id in dead:
+            self._on_death(worker_id, on_death)
+        return arrived
+
+    def wait(self, timeout_s: float | None, on_death: DeathPolicy | None = None) -> list[Arrival]:
+        """Block until at least one reply arrived (or ``timeout_s`` passed: then []).
+
+        Deaths are noticed every ``liveness_interval_s``. After ``IDLE_TRIM_S`` without a reply
+        the warm slots waiting in the arena are emptied: the consumer waits for data, so the
+        loader is the bottleneck, and the next worker to reply takes the batch the consumer frees
+        then (not when the plug-in binds slots).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        trim = not self.parent_binds
+        while True:
+            wait_s = self._config.liveness_interval_s
+            if trim:
+                wait_s = min(wait_s, IDLE_TRIM_S)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                wait_s = min(wait_s, remaining)
+            arrived = self.poll(wait_s, on_death)
+            if arrived:
+                return arrived
+            if trim:
+                self._arena.trim_waiting()  # the loader is the bottleneck: idle warm slots are surplus
+                trim = False
+
+    def _accept(self, worker_id: int, msg: FromWorker, arrived: list[Arrival]) -> None:
+        if isinstance(msg, InitFailed):
+            self.close()
+            exc = msg.error.rebuild()
+            add_note(exc, f"gpufeed: raised in worker_init_fn of worker {worker_id}.\n{msg.error.traceback}")
+            raise exc
+        key = (msg.epoch, msg.idx)
+        if isinstance(msg, Claim):
+            self._ledger.claim(key, msg.slot)
+            return
+        if not self._ledger.answered(key, worker_id):
+            return  # a duplicate (worker died after replying) or a dropped task
+        record = self._records.pop(key)
+        if msg.epoch != self.epoch:  # a batch of an abandoned epoch
+            self._ledger.release(key)
+            return
+        self._ledger.settle(key)
+        if isinstance(msg, Done):
+            report = msg.report
+            samples = report.samples if report is not None else _num_samples(record.index)
+            self._stats.add_batch(samples=samples, fetch_s=msg.fetch_s, collate_s=msg.collate_s,
+                                  pack_s=msg.pack_s, report=report)
+        elif isinstance(msg, Failed):
+            self._stats.errors += 1
+        arrived.append((record, msg))
+
+    def result(self, record: TaskRecord, reply: Done) -> Any:
+        """The batch of an answered task: views of its slot, which is freed when the last of
+        them dies (the engine keeps no reference)."""
+        if reply.overflow_bytes:
+            self._stats.overflow_bytes += reply.overflow_bytes
+        key = record.key
+        slot = self._ledger.slot(key)
+        if self._plugin is not None:
+            self._plugin.absorb(record.index, record.extra, reply.report, self._arena.slot_tensor(slot))
+        if self._registrar is not None:
+            self._registrar.ensure(slot, reply.used_bytes)  # once per slot extent, never per batch
+        lease = self._ledger.lease(key, reply.used_bytes)
+        data = unpack(reply.skeleton, lease)
+        del lease  # the slot returns to the free list when the batch's last view dies
+        return data
+
+    def failure(self, record: TaskRecord, reply: Failed) -> BaseException:
+        """The exception of a failed task, with a note naming the worker and the indices; the
+        task's slot is freed."""
+        self._ledger.release(record.key)
+        err = reply.error
+        exc = err.rebuild()
+        add_note(
+            exc,
+            f"gpufeed: raised in worker {record.worker_id} (pid {self._pool.pid(record.worker_id)}) "
+            f"while loading sample indices {record.index!r}.\nWorker traceback:\n{err.traceback}",
+        )
+        return exc
+
+    def drop(self, record: TaskRecord) -> None:
+        """The driver will not read this task: it is owed no more (a reply that still comes is
+        ignored) and its slot is freed. Only for a task that was answered, or whose worker will
+        never answer it (it ended its epoch): a worker may still be writing an unanswered one."""
+        key = record.key
+        self._ledger.answered(key, record.worker_id)
+        self._records.pop(key, None)
+        self._ledger.release(key)
+
+    # -- faults -----------------------------------------------------------------------------
+    def _on_death(self, worker_id: int, on_death: DeathPolicy | None) -> None:
+        pid, exitcode = self._pool.pid(worker_id), self._pool.exitcode(worker_id)
+        owed = self._ledger.unanswered[worker_id]
+        current = sorted(idx for (ep, idx) in owed if ep == self.epoch)
+        for key in [k for k in owed if k[0] != self.epoch]:  # stale epochs: nobody waits for them
+            self._ledger.answered(key, worker_id)
+            self._records.pop(key, None)
+            self._ledger.release(key)
+        death = WorkerDeath(worker_id, pid, f"gpufeed worker {worker_id} (pid {pid}) {describe_exit(exitcode)}",
+                            [self._records[(self.epoch, idx)] for idx in current])
+        if on_death is not None:
+            on_death(death)
+        limit = self._config.max_worker_restarts
+        if self._restarts >= limit:
+            self.close()
+            raise WorkerError(
+                f"{death.where}; {self._restarts} worker(s) were already replaced in this iterator, the limit "
+                f"set by max_worker_restarts={limit}. In flight: "
+                f"{death.in_flight}. Fix the crash, or raise max_worker_restarts."
+            )
+        self._restarts += 1
+        self._stats.worker_restarts += 1
+        new_pid = self._pool.replace(worker_id)
+        log.warning("%s; replaced by pid %d, re-running %d batch(es)", death.where, new_pid, len(current))
+        for record in death.tasks:
+            self._ledger.drop_claim(record.key)
+            record.extra = self._prepare(record, count=False)  # rows may have moved
+            self._send(record)
+
+    def close(self) -> None:
+        """Stop the workers and release their slots now (idempotent)."""
+        self._finalizer()
+        self._records.clear()
+
+
+def _num_samples(index: Any) -> int:
+    """Samples in a task: the batch's length, 1 without auto-collation."""
+    try:
+        return len(index)
+    except TypeError:
+        return 1

@@ -1,0 +1,70 @@
+"""The plug-in interface: how a batch path that is not fetch + collate (the image path) runs on
+the engine without the engine knowing what it does.
+
+A plug-in has two halves:
+
+* ``BatchFiller``, the worker half: pickled into every worker with its ``WorkerSpec``. Its
+  ``setup()`` runs once per worker process; its ``fill()`` replaces the dataset fetch and the
+  ``collate_fn`` for each task, writing straight into the task's arena slot.
+* ``FillPlugin``, the parent half: ``prepare()`` runs when a task is submitted (or re-sent
+  after its worker died) and may write into the task's slot first (cache hits); what it returns
+  travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
+  still readable (to fill a cache). ``parent_binds`` says whether ``prepare`` writes slots: a
+  task's slot is then bound at submission and workers do not swap it for a warm one.
+
+The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
+the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpufeed._engine.arena import SlotWriter
+
+
+class FillReport(Protocol):
+    """What ``BatchFiller.fill`` reports about one batch (it travels in ``Done.report``)."""
+
+    @property
+    def read_s(self) -> float:
+        """Seconds spent reading the samples (the fetch stage of the timing)."""
+
+    @property
+    def samples(self) -> int:
+        """Samples in the batch as filled (the ones a filler left out are not counted)."""
+
+
+class BatchFiller(Protocol):
+    """Worker half of a plug-in (picklable: it travels to spawned workers)."""
+
+    def setup(self) -> None:
+        """Once per worker process, after the engine's own set-up (one torch thread)."""
+
+    def fill(self, dataset: Any, index: Any, extra: Any, writer: SlotWriter, /) -> tuple[Any, FillReport]:
+        """Build the batch of ``index`` (``extra``: what ``FillPlugin.prepare`` returned) in the
+        writer's current slot; returns (batch, report). The batch is packed like a collated one."""
+
+
+class FillPlugin(Protocol):
+    """Parent half of a plug-in."""
+
+    @property
+    def filler(self) -> BatchFiller:
+        """The worker half."""
+
+    @property
+    def parent_binds(self) -> bool:
+        """``prepare`` writes into task slots (so a slot is bound when its task is submitted)."""
+
+    def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, /) -> Any:
+        """Per-task data for the worker (``Task.extra``), possibly written into ``slot`` (the
+        whole slot as uint8). ``tag``: the value the driver submitted the task with (FastIter:
+        the augmentation epoch). ``count`` is False when a task is prepared again for a
+        replacement worker."""
+
+    def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
+        """A batch is handed out; ``slot`` holds what the worker wrote."""

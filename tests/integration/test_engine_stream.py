@@ -1,0 +1,109 @@
+"""The engine driven directly by a stream of tasks: no sampler, no DataLoader, no FastIter.
+
+This is how a producer other than a DataLoader (an inference batcher) uses the workers and the
+arena: ``submit`` requests, take replies in arrival order, hand out their batches.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+
+from gpufeed._engine.context import EngineContext
+from gpufeed._engine.engine import Engine, TaskRecord
+from gpufeed._engine.messages import Done, Failed
+from gpufeed._engine.worker import WorkerSpec
+from gpufeed.config import EngineConfig
+from gpufeed.stats import Stats
+
+SAMPLE_S = 0.15  # per request: long enough for a killed worker to owe queued tasks
+
+
+class Requests(torch.utils.data.Dataset):
+    """Request i -> tensor([i, pid of the worker that ran it]); every run leaves a marker file."""
+
+    def __init__(self, runs_dir: str) -> None:
+        self.runs_dir = runs_dir
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        # "x": a second run of the same request in the same process fails the task
+        with open(os.path.join(self.runs_dir, f"{i}.{os.getpid()}"), "x"):
+            pass
+        time.sleep(SAMPLE_S)
+        return torch.tensor([i, os.getpid()], dtype=torch.int64)
+
+
+def _runs(runs_dir: str) -> dict[int, list[int]]:
+    """Request -> pids that started running it."""
+    out: dict[int, list[int]] = {}
+    for name in os.listdir(runs_dir):
+        request, pid = name.split(".")
+        out.setdefault(int(request), []).append(int(pid))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_task_stream_survives_a_sigkill_and_shuts_down_clean(tmp_path):
+    context = EngineContext(EngineConfig(max_batch_bytes=1 << 16), Stats())
+    engine = Engine(context, WorkerSpec(dataset=Requests(str(tmp_path))), num_workers=2)
+    first_pids = list(engine.pids)
+    num_requests = 12
+    records: dict[int, TaskRecord] = {}
+    results: dict[int, list[int]] = {}
+    killed = None
+    try:
+        for request in range(num_requests):  # the engine picks the worker that owes fewest
+            record = engine.submit([request])
+            records[record.idx] = record
+        assert {r.worker_id for r in records.values()} == {0, 1}
+        while len(results) < num_requests:
+            for record, reply in engine.wait(timeout_s=30.0):
+                assert not isinstance(reply, Failed), reply.error.traceback
+                assert isinstance(reply, Done)
+                assert record.idx not in results, "a task was answered twice"
+                batch = engine.result(record, reply)
+                results[record.idx] = batch[0].tolist()
+                del batch
+            if killed is None:  # after the first reply, worker 0 still owes queued tasks
+                assert engine.owed(0) >= 2
+                killed = engine.pid(0)
+                os.kill(killed, signal.SIGKILL)
+        assert engine.restarts == 1
+        replacement = engine.pid(0)
+        assert replacement not in first_pids
+        all_pids = [*first_pids, replacement]
+    finally:
+        engine.close()
+
+    # Every request's batch arrived once, with its own data.
+    assert sorted(results) == list(range(num_requests))
+    assert all(results[idx][0] == records[idx].index[0] for idx in results)
+    # A task the killed worker answered was not run again; every other task ran exactly once in
+    # a live worker: the killed worker's unanswered tasks were re-run by its replacement, once.
+    runs = _runs(str(tmp_path))
+    rerun = 0
+    for request, pid in results.values():
+        survivors = [p for p in runs[request] if p != killed]
+        if pid == killed:
+            assert survivors == [], f"request {request} answered by the killed worker, then re-run"
+        else:
+            assert survivors == [pid], f"request {request} ran in {runs[request]}"
+        rerun += pid == replacement
+    assert rerun >= 1  # the replacement did re-run the killed worker's tasks
+
+    # Shutdown leaves no process and gives every slot back.
+    assert engine.closed and engine.pids == []
+    children = psutil.Process().children(recursive=True)
+    assert not [c.pid for c in children if c.pid in all_pids]
+    assert not any(psutil.pid_exists(pid) for pid in all_pids if pid != killed)
+    arena = context.current_arena
+    assert arena is not None and arena.free_slots() == arena.num_slots
+    context.close()
