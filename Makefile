@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 
-.PHONY: demo test docs bench sysdeps clean
+.PHONY: demo test lint docs bench sysdeps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ demo: sysdeps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
-test: sysdeps $(STAMP) docs
+# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine).
+lint: $(STAMP)
+	$(BIN)/python -m ruff check gpufeed
+	$(BIN)/python -m mypy
+
+test: sysdeps $(STAMP) lint docs
 	$(BIN)/python -m pytest tests
 
 # The pytest-benchmark suites, then the tests marked perf (speed ratios, memory figures), which

@@ -41,10 +41,10 @@ import tempfile
 import termios
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import reduction
-
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
