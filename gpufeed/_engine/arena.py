@@ -214,16 +214,21 @@ class Arena:
         with self._lock:
             if self._closed or not self._copying:
                 return
+            # A collection set off in query() or _free() can release a batch here, in this thread:
+            # that appends to self._copying and re-enters this method, so iterate a list of our own.
+            copying, self._copying = self._copying, []
             waiting = []
-            for slot, event in self._copying:
+            for slot, event in copying:
                 if event.query():
                     self._free(slot)
                 else:
                     waiting.append((slot, event))
-            self._copying = waiting
+            self._copying = waiting + self._copying
 
     def _free(self, slot: int) -> None:
         """``release``'s work, with the lock held."""
+        if self._closed:  # closed by a collection set off inside this locked region
+            return
         waiting = self.warm_waiting()
         self._window_min = min(self._window_min, waiting)
         self._window_count += 1

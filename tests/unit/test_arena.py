@@ -303,3 +303,53 @@ def test_close_waits_for_pending_copies_before_its_hooks(arena):
     arena.release(slot)
     arena.close()
     assert order == ["sync", "unregister"]
+
+
+def test_a_collection_inside_free_copied_that_frees_a_batch_frees_each_slot_once():
+    """``free_copied`` polls copy events with the arena's lock held; a garbage collection set off
+    there can free a page-locked batch in a reference cycle, whose release re-enters
+    ``free_copied`` in the same thread. Every slot must still reach the warm pipe exactly once."""
+    import gc
+
+    arena = Arena(SLOT, warm_cap=8)
+    armed, collections = [], []
+
+    class CollectingEvent(_Event):
+        def query(self) -> bool:
+            if armed:
+                armed.clear()
+                collections.append(gc.collect())  # the collection an allocation here set off
+            return self.done
+
+    events: list[CollectingEvent] = []
+    arena.set_copy_guard(lambda: events.append(CollectingEvent()) or events[-1])
+    a, b, c = (arena.acquire() for _ in range(3))
+    for s in (a, b, c):
+        arena.mark_pinned(s)
+
+    class Batch:
+        pass
+
+    gc.disable()  # the collection must happen inside free_copied, not before
+    try:
+        arena.release(a)
+        arena.release(b)
+        assert arena.warm_waiting() == 0  # both wait on their copies
+        batch = Batch()
+        batch.cycle, batch.view = batch, arena.lease(c, 64)
+        del batch  # garbage only a collection finds
+        for e in events:
+            e.done = True
+        armed.append(True)
+        arena.free_copied()
+    finally:
+        gc.enable()
+    assert collections[0] > 0  # the batch was collected inside free_copied
+    events[-1].done = True  # c's copy (its event was made inside the collection) ran too
+    arena.free_copied()
+    fd = arena.handle().warm_fd
+    freed = []
+    while (slot := take_warm(fd)) is not None:
+        freed.append(slot)
+    assert sorted(freed) == [a, b, c]
+    arena.close()
