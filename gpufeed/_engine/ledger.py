@@ -19,6 +19,7 @@ class SlotLedger:
         self.held: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[int, int], int] = {}
         self.unanswered: list[dict[tuple[int, int], None]] = [{} for _ in range(num_workers)]
+        self.rerun: set[tuple[int, int]] = set()  # re-sent after a death: the fallback may be written
 
     def take(self, key: tuple[int, int], worker_id: int, warm: bool = False) -> int:
         slot = self.arena.acquire(warm)
@@ -37,14 +38,24 @@ class SlotLedger:
         """The task was answered: its batch lives in the claimed slot, if any."""
         slot = self.claims.pop(key, None)
         if slot is not None:
-            self.arena.release_cold(self.held[key])
+            self._free_fallback(key, self.held[key])
             self.held[key] = slot
+        self.rerun.discard(key)
 
     def drop_claim(self, key: tuple[int, int]) -> None:
         """The task's worker died: free the warm slot it took (the task is re-sent)."""
         slot = self.claims.pop(key, None)
         if slot is not None:
             self.arena.release(slot)
+        elif key in self.held:  # it bound no warm slot, so it may have written the fallback
+            self.rerun.add(key)
+
+    def _free_fallback(self, key: tuple[int, int], slot: int) -> None:
+        """Free a task's fallback that its worker did not use (it wrote a claimed slot)."""
+        if key in self.rerun:  # an earlier, dead worker may have written it: it has pages
+            self.arena.release(slot)
+        else:
+            self.arena.release_cold(slot)
 
     def answered(self, key: tuple[int, int], worker_id: int) -> bool:
         """Mark answered; False if the task was not outstanding (e.g. already dropped)."""
@@ -56,14 +67,16 @@ class SlotLedger:
         if claimed is not None:
             self.arena.release(claimed)
             if slot is not None:
-                self.arena.release_cold(slot)
+                self._free_fallback(key, slot)
         elif slot is not None:
             self.arena.release(slot)
+        self.rerun.discard(key)
 
     def slot(self, key: tuple[int, int]) -> int:
         return self.held[key]
 
     def lease(self, key: tuple[int, int], nbytes: int) -> memoryview:
+        self.rerun.discard(key)
         return self.arena.lease(self.held.pop(key), nbytes)
 
     def release_all(self) -> None:
@@ -73,3 +86,4 @@ class SlotLedger:
             self.drop_claim(key)
         for tasks in self.unanswered:
             tasks.clear()
+        self.rerun.clear()
