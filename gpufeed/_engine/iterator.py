@@ -48,14 +48,26 @@ class _Task:
 
 
 def _shutdown(pool: WorkerPool, ledger: SlotLedger) -> None:
-    """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
+    """Finalizer: stop workers, then give their slots back (nobody writes them any more).
+
+    The iterator detaches from the arena however this ends, or the loader's close would keep the
+    memfd open. If stopping the workers raised (Ctrl-C during the join), one may still be writing:
+    its slots stay held until the arena closes, rather than be handed out again under a writer.
+    """
     if pool.closed or not pool.owned_here:
         return
-    for _, msg in pool.shutdown():
-        if msg[0] == "claim":  # the task a worker was running when told to stop took a warm slot
-            ledger.claim((msg[1], msg[2]), msg[3])
-    ledger.release_all()
-    ledger.arena.detach()
+    try:
+        unread = pool.shutdown()
+    except BaseException:
+        ledger.arena.detach()
+        raise
+    try:
+        for _, msg in unread:
+            if msg[0] == "claim":  # the task a worker was running when told to stop took a warm slot
+                ledger.claim((msg[1], msg[2]), msg[3])
+        ledger.release_all()
+    finally:
+        ledger.arena.detach()
 
 
 class FastIter(_BaseDataLoaderIter):

@@ -4,6 +4,7 @@ dispatched, claimed, answered, re-run after a worker death, handed out and dropp
 from __future__ import annotations
 
 import mmap
+import os
 
 import pytest
 import torch
@@ -53,3 +54,51 @@ def test_a_fallback_a_dead_worker_wrote_never_returns_cold_with_its_pages(then):
     arena.trim_waiting()  # the parent waited for data: every free slot gives its pages back
     assert arena.resident_bytes() == in_use
     arena.close()
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,), float(i))
+
+
+def _memfds() -> set[str]:
+    """This process's open gpufeed memfd descriptors, as ``fd -> target`` lines."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd:gpufeed" in target:
+            out.add(f"{fd} -> {target}")
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to list open memfds")
+def test_an_iterator_whose_worker_shutdown_raised_still_lets_go_of_the_arena(monkeypatch):
+    """A Ctrl-C that lands while the iterator joins its workers: the iterator must still detach
+    from the arena, or closing the loader leaves the memfd open for the life of the process."""
+    from gpufeed import FastLoader
+    from gpufeed._engine.pool import WorkerPool
+
+    before = _memfds()
+    stop = WorkerPool._stop
+
+    def interrupted_stop(self: WorkerPool, *args: object, **kwargs: object) -> object:
+        stop(self, *args, **kwargs)
+        raise KeyboardInterrupt("Ctrl-C while the workers were joined")
+
+    loader = FastLoader(_Squares(), batch_size=4, num_workers=1)
+    it = iter(loader)
+    assert torch.equal(next(it)[0], torch.zeros(4))
+    assert _memfds() - before  # the loader's arena (and a descriptor per mapped chunk)
+    monkeypatch.setattr(WorkerPool, "_stop", interrupted_stop)
+    with pytest.raises(KeyboardInterrupt):
+        it.close()
+    monkeypatch.undo()
+    loader.close()
+    assert _memfds() - before == set()
