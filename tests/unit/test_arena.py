@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from gpufeed._engine.arena import TRIM_WINDOW, Arena, SlotWriter, take_warm
+from gpufeed._engine.arena import TRIM_WINDOW, Arena, ArenaSnapshot, SlotWriter, take_warm
 
 SLOT = 16 * mmap.PAGESIZE
 
@@ -87,6 +87,24 @@ def test_a_warm_slot_that_always_waited_is_trimmed_once_per_window(arena):
         cycling = taken
     assert arena.emptied == 1
     assert arena.resident_bytes() == SLOT  # only the slot in use keeps its pages
+
+
+def test_snapshot_says_where_free_and_leased_slots_are_and_leaves_the_pipe_as_it_was(arena):
+    a, b, c, d = (arena.acquire() for _ in range(4))
+    write(arena, a)
+    write(arena, b, mmap.PAGESIZE)
+    arena.release(a)
+    arena.release(b)
+    arena.release_cold(c)
+    view = arena.lease(d, 64)
+    assert arena.snapshot() == ArenaSnapshot(
+        num_slots=4, cold=(c,), warm=(a, b), copying=(), leased=(d,), pinned=frozenset()
+    )
+    fd = arena.handle().warm_fd
+    assert (take_warm(fd), take_warm(fd), take_warm(fd)) == (a, b, None)  # still there, in order
+    assert [arena.resident_bytes(s) for s in (a, b, c, d)] == [SLOT, mmap.PAGESIZE, 0, 0]
+    del view
+    assert arena.snapshot().leased == () and arena.snapshot().warm == (d,)
 
 
 def test_pinned_slots_keep_their_pages(arena):
