@@ -44,10 +44,10 @@ import tempfile
 import termios
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import reduction
-
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -335,7 +335,9 @@ class Arena:
         """
         with self._lock:
             if self._closed:
-                raise RuntimeError("gpufeed arena is closed: no slots to describe; snapshot a live loader's arena")
+                raise RuntimeError(
+                    "gpufeed arena is closed: no slots to describe; snapshot a live loader's arena"
+                )
             warm = []
             while (slot := take_warm(self._warm_r)) is not None:
                 warm.append(slot)

@@ -8,7 +8,13 @@ import os
 import pytest
 import torch
 
-from gpufeed._engine.arena import TRIM_WINDOW, Arena, ArenaSnapshot, SlotWriter, take_warm
+from gpufeed._engine.arena import (
+    TRIM_WINDOW,
+    Arena,
+    ArenaSnapshot,
+    SlotWriter,
+    take_warm,
+)
 
 SLOT = 16 * mmap.PAGESIZE
 
