@@ -187,7 +187,7 @@ class SlotLifecycle(RuleBasedStateMachine):
         # A dropped task's (worker, warm id) whose claim is still on its way:
         self.orphans: dict[tuple[int, int], tuple[int, int]] = {}
         self.leases: list[tuple[int, memoryview]] = []  # batches the user holds
-        self.pinned: set[int] = set()
+        self.pinned: dict[int, int] = {}  # page-locked slot -> its resident bytes then
         self.copies_checked = True  # free_copied ran since the last copy completed
 
     def _guard(self) -> CopyEvent:
@@ -324,7 +324,7 @@ class SlotLifecycle(RuleBasedStateMachine):
         task = self.tasks.pop(key)
         if pin:
             self.arena.mark_pinned(task.slot)
-            self.pinned.add(task.slot)
+            self.pinned.setdefault(task.slot, self.arena.resident_bytes(task.slot))
         view = self.ledger.lease(key, task.nbytes)
         assert bytes(view[: task.nbytes]) == bytes([task.value]) * task.nbytes  # the batch it wrote
         self.leases.append((task.slot, view))
@@ -372,6 +372,8 @@ class SlotLifecycle(RuleBasedStateMachine):
             assert self.arena.resident_bytes(slot) == 0, f"cold slot {slot} has pages"
         snap = self.arena.snapshot()
         assert set(having(SlotState.PINNED_COLD) + having(SlotState.COPYING)) <= snap.pinned
+        for slot, nbytes in self.pinned.items():  # page-locked pages are never given back
+            assert self.arena.resident_bytes(slot) >= nbytes, f"page-locked slot {slot} lost pages"
         copying = sum(not e.done for e in self.events)
         assert len(snap.copying) >= copying  # no slot is reused while a copy may still read it
         if self.copies_checked:
