@@ -343,12 +343,13 @@ class Arena:
                 warm.append(slot)
             for slot in warm:
                 os.write(self._warm_w, struct.pack("<i", slot))
+            leased = dict(self._leased)  # a collection while iterating could end a lease
             return ArenaSnapshot(
                 num_slots=self._num_slots,
                 cold=tuple(self._cold),
                 warm=tuple(warm),
                 copying=tuple(slot for slot, _ in self._copying),
-                leased=tuple(slot for slot, n in self._leased.items() for _ in range(n)),
+                leased=tuple(slot for slot, n in leased.items() for _ in range(n)),
                 pinned=frozenset(self._pinned),
             )
 

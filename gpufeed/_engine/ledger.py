@@ -21,10 +21,12 @@ The verbs that move a slot:
     claim        (taken from the pipe by a worker) -> claimed; -> free if the task was dropped
     settle       the reply came: claimed -> held, and the unused fallback held -> (pinned) cold
     drop_claim   the worker died: claimed -> free; the task is re-sent with its fallback
-    lease        held -> leased
-    release      a dropped task: held and claimed -> free; release_all does every task
+    lease        held -> leased; -> free when the batch's last view dies
+    release      a dropped task: held and claimed -> free; ``release_all`` frees every task's
     free         (``Arena.release``) -> warm, or -> cold, emptied, when surplus; a page-locked
-                 slot -> copying first, and is never emptied (-> pinned cold when the pipe is full)
+                 slot -> copying first (with a copy guard), never emptied (-> pinned cold only
+                 when the pipe is full)
+    trim         (``Arena.trim_waiting``) warm -> cold, emptied; page-locked ones stay warm
 A fallback a dead worker may have written has pages: it is freed as written (warm or emptied),
 never put back on the cold list as it is.
 """
