@@ -26,6 +26,9 @@ batches), or when at every release of a recent window some id was waiting anyway
 warm for nothing; trimming it costs one refault, not one per batch).
 The memfd has no name in any filesystem, so a killed process leaks nothing, and it is not
 bounded by the size of ``/dev/shm``.
+
+The states a slot goes through, and the verbs that move it, are defined in
+``gpufeed._engine.ledger``.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class Arena:
         self._maps: list[mmap.mmap] = []  # one per chunk
         self._num_slots = 0
         self._cold: list[int] = []  # free slots without pages
+        self._leased: dict[int, int] = {}  # slot -> live leases (one, unless the books are wrong)
         self._lock = threading.RLock()
         self._closed = False
         self._users = 0  # live iterators; closing waits for the last one
@@ -132,15 +136,20 @@ class Arena:
         """Slots created so far (in use or free)."""
         return self._num_slots
 
-    def resident_bytes(self) -> int:
-        """Bytes of memory the memfd holds now (pages written and not given back), found by
-        walking its data extents (SEEK_DATA/SEEK_HOLE); 0 where that is not supported."""
+    def resident_bytes(self, slot: int | None = None) -> int:
+        """Bytes of memory the memfd (or only ``slot``) holds now: pages written and not given
+        back, found by walking its data extents (SEEK_DATA/SEEK_HOLE); 0 where that is not
+        supported."""
         total, pos = 0, 0
         try:
             end = os.fstat(self._fd).st_size
+            if slot is not None:
+                pos, end = slot * self.slot_bytes, min(end, (slot + 1) * self.slot_bytes)
             while pos < end:
                 start = os.lseek(self._fd, pos, os.SEEK_DATA)
-                pos = os.lseek(self._fd, start, os.SEEK_HOLE)
+                if start >= end:
+                    break
+                pos = min(end, os.lseek(self._fd, start, os.SEEK_HOLE))
                 total += pos - start
         except OSError:  # ENXIO: no data past ``pos``; others: unsupported here
             pass
@@ -215,16 +224,21 @@ class Arena:
         with self._lock:
             if self._closed or not self._copying:
                 return
+            # A collection set off in query() or _free() can release a batch here, in this thread:
+            # that appends to self._copying and re-enters this method, so iterate a list of our own.
+            copying, self._copying = self._copying, []
             waiting = []
-            for slot, event in self._copying:
+            for slot, event in copying:
                 if event.query():
                     self._free(slot)
                 else:
                     waiting.append((slot, event))
-            self._copying = waiting
+            self._copying = waiting + self._copying
 
     def _free(self, slot: int) -> None:
         """``release``'s work, with the lock held."""
+        if self._closed:  # closed by a collection set off inside this locked region
+            return
         waiting = self.warm_waiting()
         self._window_min = min(self._window_min, waiting)
         self._window_count += 1
@@ -297,8 +311,48 @@ class Arena:
         chunk, first, _ = chunk_of(slot)
         start = (slot - first) * self.slot_bytes
         view = memoryview(self._maps[chunk])[start : start + max(nbytes, 1)]
-        weakref.finalize(view, self.release, slot)
+        with self._lock:
+            self._leased[slot] = self._leased.get(slot, 0) + 1
+        weakref.finalize(view, self._end_lease, slot)
         return view
+
+    def _end_lease(self, slot: int) -> None:
+        """The last view of a lease died: the slot is free."""
+        if os.getpid() != self._owner_pid:
+            return  # a forked child's copy of the batch died; see ``release``
+        with self._lock:
+            count = self._leased.pop(slot, 0) - 1
+            if count > 0:
+                self._leased[slot] = count
+        self.release(slot)
+
+    def snapshot(self) -> ArenaSnapshot:
+        """Where the slots the arena knows of are now: free ones, page-locked ones waiting on a
+        copy, leased ones (the rest are held by iterators: see ``SlotLedger.slot_states``).
+
+        For tests and diagnostics: it reads the warm pipe by draining it and writing the ids back
+        in order, so a worker reading meanwhile finds none and writes its cold fallback (slower,
+        never wrong).
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(
+                    "gpufeed arena is closed: no slots to describe; snapshot a live loader's arena"
+                )
+            warm = []
+            while (slot := take_warm(self._warm_r)) is not None:
+                warm.append(slot)
+            for slot in warm:
+                os.write(self._warm_w, struct.pack("<i", slot))
+            leased = dict(self._leased)  # a collection while iterating could end a lease
+            return ArenaSnapshot(
+                num_slots=self._num_slots,
+                cold=tuple(self._cold),
+                warm=tuple(warm),
+                copying=tuple(slot for slot, _ in self._copying),
+                leased=tuple(slot for slot, n in leased.items() for _ in range(n)),
+                pinned=frozenset(self._pinned),
+            )
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` before the mappings go (e.g. cudaHostUnregister)."""
@@ -364,6 +418,19 @@ def take_warm(fd: int) -> int | None:
 
 
 @dataclass(frozen=True)
+class ArenaSnapshot:
+    """Where an arena's slots were at one moment (``Arena.snapshot``). A slot listed twice, in
+    one field or across fields, is a bookkeeping error."""
+
+    num_slots: int  # slots created so far
+    cold: tuple[int, ...]  # the cold list, page-locked ones included
+    warm: tuple[int, ...]  # ids waiting in the warm pipe, oldest first
+    copying: tuple[int, ...]  # released page-locked slots waiting on their copy-guard event
+    leased: tuple[int, ...]  # slots of batches the user holds
+    pinned: frozenset[int]  # page-locked slots, whatever their state
+
+
+@dataclass(frozen=True)
 class ArenaHandle:
     """Worker side reference to the arena: the memfd, the slot size in bytes, the warm pipe."""
 
@@ -371,11 +438,14 @@ class ArenaHandle:
     slot_bytes: int
     warm_fd: int
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # spawn/forkserver: hand the descriptors to the child process
+    def __reduce__(self) -> tuple[Callable[..., ArenaHandle], tuple[Any, int, Any]]:
+        # spawn/forkserver: hand the descriptors to the child process
         return (_rebuild_handle, (reduction.DupFd(self.fd), self.slot_bytes, reduction.DupFd(self.warm_fd)))
 
 
 def _rebuild_handle(dup: Any, slot_bytes: int, warm_dup: Any) -> ArenaHandle:
+    """``dup``/``warm_dup``: what ``reduction.DupFd`` returned in the parent (``detach()`` gives
+    the descriptor in this process)."""
     return ArenaHandle(dup.detach(), slot_bytes, warm_dup.detach())
 
 

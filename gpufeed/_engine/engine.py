@@ -98,14 +98,26 @@ DeathPolicy = Callable[[WorkerDeath], None]  # raises to stop instead of replaci
 
 
 def _shutdown(pool: WorkerPool, ledger: SlotLedger) -> None:
-    """Finalizer: stop workers, then give their slots back (nobody writes them any more)."""
+    """Finalizer: stop workers, then give their slots back (nobody writes them any more).
+
+    The engine detaches from the arena however this ends, or the loader's close would keep the
+    memfd open. If stopping the workers raised (Ctrl-C during the join), one may still be writing:
+    its slots stay held until the arena closes, rather than be handed out again under a writer.
+    """
     if pool.closed or not pool.owned_here:
         return
-    for _, msg in pool.shutdown():
-        if isinstance(msg, Claim):  # the task a worker was running when told to stop took a warm slot
-            ledger.claim((msg.epoch, msg.idx), msg.slot)
-    ledger.release_all()
-    ledger.arena.detach()
+    try:
+        unread = pool.shutdown()
+    except BaseException:
+        ledger.arena.detach()
+        raise
+    try:
+        for _, msg in unread:
+            if isinstance(msg, Claim):  # the task a worker was running when told to stop took a warm slot
+                ledger.claim((msg.epoch, msg.idx), msg.slot)
+        ledger.release_all()
+    finally:
+        ledger.arena.detach()
 
 
 class Engine:

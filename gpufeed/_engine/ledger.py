@@ -1,17 +1,63 @@
-"""Which arena slots an iterator holds, so that each is freed exactly once."""
+"""Which arena slots an iterator holds, so that each is freed exactly once.
+
+Every slot of an arena is, at any moment, in exactly one of these states (``SlotState``):
+
+free, kept by the ``Arena``:
+    cold         on the cold list, no pages: never written, or emptied (MADV_REMOVE).
+    warm         its id waits in the warm pipe; usually with pages (a worker wrote it before).
+    pinned cold  on the cold list, page-locked (``pin_memory``, CUDA feed): its pages stay.
+    copying      a released page-locked slot: the GPU may still read it until its copy-guard
+                 event completes (``Arena.free_copied``).
+in use, recorded here:
+    held         the slot of a dispatched task: its fallback until the reply settles it, then
+                 the slot its batch is in.
+    claimed      a warm slot a worker took for a task instead of the fallback.
+    leased       a batch handed to the user, free when its last view dies.
+Between a worker taking a warm id from the pipe and its claim reaching the parent, the slot has
+no state here: only that worker knows it (a death in that instant strands it).
+
+The verbs that move a slot:
+    take         cold -> held; with ``warm=True`` warm -> held (the parent writes it itself)
+    claim        (taken from the pipe by a worker) -> claimed; -> free if the task was dropped
+    settle       the reply came: claimed -> held, and the unused fallback held -> (pinned) cold
+    drop_claim   the worker died: claimed -> free; the task is re-sent with its fallback
+    lease        held -> leased; -> free when the batch's last view dies
+    release      a dropped task: held and claimed -> free; ``release_all`` frees every task's
+    free         (``Arena.release``) -> warm, or -> cold, emptied, when surplus; a page-locked
+                 slot -> copying first (with a copy guard), never emptied (-> pinned cold only
+                 when the pipe is full)
+    trim         (``Arena.trim_waiting``) warm -> cold, emptied; page-locked ones stay warm
+A fallback a dead worker may have written has pages: it is freed as written (warm or emptied),
+never put back on the cold list as it is.
+"""
 
 from __future__ import annotations
+
+import enum
 
 from gpufeed._engine.arena import Arena
 
 
-class SlotLedger:
-    """Which arena slots this iterator holds, so each is freed exactly once.
+class SlotState(enum.Enum):
+    """The state of an arena slot (defined in the module docstring)."""
 
-    ``held`` maps (epoch, task index) to the slot of every task that was dispatched and whose
-    batch was neither handed to the user nor dropped; ``claims`` maps a task to the warm slot its
-    worker took instead, until the reply settles it; ``unanswered[w]`` lists, oldest first, the
-    tasks worker ``w`` still owes a reply (they are re-sent if it dies).
+    COLD = "cold"
+    WARM = "warm"
+    PINNED_COLD = "pinned cold"
+    COPYING = "copying"
+    HELD = "held"
+    CLAIMED = "claimed"
+    LEASED = "leased"
+
+
+class SlotLedger:
+    """The slots of one iterator's tasks, keyed by (epoch, task index).
+
+    ``held`` maps every dispatched task whose batch was neither handed to the user nor dropped to
+    its slot; ``claims`` maps a task to the warm slot its worker took instead, until the reply
+    settles it; ``unanswered[w]`` lists, oldest first, the tasks worker ``w`` still owes a reply
+    (they are re-sent if it dies); ``rerun`` holds the tasks re-sent after a death whose dead
+    worker wrote no claimed slot, so it may have written their fallback.
     """
 
     def __init__(self, arena: Arena, num_workers: int) -> None:
@@ -19,8 +65,10 @@ class SlotLedger:
         self.held: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[int, int], int] = {}
         self.unanswered: list[dict[tuple[int, int], None]] = [{} for _ in range(num_workers)]
+        self.rerun: set[tuple[int, int]] = set()
 
     def take(self, key: tuple[int, int], worker_id: int, warm: bool = False) -> int:
+        """Dispatch: a cold fallback slot for the task (with ``warm``, a warm one if waiting)."""
         slot = self.arena.acquire(warm)
         self.held[key] = slot
         self.unanswered[worker_id][key] = None
@@ -37,39 +85,78 @@ class SlotLedger:
         """The task was answered: its batch lives in the claimed slot, if any."""
         slot = self.claims.pop(key, None)
         if slot is not None:
-            self.arena.release_cold(self.held[key])
+            self._free_fallback(key, self.held[key])
             self.held[key] = slot
+        self.rerun.discard(key)
 
     def drop_claim(self, key: tuple[int, int]) -> None:
         """The task's worker died: free the warm slot it took (the task is re-sent)."""
         slot = self.claims.pop(key, None)
         if slot is not None:
             self.arena.release(slot)
+        elif key in self.held:  # it bound no warm slot, so it may have written the fallback
+            self.rerun.add(key)
+
+    def _free_fallback(self, key: tuple[int, int], slot: int) -> None:
+        """Free a task's fallback that its worker did not use (it wrote a claimed slot)."""
+        if key in self.rerun:
+            self.arena.release(slot)
+        else:
+            self.arena.release_cold(slot)
 
     def answered(self, key: tuple[int, int], worker_id: int) -> bool:
         """Mark answered; False if the task was not outstanding (e.g. already dropped)."""
         return self.unanswered[worker_id].pop(key, False) is None
 
     def release(self, key: tuple[int, int]) -> None:
+        """The task is dropped: free its slots (unknown keys are ignored)."""
         slot = self.held.pop(key, None)
         claimed = self.claims.pop(key, None)
         if claimed is not None:
             self.arena.release(claimed)
             if slot is not None:
-                self.arena.release_cold(slot)
+                self._free_fallback(key, slot)
         elif slot is not None:
             self.arena.release(slot)
+        self.rerun.discard(key)
 
     def slot(self, key: tuple[int, int]) -> int:
+        """The slot the task's batch is in (after ``settle``)."""
         return self.held[key]
 
     def lease(self, key: tuple[int, int], nbytes: int) -> memoryview:
+        """Hand the task's batch to the user: a view of its first ``nbytes``; the slot is freed
+        when the view's last user dies."""
+        self.rerun.discard(key)
         return self.arena.lease(self.held.pop(key), nbytes)
 
     def release_all(self) -> None:
+        """Free every slot of every task (shutdown: no worker writes any more)."""
         for key in list(self.held):
             self.release(key)
         for key in list(self.claims):
             self.drop_claim(key)
         for tasks in self.unanswered:
             tasks.clear()
+        self.rerun.clear()
+
+    def slot_states(self) -> dict[int, list[SlotState]]:
+        """Every slot of the arena with the states it is found in: exactly one each, but none
+        for a warm id a worker took and has not claimed yet, or for slots other iterators of
+        the same arena hold. For tests and diagnostics: it reads the warm pipe
+        (``Arena.snapshot``)."""
+        snap = self.arena.snapshot()
+        states: dict[int, list[SlotState]] = {slot: [] for slot in range(snap.num_slots)}
+        found = (
+            (SlotState.WARM, snap.warm),
+            (SlotState.COPYING, snap.copying),
+            (SlotState.LEASED, snap.leased),
+            (SlotState.HELD, self.held.values()),
+            (SlotState.CLAIMED, self.claims.values()),
+        )
+        for slot in snap.cold:
+            states[slot].append(SlotState.PINNED_COLD if slot in snap.pinned else SlotState.COLD)
+        for state, slots in found:
+            for slot in slots:
+                states[slot].append(state)
+        return states

@@ -8,7 +8,13 @@ import os
 import pytest
 import torch
 
-from gpufeed._engine.arena import TRIM_WINDOW, Arena, SlotWriter, take_warm
+from gpufeed._engine.arena import (
+    TRIM_WINDOW,
+    Arena,
+    ArenaSnapshot,
+    SlotWriter,
+    take_warm,
+)
 
 SLOT = 16 * mmap.PAGESIZE
 
@@ -87,6 +93,24 @@ def test_a_warm_slot_that_always_waited_is_trimmed_once_per_window(arena):
         cycling = taken
     assert arena.emptied == 1
     assert arena.resident_bytes() == SLOT  # only the slot in use keeps its pages
+
+
+def test_snapshot_says_where_free_and_leased_slots_are_and_leaves_the_pipe_as_it_was(arena):
+    a, b, c, d = (arena.acquire() for _ in range(4))
+    write(arena, a)
+    write(arena, b, mmap.PAGESIZE)
+    arena.release(a)
+    arena.release(b)
+    arena.release_cold(c)
+    view = arena.lease(d, 64)
+    assert arena.snapshot() == ArenaSnapshot(
+        num_slots=4, cold=(c,), warm=(a, b), copying=(), leased=(d,), pinned=frozenset()
+    )
+    fd = arena.handle().warm_fd
+    assert (take_warm(fd), take_warm(fd), take_warm(fd)) == (a, b, None)  # still there, in order
+    assert [arena.resident_bytes(s) for s in (a, b, c, d)] == [SLOT, mmap.PAGESIZE, 0, 0]
+    del view
+    assert arena.snapshot().leased == () and arena.snapshot().warm == (d,)
 
 
 def test_pinned_slots_keep_their_pages(arena):
@@ -305,3 +329,53 @@ def test_close_waits_for_pending_copies_before_its_hooks(arena):
     arena.release(slot)
     arena.close()
     assert order == ["sync", "unregister"]
+
+
+def test_a_collection_inside_free_copied_that_frees_a_batch_frees_each_slot_once():
+    """``free_copied`` polls copy events with the arena's lock held; a garbage collection set off
+    there can free a page-locked batch in a reference cycle, whose release re-enters
+    ``free_copied`` in the same thread. Every slot must still reach the warm pipe exactly once."""
+    import gc
+
+    arena = Arena(SLOT, warm_cap=8)
+    armed, collections = [], []
+
+    class CollectingEvent(_Event):
+        def query(self) -> bool:
+            if armed:
+                armed.clear()
+                collections.append(gc.collect())  # the collection an allocation here set off
+            return self.done
+
+    events: list[CollectingEvent] = []
+    arena.set_copy_guard(lambda: events.append(CollectingEvent()) or events[-1])
+    a, b, c = (arena.acquire() for _ in range(3))
+    for s in (a, b, c):
+        arena.mark_pinned(s)
+
+    class Batch:
+        pass
+
+    gc.disable()  # the collection must happen inside free_copied, not before
+    try:
+        arena.release(a)
+        arena.release(b)
+        assert arena.warm_waiting() == 0  # both wait on their copies
+        batch = Batch()
+        batch.cycle, batch.view = batch, arena.lease(c, 64)
+        del batch  # garbage only a collection finds
+        for e in events:
+            e.done = True
+        armed.append(True)
+        arena.free_copied()
+    finally:
+        gc.enable()
+    assert collections[0] > 0  # the batch was collected inside free_copied
+    events[-1].done = True  # c's copy (its event was made inside the collection) ran too
+    arena.free_copied()
+    fd = arena.handle().warm_fd
+    freed = []
+    while (slot := take_warm(fd)) is not None:
+        freed.append(slot)
+    assert sorted(freed) == [a, b, c]
+    arena.close()
