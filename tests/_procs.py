@@ -6,6 +6,8 @@ tracker (spawn/forkserver) and the fork server. They are not gpufeed workers.
 
 from __future__ import annotations
 
+import os
+
 import psutil
 
 _MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -28,4 +30,17 @@ def live_children() -> list[psutil.Process]:
                 out.append(proc)
         except psutil.NoSuchProcess:
             continue
+    return out
+
+
+def gpufeed_memfds() -> dict[int, str]:
+    """This process's open gpufeed arena descriptors: fd -> its ``/proc/self/fd`` target."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor, for one)
+        if "memfd:gpufeed" in target:
+            out[int(fd)] = target
     return out

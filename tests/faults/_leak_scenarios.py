@@ -17,6 +17,7 @@ import psutil
 
 import gpufeed._engine.pool
 from gpufeed import FastLoader
+from tests._procs import gpufeed_memfds
 from tests.faults._datasets import RaisesAt, Squares
 
 # Every process of this scenario, so /dev/shm entries made by other programs on the machine
@@ -37,24 +38,12 @@ def _ours(name: str) -> bool:
     return "gpufeed" in name or any(f"_{pid}_" in name for pid in _OURS)
 
 
-def _memfds() -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "memfd:gpufeed" in target:
-            out.append(target)
-    return out
-
-
 def _state() -> dict:
     me = psutil.Process()
     return {
         "children": [c.pid for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE],
         "threads": [t.name for t in threading.enumerate() if t.name.startswith("gpufeed")],
-        "memfds": _memfds(),
+        "memfds": list(gpufeed_memfds().values()),
         "shm": sorted(os.listdir("/dev/shm")),
     }
 

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpufeed._engine.arena import Arena, SlotWriter, take_warm
 from gpufeed._engine.ledger import SlotLedger, SlotState
+from tests._procs import gpufeed_memfds
 
 PAGE = mmap.PAGESIZE
 SLOT = 4 * PAGE
@@ -74,19 +75,6 @@ class _Squares(torch.utils.data.Dataset):
         return torch.full((4,), float(i))
 
 
-def _memfds() -> set[str]:
-    """This process's open gpufeed memfd descriptors, as ``fd -> target`` lines."""
-    out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "memfd:gpufeed" in target:
-            out.add(f"{fd} -> {target}")
-    return out
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open memfds in /proc/self/fd")
 def test_an_iterator_whose_worker_shutdown_raised_still_lets_go_of_the_arena(monkeypatch):
@@ -95,7 +83,7 @@ def test_an_iterator_whose_worker_shutdown_raised_still_lets_go_of_the_arena(mon
     from gpufeed import FastLoader
     from gpufeed._engine.pool import WorkerPool
 
-    before = _memfds()
+    before = set(gpufeed_memfds().items())
     shutdown = WorkerPool.shutdown
 
     def interrupted_shutdown(self: WorkerPool) -> object:
@@ -105,13 +93,13 @@ def test_an_iterator_whose_worker_shutdown_raised_still_lets_go_of_the_arena(mon
     loader = FastLoader(_Squares(), batch_size=4, num_workers=1)
     it = iter(loader)
     assert torch.equal(next(it)[0], torch.zeros(4))
-    assert _memfds() - before  # the loader's arena (and a descriptor per mapped chunk)
+    assert set(gpufeed_memfds().items()) - before  # the loader's arena (and a descriptor per mapped chunk)
     monkeypatch.setattr(WorkerPool, "shutdown", interrupted_shutdown)
     with pytest.raises(KeyboardInterrupt):
         it.close()
     monkeypatch.undo()
     loader.close()
-    assert _memfds() - before == set()
+    assert set(gpufeed_memfds().items()) - before == set()
 
 
 # -- the state machine ----------------------------------------------------------------------
