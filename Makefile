@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 
-.PHONY: demo test lint docs bench sysdeps clean
+.PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,16 @@ test: sysdeps $(STAMP) lint docs
 bench: sysdeps $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
 	$(BIN)/python -m pytest -m perf -raP tests
+
+# Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py), on this machine's own Python and
+# torch, offline: no venv, no pip. Without CUDA: one line, exit 0. See README, "GPU check".
+GPU_PYTHON ?= $(firstword $(wildcard /opt/torch/.venv/bin/python3) python3)
+gpu-check:
+	@GPU_PYTHON="$(GPU_PYTHON)" bash scripts/gpu_check.sh
+
+# What gpu-check carries to an offline GPU machine, into .whl/ (needs PyPI and apt-get here).
+gpu-wheels:
+	PYTHON="$(PYTHON)" bash scripts/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .benchmarks

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# `make gpu-check`: every GPU check of gpufeed in one command. Today:
+#   pytest tests/gpu            the CUDA feed's correctness (bytes, normalize, held batches, teardown)
+#   benchmarks/cuda_feed.py     a ResNet-50 training step fed three ways, the feed alone; the goals
+# (a later check goes in CHECKS below). Budget: under 5 minutes on one H100/H200.
+#
+# It runs on the machine's own Python and torch ($GPU_PYTHON; make passes the first of
+# /opt/torch/.venv/bin/python3 and python3), offline: no venv, no pip, no index. gpufeed runs from
+# this tree (PYTHONPATH); dependencies that Python lacks are unzipped from the wheels in .whl/
+# (`make gpu-wheels`) into a private folder, and libturbojpeg from its .deb (else OpenCV decodes).
+# Without CUDA it says so in one line and exits 0. With $OUT set (the device tool's output folder)
+# the log also goes to $OUT/gpu-check.log and the benchmark's figures to $OUT/cuda_feed.json.
+# Exit status: 0 when every check passed (benchmark goals are reported, not enforced), 1 when one
+# failed, 2 when the checks could not start.
+set -uo pipefail
+SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+cd "$(dirname "$SCRIPT")/.." || exit 2
+ROOT=$PWD
+
+if [ -n "${OUT:-}" ] && [ -z "${GPU_CHECK_TEED:-}" ] && mkdir -p "$OUT" 2>/dev/null; then
+  GPU_CHECK_TEED=1 bash "$SCRIPT" "$@" 2>&1 | tee "$OUT/gpu-check.log"
+  exit "${PIPESTATUS[0]}"
+fi
+
+PY=${GPU_PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
+fi
+WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
+WORK=${GPU_CHECK_DIR:-${TMPDIR:-/tmp}/gpufeed-gpu-check}
+TEST_LIMIT_S=${GPU_CHECK_TEST_TIMEOUT_S:-140}
+BENCH_LIMIT_S=${GPU_CHECK_BENCH_TIMEOUT_S:-150}
+export PYTHONUNBUFFERED=1
+
+# 1. CUDA, or one line and exit 0.
+if ! command -v "$PY" >/dev/null; then
+  echo "gpu-check: skipped, no CUDA here: no Python at $PY (set GPU_PYTHON to one with CUDA torch)"
+  exit 0
+fi
+probe=$("$PY" - 2>&1 <<'EOF'
+import sys
+try:
+    import torch
+except Exception as exc:  # no torch at all: no GPU check to run here
+    print(f"no torch ({type(exc).__name__}: {exc})")
+    sys.exit(3)
+if not torch.cuda.is_available():
+    print(f"torch {torch.__version__} (built with CUDA {torch.version.cuda}) reports torch.cuda.is_available() False")
+    sys.exit(3)
+p = torch.cuda.get_device_properties(0)
+print(f"{p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__} (CUDA {torch.version.cuda})")
+EOF
+)
+rc=$?
+probe=$(printf '%s\n' "$probe" | tail -n 1)
+if [ "$rc" = 3 ] || [ "$rc" = 127 ]; then
+  echo "gpu-check: skipped, no CUDA here ($PY: ${probe:-not found}); run it on a machine with an NVIDIA GPU"
+  exit 0
+elif [ "$rc" != 0 ]; then
+  echo "gpu-check: could not probe CUDA with $PY (exit $rc): $probe"
+  exit 2
+fi
+echo "gpu-check: $probe; python $PY; repo $ROOT"
+
+# 2. Dependencies the device's Python lacks, from the carried wheels (no pip: a wheel is a zip).
+missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('lmdb', 'cachetools', 'turbojpeg') if u.find_spec(m) is None))")
+site="$WORK/site"
+rm -rf "$site" && mkdir -p "$site" || exit 2
+lacking=()
+for module in $missing; do
+  case $module in
+    turbojpeg) pattern='[Pp]y[Tt]urbo[Jj][Pp][Ee][Gg]-*.whl' ;;
+    *) pattern="$module-*.whl" ;;
+  esac
+  wheel=$(ls "$WHEELS"/$pattern 2>/dev/null | head -n 1)
+  if [ -z "$wheel" ]; then lacking+=("$module"); continue; fi
+  "$PY" -m zipfile -e "$wheel" "$site" || { echo "gpu-check: could not unzip $wheel"; exit 2; }
+  echo "gpu-check: $module from $(basename "$wheel")"
+done
+if [ ${#lacking[@]} -gt 0 ]; then
+  echo "gpu-check: $PY has no ${lacking[*]} and $WHEELS holds no wheel of it: run \`make gpu-wheels\` where pip reaches PyPI and carry .whl (device run: carry=[\".whl\"])"
+  exit 2
+fi
+export PYTHONPATH="$ROOT:$site${PYTHONPATH:+:$PYTHONPATH}"
+
+# 3. libturbojpeg: the system's, else the carried .deb unpacked into $WORK, else OpenCV decodes.
+turbo_probe='from gpufeed.decode._backends import load_turbojpeg as f; s = f(); print(s.library if s.available else "", end="")'
+library=$("$PY" -c "$turbo_probe" 2>/dev/null)
+if [ -z "$library" ]; then
+  deb=$(ls "$WHEELS"/libturbojpeg0_*.deb 2>/dev/null | head -n 1)
+  if [ -n "$deb" ] && command -v dpkg-deb >/dev/null && rm -rf "$WORK/deb" && dpkg-deb -x "$deb" "$WORK/deb"; then
+    libdir=$(dirname "$(find "$WORK/deb" -name 'libturbojpeg.so*' | head -n 1)")
+    export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    library=$("$PY" -c "$turbo_probe" 2>/dev/null)
+  fi
+fi
+if [ -n "$library" ]; then
+  echo "gpu-check: JPEG decode by turbojpeg ($library)"
+else
+  echo "gpu-check: JPEG decode by OpenCV: no libturbojpeg (carry .whl/libturbojpeg0_*.deb, made by make gpu-wheels)"
+fi
+
+# 4. The checks: name, time limit (s), command. Each runs even when an earlier one failed.
+json_args=()
+[ -n "${OUT:-}" ] && json_args=(--json "$OUT/cuda_feed.json")
+CHECKS=(
+  "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
+  "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py ${json_args[*]}"
+)
+started=$(date +%s)
+summary=()
+failed=0
+for check in "${CHECKS[@]}"; do
+  IFS='|' read -r name limit command <<<"$check"
+  echo
+  echo "gpu-check: == $name (limit ${limit} s) =="
+  t0=$(date +%s)
+  # shellcheck disable=SC2086 # the command is split into words on purpose
+  timeout --kill-after=10 "$limit" $command
+  rc=$?
+  took=$(($(date +%s) - t0))
+  case $rc in
+    0) summary+=("$name ok (${took} s)") ;;
+    124 | 137) summary+=("$name TIMED OUT after ${limit} s"); failed=1 ;;
+    *) summary+=("$name FAILED (exit $rc, ${took} s)"); failed=1 ;;
+  esac
+done
+echo
+verdict=$([ "$failed" = 0 ] && echo PASSED || echo FAILED)
+echo "gpu-check: $verdict in $(($(date +%s) - started)) s: $(IFS=';'; echo "${summary[*]}" | sed 's/;/; /g')"
+exit "$failed"

@@ -1,0 +1,96 @@
+"""The GPU proof's tooling stays runnable without a GPU: benchmarks/cuda_feed.py's CPU dry run
+(every code path, tiny sizes, stand-ins labelled), its overlap arithmetic, and `make gpu-check`'s
+script, which says in one line that there is no CUDA and exits 0."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "cuda_feed.py"
+pytestmark = pytest.mark.timeout(90)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("OUT", None)
+    return env
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("cuda_feed_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_dry_run_runs_every_feed_and_labels_its_stand_ins(tmp_path):
+    out = tmp_path / "cuda_feed.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=80,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "CPU DRY RUN" in proc.stdout and "goals: not judged on a CPU dry run" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["dry_run"] is True and result["ok"] is True and result["errors"] == {}
+    assert result["goals"] == []  # no goal is judged on CPU figures
+    assert "CPU stand-in" in result["timing_source"]
+    train, feed = result["train"], result["feed"]
+    assert set(train["feeds"]) == set(feed["feeds"]) == {"a", "b", "c"}
+    assert train["batch_mismatch"] == []  # the three feeds delivered the same first images
+    for name, summary in train["feeds"].items():
+        assert summary["images_per_s"] > 0 and 0 <= summary["data_wait_fraction"] <= 1, name
+        assert "stand-in" in summary["label"]
+        assert "CPU stand-in" in summary["overlap"]["source"]
+        assert summary["overlap"]["copies"] > 0  # the trace was parsed, not skipped
+    for name, res in feed["feeds"].items():
+        assert res["batches_per_s"] > 0, name
+        assert res["per_copy_gbps_events"] is None  # no H2D copy on CPU: never a made-up figure
+    assert "CPU stand-in" in feed["pinned"]["source"]
+
+
+def test_overlap_report_counts_copy_time_under_kernels():
+    bench = _bench_module()
+    kernels = [(0.0, 10.0), (5.0, 15.0), (20.0, 30.0)]
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": s, "dur": e - s} for i, (s, e) in enumerate(kernels)]
+    events += [
+        # 4 us under kernels out of 4; 2 of 6; a device-to-host copy and a small copy's bandwidth ignored
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 8.0, "dur": 4.0,
+         "args": {"bytes": 4_000_000}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 16.0, "dur": 6.0,
+         "args": {"bytes": 1000}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 0.0, "dur": 50.0,
+         "args": {"bytes": 4_000_000}},
+    ]
+    report = bench.overlap_report(events)
+    assert report["copies"] == 2 and report["pinned_copies"] == 1 and report["pageable_copies"] == 1
+    assert report["copy_ms"] == pytest.approx(0.010)
+    assert report["overlap_share"] == pytest.approx(0.6)
+    assert report["large_copies"] == 1
+    assert report["per_copy_gbps_median"] == pytest.approx(1000.0)  # 4 MB in 4 us
+    assert bench.overlap_report([])["overlap_share"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: make gpu-check would run every GPU check")
+@pytest.mark.skipif(shutil.which("bash") is None, reason="scripts/gpu_check.sh needs bash")
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
+    env = _env()
+    env["GPU_PYTHON"] = sys.executable
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: skipped, no CUDA here"), proc.stdout
