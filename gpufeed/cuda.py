@@ -257,9 +257,9 @@ class CudaFeed:
         """Host batches held because their copy may not have completed."""
         return len(self._pending)
 
-    def registrar(self, arena: Any) -> HostRegistrar:
+    def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain)
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
         return CudaIter(self, host_iter)
