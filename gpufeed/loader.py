@@ -18,7 +18,7 @@ from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import CudaFeed, HostRegistrar, current_stream_event, resolve_device
+from gpufeed.cuda import CudaFeed, resolve_device
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -94,17 +94,19 @@ class FastLoader(DataLoader[T_co]):
             raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {prefetch_batches!r}.")
         cuda_device = resolve_device(device)
         super().__init__(dataset, *args, **kwargs)
+        stats = Stats()
+        # The CUDA feed owns the copy stream; the arena's registrar drains it before unregistering.
+        self._cuda_feed = None if cuda_device is None else CudaFeed(cuda_device, prefetch_batches, stats=stats)
         # What the engine needs for the loader's whole life (the arena too, once created); the
         # iterators read it there, never here.
         self._context = EngineContext(
             config,
-            Stats(),
+            stats,
             cuda_output=cuda_device is not None,
             pin_workers=bool(pin_workers),
             log_dir=None if log_dir is None else os.fspath(log_dir),
             fork_guard=single_threaded_cv2,
-            make_registrar=HostRegistrar,
-            copy_guard=current_stream_event,
+            make_registrar=None if self._cuda_feed is None else self._cuda_feed.registrar,
         )
         weakref.finalize(self, self._context.close)  # the arena goes with the loader
         self._epoch = 0
@@ -119,10 +121,8 @@ class FastLoader(DataLoader[T_co]):
             on_gpu=cuda_device is not None,
         )
         self._context.plugin = self._image_feed
-        self._cuda_feed: CudaFeed | None = None
-        if cuda_device is not None:
-            gpu_transform = self._image_feed.gpu_transform if self._image_feed is not None else None
-            self._cuda_feed = CudaFeed(cuda_device, prefetch_batches, gpu_transform, self._context.stats)
+        if self._cuda_feed is not None and self._image_feed is not None:
+            self._cuda_feed.gpu_transform = self._image_feed.gpu_transform
         self.metrics_server = None
         if metrics_port is not None:
             from gpufeed.metrics import serve

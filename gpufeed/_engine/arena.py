@@ -196,7 +196,7 @@ class Arena:
         ``TRIM_WINDOW`` at least one id was waiting, so one warm slot was never needed.
 
         A no-op in a forked child: its copy of a batch died, but the parent still holds the slot,
-        and the pipe is shared with the parent's workers. With a copy guard (``pin_memory=True``),
+        and the pipe is shared with the parent's workers. With a copy guard (``set_copy_guard``),
         a page-locked slot is freed only once the guard's event completed (``free_copied``).
         """
         if os.getpid() != self._owner_pid:

@@ -12,7 +12,7 @@ import os
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -45,9 +45,11 @@ class EngineContext:
         engines: the live engines (for worker pids and usage).
         registrar: page-locks arena slots for CUDA (created with the arena when wanted).
 
-    ``make_registrar(arena)`` makes the registrar, and ``copy_guard`` is the arena's copy guard
-    when the user copies batches himself (``Arena.set_copy_guard``): both from
-    ``gpufeed.cuda``, given by the loader, used only when CUDA is available.
+    ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda.CudaFeed.registrar``, given
+    by the loader), used only for ``cuda_output`` and when CUDA is available. Arena memory is
+    page-locked only for the CUDA feed, which issues every copy from it on its own stream and so
+    knows when a slot may be reused; with ``pin_memory`` alone the user copies on streams gpufeed
+    cannot see, and batches are copied into torch's pinned memory instead (``FastIter``).
     """
 
     def __init__(
@@ -61,7 +63,6 @@ class EngineContext:
         log_dir: str | None = None,
         fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
         make_registrar: Callable[[Arena], Registrar] | None = None,
-        copy_guard: Callable[[], Any] | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
@@ -73,7 +74,6 @@ class EngineContext:
         self.registrar: Registrar | None = None
         self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda.CudaFeed
         self._make_registrar = make_registrar
-        self._copy_guard = copy_guard
         self._arena: Arena | None = None
 
     @property
@@ -81,19 +81,16 @@ class EngineContext:
         """The arena if one was created (and not closed since), else None."""
         return self._arena
 
-    def arena(self, warm_cap: int, pin_memory: bool = False) -> Arena:
+    def arena(self, warm_cap: int) -> Arena:
         """The loader's arena, created on first use and reused by every later engine.
 
-        ``warm_cap`` (warm slot ids allowed to wait in the arena's pipe) and ``pin_memory``
-        (the user copies batches to the GPU himself) only matter when it is created.
+        ``warm_cap`` (warm slot ids allowed to wait in the arena's pipe) only matters when it is
+        created.
         """
         if self._arena is None:
             arena = Arena(self.config.max_batch_bytes, warm_cap=warm_cap)
-            wants_pinned = self._cuda_output or pin_memory
-            if wants_pinned and self._make_registrar is not None and torch.cuda.is_available():
+            if self._cuda_output and self._make_registrar is not None and torch.cuda.is_available():
                 self.registrar = self._make_registrar(arena)
-                if not self._cuda_output and self._copy_guard is not None:  # the user copies:
-                    arena.set_copy_guard(self._copy_guard)  # slots wait for those copies
             self._arena = arena
         return self._arena
 

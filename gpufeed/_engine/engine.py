@@ -126,8 +126,7 @@ class Engine:
     ``spec`` says what workers run (dataset, collate, seeds, worker_init_fn); the engine fills
     in the arena, the plug-in's filler, CPU pinning and the log directory from ``context``.
     ``tasks_in_flight``: how many tasks the driver keeps submitted at most (sizes the arena's
-    warm-slot cap when the plug-in binds slots). ``pin_memory``: the user copies batches to the
-    GPU (the arena's slots are then page-locked and guarded, if CUDA is there).
+    warm-slot cap when the plug-in binds slots).
     """
 
     def __init__(
@@ -138,7 +137,6 @@ class Engine:
         *,
         mp_context: BaseContext | None = None,
         tasks_in_flight: int = 0,
-        pin_memory: bool = False,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
@@ -152,7 +150,7 @@ class Engine:
         # Warm slots allowed to wait in the arena's pipe: one per worker, plus one, when workers
         # take them; when the parent binds, as many as the tasks it keeps in flight.
         warm_cap = tasks_in_flight + 2 if self.parent_binds else num_workers + 1
-        self._arena = context.arena(warm_cap, pin_memory)
+        self._arena = context.arena(warm_cap)
         self._registrar = context.registrar  # page-locks slots when CUDA will read them
         spec = replace(
             spec,

@@ -94,7 +94,6 @@ class FastIter(_BaseDataLoaderIter):
             self._num_workers,
             mp_context=loader.multiprocessing_context or multiprocessing.get_context(),
             tasks_in_flight=self._prefetch_factor * self._num_workers,
-            pin_memory=loader.pin_memory,
         )
         self._reset(loader, first_iter=True)
 
@@ -235,7 +234,10 @@ class FastIter(_BaseDataLoaderIter):
             raise self._engine.failure(task.record, reply)
         assert reply is not None
         data = self._engine.result(task.record, reply)
-        if self._pin_memory and (not self._engine.page_locked or reply.overflow_bytes):
+        if self._pin_memory and not self._engine.page_locked:
+            # The user copies: into torch's pinned memory, whose allocator records the stream of
+            # each copy made from it (docs/design/cuda-feed.md, "pin_memory=True"). Page-locked
+            # slots are read by the CUDA feed only, which pins an overflowed payload itself.
             data = torch_pin_memory(data, self._pin_memory_device)  # type: ignore[no-untyped-call]
         return data
 

@@ -5,7 +5,7 @@ Every slot of an arena is, at any moment, in exactly one of these states (``Slot
 free, kept by the ``Arena``:
     cold         on the cold list, no pages: never written, or emptied (MADV_REMOVE).
     warm         its id waits in the warm pipe; usually with pages (a worker wrote it before).
-    pinned cold  on the cold list, page-locked (``pin_memory``, CUDA feed): its pages stay.
+    pinned cold  on the cold list, page-locked (the CUDA feed): its pages stay.
     copying      a released page-locked slot: the GPU may still read it until its copy-guard
                  event completes (``Arena.free_copied``).
 in use, recorded here:

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed.cuda import CudaFeed
 from gpufeed.synth import make_image_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
@@ -141,7 +142,133 @@ def test_close_unregisters_the_arena_and_leaves_no_workers(folder):
     assert live_children() == []
 
 
-def test_pin_memory_gives_pinned_arena_views_without_copies(folder):
+def test_pin_memory_gives_torch_pinned_batches_and_page_locks_no_arena_memory(folder):
     loader = FastLoader(_dataset(folder), batch_size=16, num_workers=2, pin_memory=True)
     images, labels = next(iter(loader))
     assert images.is_pinned() and labels.is_pinned()
+    assert loader._registrar is None  # only the CUDA feed, which issues every copy, gets page-locked slots
+
+
+def test_pin_memory_copy_on_a_side_stream_is_safe_wherever_the_batch_dies(folder):
+    """The copy runs on a busy side stream, the host batch dies on the default stream (the loop
+    rebinds it): torch's pinned memory knows the copy's stream, a guard on the releasing
+    thread's current stream would not."""
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    side = torch.cuda.Stream()
+    got = []
+    for images, _ in FastLoader(_dataset(folder), batch_size=8, num_workers=2, pin_memory=True):
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # the copy below queues behind this
+            got.append(images.to("cuda", non_blocking=True))
+        # ``images`` dies at the next iteration, on the default stream, with its copy still queued
+    torch.cuda.synchronize()
+    assert all(torch.equal(r, g.cpu()) for r, g in zip(reference, got))
+
+
+def test_steady_state_never_synchronizes_the_host_and_copies_only_page_locked_memory(folder, monkeypatch):
+    """A normalized channels_last feed after its first batches: no call in the loop blocks the host
+    (``set_sync_debug_mode("error")`` raises on one), and every host tensor copied to the GPU is
+    page-locked (a non_blocking copy from pageable memory is a hidden wait that mode misses)."""
+    copied = []  # (non_blocking, source is page-locked) of every host-to-device copy
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if self.device.type == "cpu" and out.device.type == "cuda":
+            copied.append((bool(kwargs.get("non_blocking")), self.is_pinned()))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    loader = FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", channels_last=True,
+                        normalize=(MEAN, STD), prefetch_batches=2)
+    n = len(loader)
+    sums = []
+    try:
+        for k, (images, labels) in enumerate(loader):
+            assert images.is_contiguous(memory_format=torch.channels_last) and images.dtype == torch.float32
+            sums.append(images.sum() + labels.sum())  # consumer work; never read back in the loop
+            if k == 1:  # the first batches built the normalize constants and registered slots
+                torch.cuda.set_sync_debug_mode("error")
+            if k == n - 1:  # the steady state ends before the end of the epoch
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(sums) == n and torch.isfinite(torch.stack(sums)).all()
+    assert copied and len(copied) == 2 * n  # images and labels of every batch
+    assert all(non_blocking and pinned for non_blocking, pinned in copied), copied
+
+
+def _watch_unregister(loader):
+    """Record, at the drain, whether copies were still queued on the loader's copy stream and, at
+    every ``cudaHostUnregister``, whether the copy stream had drained (after a first batch)."""
+    feed, registrar = loader._cuda_feed, loader._registrar
+    assert isinstance(feed, CudaFeed) and registrar is not None
+    seen: dict = {"queued_at_drain": None, "drained_at_unregister": []}
+    drain, cudart = registrar._drain, registrar._cudart
+
+    def watched_drain():
+        seen["queued_at_drain"] = not feed.stream.query()
+        drain()
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            return cudart.cudaHostRegister(ptr, nbytes, flags)
+
+        def cudaHostUnregister(self, ptr):
+            seen["drained_at_unregister"].append(feed.stream.query())
+            return cudart.cudaHostUnregister(ptr)
+
+    registrar._drain, registrar._cudart = watched_drain, Cudart()
+    return seen
+
+
+def test_end_of_epoch_with_copies_queued_unregisters_after_the_copy_stream_drained(folder):
+    """The loader is closed during the epoch; the arena closes when the epoch's engine ends, while
+    the copies of the last batches still wait behind the consumer's work on the GPU."""
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    n = len(reference)
+    loader = FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", prefetch_batches=3)
+    it = iter(loader)
+    got = [next(it)[0]]
+    seen = _watch_unregister(loader)
+    loader.close()  # deferred: the running engine keeps the arena open until the epoch ends
+    for k, (images, _) in enumerate(it, start=1):
+        if k == n - 7:  # copies issued from here on (the last 3) wait behind this on the GPU
+            torch.cuda._sleep(2_000_000_000)
+        got.append(images)
+    assert seen["queued_at_drain"] is True, "premise: copies were still queued when the arena closed"
+    assert seen["drained_at_unregister"] and all(seen["drained_at_unregister"])
+    torch.cuda.synchronize()  # raises if a copy read unregistered memory and faulted
+    assert all(torch.equal(r, g.cpu()) for r, g in zip(reference, got))
+
+
+def test_a_dropped_iterator_then_close_unregisters_after_the_copy_stream_drained(folder):
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    loader = FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", prefetch_batches=3,
+                        persistent_workers=True)
+    seen = None
+    for k, (images, _) in enumerate(loader):
+        if k == 0:
+            seen = _watch_unregister(loader)
+            torch.cuda._sleep(2_000_000_000)  # copies issued from now on wait behind this
+        if k == 4:
+            kept = images
+            break
+    loader.close()  # the iterator is gone with its queued copies; the arena goes now
+    assert seen is not None and seen["queued_at_drain"] is True, "premise: copies still queued at close"
+    assert seen["drained_at_unregister"] and all(seen["drained_at_unregister"])
+    torch.cuda.synchronize()
+    assert torch.equal(kept.cpu(), reference[4])
+
+
+def test_a_consumer_on_a_side_stream_gets_intact_batches(folder):
+    """The whole loop runs on a side stream, slower than the copies; the default stream stays idle."""
+    reference = [b[0].clone() for b in FastLoader(_dataset(folder), batch_size=8, num_workers=2)]
+    side = torch.cuda.Stream()
+    got = []
+    with torch.cuda.stream(side):
+        for images, _ in FastLoader(_dataset(folder), batch_size=8, num_workers=2, device="cuda", prefetch_batches=3):
+            torch.cuda._sleep(5_000_000)
+            got.append(images.clone())  # read on the side stream, where the batch was handed out
+    torch.cuda.synchronize()
+    assert len(got) == len(reference) and all(torch.equal(r, g.cpu()) for r, g in zip(reference, got))

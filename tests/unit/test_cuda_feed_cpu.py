@@ -1,0 +1,285 @@
+"""The CUDA feed's ordering, checked without a GPU.
+
+``CudaFeed`` makes every CUDA call through one ``CudaOps`` object and ``HostRegistrar`` through
+``cudart``; here both are stand-ins that record the calls, with a fake "GPU" whose events
+complete only when the test says so. Everything else is gpufeed's own code: a real ``Arena``
+whose slots hold the host batches, the real registrar, feed and iterator. What is checked is
+observable: the order of the calls, which slots are free, which batches are held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+import pytest
+import torch
+
+from gpufeed._engine.arena import Arena
+from gpufeed._engine.context import EngineContext
+from gpufeed.config import EngineConfig
+from gpufeed.cuda import CudaFeed
+from gpufeed.stats import Stats
+
+SLOT = 1 << 20
+N = 6  # batches per epoch
+SYNCS = ("stream.synchronize", "event.synchronize")
+
+
+class Gpu:
+    """The fake device: a log of every call, the registered host ranges, the events."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.ranges: dict[int, int] = {}  # registered address -> bytes
+        self.events: list[Event] = []
+
+    def done(self, upto: int | None = None) -> None:
+        """Complete the first ``upto`` events recorded (all by default), as the GPU would."""
+        for e in self.events[:upto]:
+            e.done = True
+
+    def syncs(self) -> list[tuple]:
+        return [c for c in self.log if c[0] in SYNCS]
+
+    # cudart, as HostRegistrar calls it
+    def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:
+        self.log.append(("cudaHostRegister", ptr))
+        self.ranges[ptr] = nbytes
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        copy_streams = {e.stream for e in self.events if e.stream is not None and e.stream.name == "copy"}
+        drained = all(e.done for e in self.events if e.stream in copy_streams)
+        self.log.append(("cudaHostUnregister", ptr, drained))
+        del self.ranges[ptr]
+        return 0
+
+    def pinned(self, t: torch.Tensor) -> bool:
+        p = t.data_ptr()
+        return any(a <= p < a + n for a, n in self.ranges.items()) or getattr(t, "_torch_pinned", False)
+
+
+class Event:
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu, self.done, self.stream = gpu, False, None
+        gpu.events.append(self)
+
+    def record(self, stream: Stream) -> None:
+        self.stream = stream
+        self.gpu.log.append(("record", stream.name, self.gpu.events.index(self)))
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.gpu.log.append(("event.synchronize",))
+        self.done = True
+
+    def elapsed_time(self, end: Event) -> float:
+        assert self.done and end.done, "elapsed_time of an event that has not completed"
+        return 2.0
+
+
+class Stream:
+    def __init__(self, gpu: Gpu, name: str) -> None:
+        self.gpu, self.name = gpu, name
+
+    def wait_stream(self, other: Stream) -> None:
+        self.gpu.log.append(("wait_stream", self.name, other.name))
+
+    def wait_event(self, event: Event) -> None:
+        self.gpu.log.append(("wait_event", self.name, self.gpu.events.index(event)))
+
+    def synchronize(self) -> None:
+        self.gpu.log.append(("stream.synchronize", self.name))
+        for e in self.gpu.events:
+            if e.stream is self:
+                e.done = True
+
+
+class Ops:
+    """``gpufeed.cuda.CudaOps`` for the fake GPU; device tensors are CPU clones."""
+
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu = gpu
+        self.device = torch.device("cpu")
+        self.streams = [Stream(gpu, "default")]
+
+    def new_stream(self) -> Stream:
+        return Stream(self.gpu, "copy")
+
+    def current_stream(self) -> Stream:
+        return self.streams[-1]
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: Stream):
+        self.streams.append(stream)
+        try:
+            yield stream
+        finally:
+            self.streams.pop()
+
+    def new_event(self) -> Event:
+        return Event(self.gpu)
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return self.gpu.pinned(t)
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        self.gpu.log.append(("pin",))
+        out = t.clone()
+        out._torch_pinned = True  # type: ignore[attr-defined]
+        return out
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        self.gpu.log.append(("copy", self.current_stream().name, self.gpu.pinned(t)))
+        return t.clone()
+
+    def record_stream(self, t: torch.Tensor, stream: Stream) -> None:
+        self.gpu.log.append(("record_stream", stream.name))
+
+
+class Host:
+    """Host batches as the engine makes them: views of leased arena slots, page-locked by the
+    registrar before they are handed out; a slot is free again when its views die."""
+
+    def __init__(self, gpu: Gpu, feed: CudaFeed) -> None:
+        self.arena = Arena(SLOT, warm_cap=N + 2)
+        self.registrar = feed.registrar(self.arena, cudart=gpu)
+        self.batches: list[weakref.ref] = []
+
+    def epoch(self, n: int = N, pageable: bool = False):
+        self.arena.attach()  # as an engine does: the arena stays open until it detaches
+        try:
+            for k in range(n):
+                yield self._batch(k, pageable)  # not kept in a local while the generator waits
+        finally:
+            self.arena.detach()
+
+    def _batch(self, k: int, pageable: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = self.arena.acquire()
+        self.registrar.ensure(slot, 4096)
+        view = torch.frombuffer(self.arena.lease(slot, 4096), dtype=torch.uint8)
+        view.fill_(k)
+        images = view[: 3 * 8 * 8].view(1, 3, 8, 8)
+        labels = torch.full((1,), k) if pageable else view[256:264].view(torch.int64)
+        self.batches.append(weakref.ref(images))
+        return images, labels
+
+    def free(self) -> int:
+        return self.arena.free_slots()
+
+
+@pytest.fixture
+def gpu():
+    return Gpu()
+
+
+@pytest.fixture
+def feed(gpu):
+    return CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu))
+
+
+def test_steady_state_copies_on_the_copy_stream_and_never_waits_on_the_host(gpu, feed):
+    host = Host(gpu, feed)
+    got = []
+    for k, (images, _labels) in enumerate(feed.wrap(host.epoch())):
+        got.append(int(images[0, 0, 0, 0]))
+        gpu.done(upto=2 * k)  # the GPU lags: copies complete a batch or two after they were issued
+    assert got == list(range(N))
+    assert gpu.syncs() == []  # not per batch, not at the end of the epoch
+    copies = [c for c in gpu.log if c[0] == "copy"]
+    assert copies == [("copy", "copy", True)] * (2 * N)  # on the copy stream, from page-locked memory
+    # before each copy the copy stream waits for the consumer; the consumer waits for each end event
+    assert [c for c in gpu.log if c[0] == "wait_stream"] == [("wait_stream", "copy", "default")] * N
+    ends = [c[2] for c in gpu.log if c[0] == "wait_event"]
+    assert ends == [2 * k + 1 for k in range(N)] and all(e.stream.name == "copy" for e in gpu.events)
+    assert [c for c in gpu.log if c[0] == "record_stream"] == [("record_stream", "default")] * (2 * N)
+
+
+def test_a_host_batch_is_kept_until_its_copy_event_completed(gpu, feed):
+    host = Host(gpu, feed)
+    it = feed.wrap(host.epoch())
+    first = next(it)
+    assert host.free() == 0 and feed.pending == 3  # the 3 issued copies may still run: slots held
+    gpu.done(upto=2)  # batch 0's copy (start and end event) completed
+    assert host.batches[0]() is not None  # nothing polled yet
+    second = next(it)
+    assert host.free() == 1 and host.batches[0]() is None  # released at the next poll
+    assert feed.pending == 3 and all(ref() is not None for ref in host.batches[1:])
+    assert first[0].sum() == 0 and second[0].max() == 1
+    for _ in it:
+        pass
+    assert feed.pending == N - 1 and host.free() == 1  # the end of the epoch waits for nothing...
+    gpu.done()
+    feed.retire()  # ...the next epoch's first __next__ polls them
+    assert feed.pending == 0 and host.free() == N
+    assert feed.stats.h2d_s == pytest.approx(N * 2.0 / 1000)
+
+
+def test_closing_the_arena_with_copies_queued_drains_the_copy_stream_before_unregistering(gpu, feed):
+    """The end of an epoch closes the arena when the loader was closed meanwhile (the engine
+    detaches): the copies of the last batches are still queued on the copy stream."""
+    host = Host(gpu, feed)
+    it = feed.wrap(host.epoch())
+    next(it)
+    host.arena.close()  # loader.close() during the epoch: deferred until the engine detaches
+    assert not any(c[0] == "cudaHostUnregister" for c in gpu.log)
+    rest = list(it)  # the host iterator ends: the arena closes with copies still queued
+    assert len(rest) == N - 1
+    calls = [c for c in gpu.log if c[0] in ("stream.synchronize", "cudaHostUnregister")]
+    assert calls[0] == ("stream.synchronize", "copy")
+    unregisters = calls[1:]
+    assert len(unregisters) == N and all(drained for _, _, drained in unregisters)
+    assert feed.pending == 0 and gpu.ranges == {}
+
+
+def test_a_dropped_iterator_waits_for_nothing_and_keeps_its_slots_until_the_copies_ran(gpu, feed):
+    host = Host(gpu, feed)
+    it = feed.wrap(host.epoch())
+    next(it), next(it)
+    del it  # ``break`` with copies queued
+    gc.collect()
+    assert gpu.syncs() == []
+    assert feed.pending == 4 and host.free() == 0  # the 4 issued copies may still read their slots
+    gpu.done()
+    feed.retire()
+    assert feed.pending == 0 and host.free() == 4
+
+
+def test_a_consumer_on_a_side_stream_is_ordered_with_the_copies(gpu, feed):
+    ops = feed.ops
+    host = Host(gpu, feed)
+    side = Stream(gpu, "side")
+    with ops.use_stream(side):
+        batches = list(feed.wrap(host.epoch(n=3)))
+    assert len(batches) == 3
+    assert {c for c in gpu.log if c[0] in ("wait_stream", "wait_event", "record_stream")} == {
+        ("wait_stream", "copy", "side"), ("record_stream", "side"),
+        *(("wait_event", "side", e) for e in (1, 3, 5)),
+    }
+    assert not any(c[0] == "wait_event" and c[1] == "default" for c in gpu.log)
+
+
+def test_a_pageable_host_tensor_is_pinned_by_torch_before_its_non_blocking_copy(gpu, feed):
+    host = Host(gpu, feed)
+    for _ in feed.wrap(host.epoch(n=2, pageable=True)):  # labels outside the arena (an overflow)
+        pass
+    copies = [c for c in gpu.log if c[0] in ("pin", "copy")]
+    assert copies == [("copy", "copy", True), ("pin",), ("copy", "copy", True)] * 2
+    assert feed.staged == 2
+
+
+@pytest.mark.parametrize("cuda_output", [True, False])
+def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_output):
+    """With ``pin_memory=True`` alone the user copies on streams gpufeed cannot see: the arena is
+    not page-locked (batches are copied into torch's pinned memory instead)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    made = []
+    context = EngineContext(EngineConfig(), Stats(), cuda_output=cuda_output,
+                            make_registrar=lambda arena: made.append(arena) or object())
+    arena = context.arena(warm_cap=2)
+    assert (context.registrar is not None) == cuda_output and made == ([arena] if cuda_output else [])
+    context.close()
