@@ -112,8 +112,6 @@ class Arena:
         os.set_blocking(self._warm_r, False)
         os.set_blocking(self._warm_w, False)
         self.emptied = 0  # slots whose pages were given back (each costs a refault when reused)
-        self._copy_guard: Callable[[], Any] | None = None  # see set_copy_guard
-        self._copying: list[tuple[int, Any]] = []  # (slot, event): released, GPU may still read
         self._window_min = 1 << 30  # fewest ids seen waiting at a release in this window
         self._window_count = 0
         self._owner_pid = os.getpid()
@@ -196,66 +194,30 @@ class Arena:
         ``TRIM_WINDOW`` at least one id was waiting, so one warm slot was never needed.
 
         A no-op in a forked child: its copy of a batch died, but the parent still holds the slot,
-        and the pipe is shared with the parent's workers. With a copy guard (``set_copy_guard``),
-        a page-locked slot is freed only once the guard's event completed (``free_copied``).
+        and the pipe is shared with the parent's workers.
         """
         if os.getpid() != self._owner_pid:
             return
         with self._lock:
             if self._closed:
                 return
-            if slot in self._pinned and self._copy_guard is not None:
-                # The user may have queued a non_blocking copy from this page-locked batch:
-                # free the slot once the work queued on the releasing thread's stream is done.
-                self._copying.append((slot, self._copy_guard()))
-                self.free_copied()
-                return
-            self._free(slot)
-
-    def set_copy_guard(self, guard: Callable[[], Any]) -> None:
-        """``guard()`` returns an event (``query()``, ``synchronize()``) recorded where the GPU may
-        still read a page-locked slot being released; the slot is reused after it completed."""
-        self._copy_guard = guard
-
-    def free_copied(self) -> None:
-        """Free the page-locked slots whose guard events completed."""
-        if not self._copying:
-            return
-        with self._lock:
-            if self._closed or not self._copying:
-                return
-            # A collection set off in query() or _free() can release a batch here, in this thread:
-            # that appends to self._copying and re-enters this method, so iterate a list of our own.
-            copying, self._copying = self._copying, []
-            waiting = []
-            for slot, event in copying:
-                if event.query():
-                    self._free(slot)
-                else:
-                    waiting.append((slot, event))
-            self._copying = waiting + self._copying
-
-    def _free(self, slot: int) -> None:
-        """``release``'s work, with the lock held."""
-        if self._closed:  # closed by a collection set off inside this locked region
-            return
-        waiting = self.warm_waiting()
-        self._window_min = min(self._window_min, waiting)
-        self._window_count += 1
-        surplus = waiting >= self.warm_cap
-        if self._window_count >= TRIM_WINDOW:
-            surplus = surplus or self._window_min >= 1
-            self._window_min, self._window_count = 1 << 30, 0
-        if not surplus or slot in self._pinned:
-            try:
-                os.write(self._warm_w, struct.pack("<i", slot))
-                return
-            except BlockingIOError:  # 16k ids waiting: cannot happen short of a leak
-                pass
-        if slot in self._pinned:
-            self._cold.append(slot)
-        else:
-            self._empty(slot)
+            waiting = self.warm_waiting()
+            self._window_min = min(self._window_min, waiting)
+            self._window_count += 1
+            surplus = waiting >= self.warm_cap
+            if self._window_count >= TRIM_WINDOW:
+                surplus = surplus or self._window_min >= 1
+                self._window_min, self._window_count = 1 << 30, 0
+            if not surplus or slot in self._pinned:
+                try:
+                    os.write(self._warm_w, struct.pack("<i", slot))
+                    return
+                except BlockingIOError:  # 16k ids waiting: cannot happen short of a leak
+                    pass
+            if slot in self._pinned:
+                self._cold.append(slot)
+            else:
+                self._empty(slot)
 
     def _empty(self, slot: int) -> None:
         """Give ``slot``'s pages back to the OS and make it cold (lock held; not pinned)."""
@@ -349,7 +311,6 @@ class Arena:
                 num_slots=self._num_slots,
                 cold=tuple(self._cold),
                 warm=tuple(warm),
-                copying=tuple(slot for slot, _ in self._copying),
                 leased=tuple(slot for slot, n in leased.items() for _ in range(n)),
                 pinned=frozenset(self._pinned),
             )
@@ -391,9 +352,6 @@ class Arena:
             self._closed = True
             maps, self._maps, self._cold = self._maps, [], []
             hooks, self._close_hooks = self._close_hooks, []
-            copying, self._copying = self._copying, []
-        for _, event in copying:  # no page-locked memory may be unregistered under a copy
-            event.synchronize()
         for hook in hooks:
             hook()
         for m in maps:
@@ -425,7 +383,6 @@ class ArenaSnapshot:
     num_slots: int  # slots created so far
     cold: tuple[int, ...]  # the cold list, page-locked ones included
     warm: tuple[int, ...]  # ids waiting in the warm pipe, oldest first
-    copying: tuple[int, ...]  # released page-locked slots waiting on their copy-guard event
     leased: tuple[int, ...]  # slots of batches the user holds
     pinned: frozenset[int]  # page-locked slots, whatever their state
 

@@ -167,7 +167,6 @@ class FastIter(_BaseDataLoaderIter):
     # -- receiving --------------------------------------------------------------------------
     def _next_data(self) -> Any:
         t_start = time.perf_counter()
-        self._engine.arena.free_copied()  # page-locked slots whose user copies have run
         self._poll(0.0)  # replies already sitting in the pipes count as queued, too
         depth = len(self._ready) + sum(1 for t in self._task_info.values() if t.reply is not None)
         try:

@@ -6,8 +6,6 @@ free, kept by the ``Arena``:
     cold         on the cold list, no pages: never written, or emptied (MADV_REMOVE).
     warm         its id waits in the warm pipe; usually with pages (a worker wrote it before).
     pinned cold  on the cold list, page-locked (the CUDA feed): its pages stay.
-    copying      a released page-locked slot: the GPU may still read it until its copy-guard
-                 event completes (``Arena.free_copied``).
 in use, recorded here:
     held         the slot of a dispatched task: its fallback until the reply settles it, then
                  the slot its batch is in.
@@ -15,6 +13,8 @@ in use, recorded here:
     leased       a batch handed to the user, free when its last view dies.
 Between a worker taking a warm id from the pipe and its claim reaching the parent, the slot has
 no state here: only that worker knows it (a death in that instant strands it).
+Page-locked slots are used only by the CUDA feed, which holds host batches until their copies
+completed, so a released slot is never still being read.
 
 The verbs that move a slot:
     take         cold -> held; with ``warm=True`` warm -> held (the parent writes it itself)
@@ -24,8 +24,7 @@ The verbs that move a slot:
     lease        held -> leased; -> free when the batch's last view dies
     release      a dropped task: held and claimed -> free; ``release_all`` frees every task's
     free         (``Arena.release``) -> warm, or -> cold, emptied, when surplus; a page-locked
-                 slot -> copying first (with a copy guard), never emptied (-> pinned cold only
-                 when the pipe is full)
+                 slot is never emptied (-> pinned cold only when the pipe is full)
     trim         (``Arena.trim_waiting``) warm -> cold, emptied; page-locked ones stay warm
 A fallback a dead worker may have written has pages: it is freed as written (warm or emptied),
 never put back on the cold list as it is.
@@ -44,7 +43,6 @@ class SlotState(enum.Enum):
     COLD = "cold"
     WARM = "warm"
     PINNED_COLD = "pinned cold"
-    COPYING = "copying"
     HELD = "held"
     CLAIMED = "claimed"
     LEASED = "leased"
@@ -149,7 +147,6 @@ class SlotLedger:
         states: dict[int, list[SlotState]] = {slot: [] for slot in range(snap.num_slots)}
         found = (
             (SlotState.WARM, snap.warm),
-            (SlotState.COPYING, snap.copying),
             (SlotState.LEASED, snap.leased),
             (SlotState.HELD, self.held.values()),
             (SlotState.CLAIMED, self.claims.values()),

@@ -104,7 +104,7 @@ def test_snapshot_says_where_free_and_leased_slots_are_and_leaves_the_pipe_as_it
     arena.release_cold(c)
     view = arena.lease(d, 64)
     assert arena.snapshot() == ArenaSnapshot(
-        num_slots=4, cold=(c,), warm=(a, b), copying=(), leased=(d,), pinned=frozenset()
+        num_slots=4, cold=(c,), warm=(a, b), leased=(d,), pinned=frozenset()
     )
     fd = arena.handle().warm_fd
     assert (take_warm(fd), take_warm(fd), take_warm(fd)) == (a, b, None)  # still there, in order
@@ -281,101 +281,4 @@ def test_a_collection_inside_the_arena_lock_that_frees_a_batch_does_not_deadlock
     assert not thread.is_alive(), "deadlocked on the arena's own lock"
     monkeypatch.undo()
     assert arena.free_slots() == 3
-    arena.close()
-
-
-class _Event:
-    """Stands in for a CUDA event (this suite runs without a GPU): done once ``done`` is set."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-
-
-def test_a_guarded_pinned_slot_is_freed_only_after_its_copy_event(arena):
-    events = []
-    arena.set_copy_guard(lambda: events.append(_Event()) or events[-1])
-    pinned, plain = arena.acquire(), arena.acquire()
-    arena.mark_pinned(pinned)
-    arena.release(pinned)
-    arena.release(plain)  # not page-locked: no copy can read it, freed at once
-    assert arena.warm_waiting() == 1 and len(events) == 1
-    arena.free_copied()
-    assert arena.warm_waiting() == 1  # the copy has not run yet
-    events[0].done = True
-    arena.free_copied()
-    assert arena.warm_waiting() == 2
-    assert take_warm(arena.handle().warm_fd) == plain
-    assert take_warm(arena.handle().warm_fd) == pinned
-
-
-def test_close_waits_for_pending_copies_before_its_hooks(arena):
-    order = []
-
-    class Pending(_Event):
-        def synchronize(self) -> None:
-            order.append("sync")
-            super().synchronize()
-
-    arena.set_copy_guard(Pending)
-    arena.add_close_hook(lambda: order.append("unregister"))
-    slot = arena.acquire()
-    arena.mark_pinned(slot)
-    arena.release(slot)
-    arena.close()
-    assert order == ["sync", "unregister"]
-
-
-def test_a_collection_inside_free_copied_that_frees_a_batch_frees_each_slot_once():
-    """``free_copied`` polls copy events with the arena's lock held; a garbage collection set off
-    there can free a page-locked batch in a reference cycle, whose release re-enters
-    ``free_copied`` in the same thread. Every slot must still reach the warm pipe exactly once."""
-    import gc
-
-    arena = Arena(SLOT, warm_cap=8)
-    armed, collections = [], []
-
-    class CollectingEvent(_Event):
-        def query(self) -> bool:
-            if armed:
-                armed.clear()
-                collections.append(gc.collect())  # the collection an allocation here set off
-            return self.done
-
-    events: list[CollectingEvent] = []
-    arena.set_copy_guard(lambda: events.append(CollectingEvent()) or events[-1])
-    a, b, c = (arena.acquire() for _ in range(3))
-    for s in (a, b, c):
-        arena.mark_pinned(s)
-
-    class Batch:
-        pass
-
-    gc.disable()  # the collection must happen inside free_copied, not before
-    try:
-        arena.release(a)
-        arena.release(b)
-        assert arena.warm_waiting() == 0  # both wait on their copies
-        batch = Batch()
-        batch.cycle, batch.view = batch, arena.lease(c, 64)
-        del batch  # garbage only a collection finds
-        for e in events:
-            e.done = True
-        armed.append(True)
-        arena.free_copied()
-    finally:
-        gc.enable()
-    assert collections[0] > 0  # the batch was collected inside free_copied
-    events[-1].done = True  # c's copy (its event was made inside the collection) ran too
-    arena.free_copied()
-    fd = arena.handle().warm_fd
-    freed = []
-    while (slot := take_warm(fd)) is not None:
-        freed.append(slot)
-    assert sorted(freed) == [a, b, c]
     arena.close()

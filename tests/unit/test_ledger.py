@@ -113,19 +113,6 @@ MAX_TASKS = 6  # tasks in flight at once (prefetch_factor * num_workers in a loa
 EPOCH_TASKS = 8  # tasks dispatched before a shutdown may come
 
 
-class CopyEvent:
-    """Stands in for the CUDA event of a page-locked slot's copy guard: the test completes it."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-
-
 @dataclass
 class Task:
     """What the test knows of one dispatched task."""
@@ -165,8 +152,6 @@ class SlotLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.arena = Arena(SLOT, warm_cap=2)
-        self.events: list[CopyEvent] = []
-        self.arena.set_copy_guard(self._guard)
         self.ledger = SlotLedger(self.arena, NUM_WORKERS)
         self.writer = SlotWriter(self.arena.handle())  # the workers' own mapping of the memfd
         self.warm_fd = self.arena.handle().warm_fd
@@ -176,11 +161,6 @@ class SlotLifecycle(RuleBasedStateMachine):
         self.orphans: dict[tuple[int, int], tuple[int, int]] = {}
         self.leases: list[tuple[int, memoryview]] = []  # batches the user holds
         self.pinned: dict[int, int] = {}  # page-locked slot -> its resident bytes then
-        self.copies_checked = True  # free_copied ran since the last copy completed
-
-    def _guard(self) -> CopyEvent:
-        self.events.append(CopyEvent())
-        return self.events[-1]
 
     def teardown(self) -> None:
         self.leases.clear()
@@ -307,7 +287,7 @@ class SlotLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self._any(_answered))
     @rule(data=st.data(), pin=st.booleans())
     def hand_out(self, data: st.DataObject, pin: bool) -> None:
-        """lease, page-locking the slot first with ``pin_memory=True`` (the registrar)."""
+        """lease, page-locking the slot first as the CUDA feed's registrar does."""
         key = self._pick(data, _answered)
         task = self.tasks.pop(key)
         if pin:
@@ -320,22 +300,8 @@ class SlotLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def user_drops_a_batch(self, data: st.DataObject) -> None:
-        """The lease's last view dies: the slot is free, once its copy ran if page-locked."""
-        slot = self.leases.pop(data.draw(st.integers(0, len(self.leases) - 1)))[0]
-        if slot in self.pinned:
-            assert slot in self.arena.snapshot().copying
-
-    @precondition(lambda self: any(not e.done for e in self.events))
-    @rule(data=st.data())
-    def copy_completes(self, data: st.DataObject) -> None:
-        data.draw(st.sampled_from([e for e in self.events if not e.done])).done = True
-        self.copies_checked = False
-
-    @precondition(lambda self: not self.copies_checked)
-    @rule()
-    def next_batch_frees_copied(self) -> None:
-        self.arena.free_copied()
-        self.copies_checked = True
+        """The lease's last view dies: the slot is free."""
+        self.leases.pop(data.draw(st.integers(0, len(self.leases) - 1)))
 
     # -- what must hold after every step -----------------------------------------------------
     @invariant()
@@ -359,13 +325,9 @@ class SlotLifecycle(RuleBasedStateMachine):
         for slot in having(SlotState.COLD):
             assert self.arena.resident_bytes(slot) == 0, f"cold slot {slot} has pages"
         snap = self.arena.snapshot()
-        assert set(having(SlotState.PINNED_COLD) + having(SlotState.COPYING)) <= snap.pinned
+        assert set(having(SlotState.PINNED_COLD)) <= snap.pinned
         for slot, nbytes in self.pinned.items():  # page-locked pages are never given back
             assert self.arena.resident_bytes(slot) >= nbytes, f"page-locked slot {slot} lost pages"
-        copying = sum(not e.done for e in self.events)
-        assert len(snap.copying) >= copying  # no slot is reused while a copy may still read it
-        if self.copies_checked:
-            assert len(snap.copying) == copying  # and each completed copy freed its slot
         owed = [
             {k for k, t in self.tasks.items() if t.worker == w and not t.answered}
             for w in WORKERS
