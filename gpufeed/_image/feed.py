@@ -37,12 +37,23 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
     from gpufeed.sources import ImageSource
+    from gpufeed.sources._base import describe_callable
 
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
+    if dataset.calls_transform:
+        return (f"the transform is a user callable: {describe_callable(dataset.transform)} runs "
+                f"in workers on PIL images; use gpufeed.ResizeCenterCrop / RandomResizedCrop for "
+                f"the fast path")
+    if dataset.loader is not None:
+        return f"the dataset has a `loader` ({describe_callable(dataset.loader)})"
     if dataset.transform is None:
         return "the image dataset has no transform (images of different sizes cannot be batched)"
+    if dataset.target_transform is not None:
+        return (f"the dataset has a `target_transform` "
+                f"({describe_callable(dataset.target_transform)}), which the fast path does not "
+                f"run; map the labels after the loader instead")
     if loader.batch_sampler is None:
         return "batch_size=None disables batching"
     if loader.collate_fn is not default_collate:
@@ -68,12 +79,18 @@ def make_image_feed(
     blocker = fast_path_blocker(loader)
     if blocker is not None:
         given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed)
+        user_callable = getattr(loader.dataset, "calls_transform", False)
         if given:
+            fix = ("Or drop these options and do their work in your transform (e.g. "
+                   "torchvision's Normalize)." if user_callable else
+                   "Use gpufeed.ImageFolder / ImageDataset / LMDBDataset with a transform and "
+                   "the default collate_fn, or drop these options.")
             raise ValueError(
                 f"{', '.join(f'`{g}`' for g in given)} only apply to the image fast path, which this "
-                f"loader cannot take: {blocker}. Use gpufeed.ImageFolder / ImageDataset / LMDBDataset "
-                "with a transform and the default collate_fn, or drop these options."
+                f"loader cannot take: {blocker}. {fix}"
             )
+        if user_callable:
+            log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
     if normalize is not None:
         mean, std = normalize

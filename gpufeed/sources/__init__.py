@@ -2,7 +2,8 @@
 
 Every source is an :class:`ImageSource`: ``read(i)`` (encoded bytes), ``label(i)``,
 ``describe(i)`` (for messages) and ``transform``; ``__getitem__`` returns (uint8 CHW tensor,
-label), so sources also work under ``torch.utils.data.DataLoader``.
+label), or the result of a callable ``transform`` given a PIL image, so sources also work under
+``torch.utils.data.DataLoader``.
 """
 
 from gpufeed.sources._base import ImageSource

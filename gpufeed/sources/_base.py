@@ -2,12 +2,15 @@
 
 The loader's workers call :meth:`ImageSource.read`, :meth:`ImageSource.label` and the source's
 ``transform.apply`` themselves, writing into batch rows; ``__getitem__`` does the same into a
-fresh tensor, so every source also works under ``torch.utils.data.DataLoader``.
+fresh tensor, so every source also works under ``torch.utils.data.DataLoader``. A transform that
+is any other callable (a torchvision ``Compose``, a function) is called on a PIL image by
+``__getitem__``, and the loader takes its generic path.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,19 +20,80 @@ from torch.utils.data import Dataset
 from gpufeed.decode import decode
 from gpufeed.decode._header import Buffer
 from gpufeed.errors import DecodeError, add_note
+from gpufeed.transforms import ImageTransform
+
+PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
+
+
+def pil_image_module() -> Any:
+    """``PIL.Image``, or an ImportError naming the install command (Pillow is the ``pil`` extra)."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError(f"a callable `transform` is given PIL images, which needs Pillow: "
+                          f"{PIL_HINT}. Or use gpufeed.ResizeCenterCrop / RandomResizedCrop, "
+                          f"which need no Pillow.") from exc
+    return Image
+
+
+def describe_callable(fn: Any) -> str:
+    """A short name for a user callable in messages: its qualified name, else its type's."""
+    name = getattr(fn, "__qualname__", None)
+    text = name if isinstance(name, str) else type(fn).__qualname__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class ImageSource(Dataset):
     """A map-style dataset of encoded images and integer labels.
 
     Subclasses implement ``__len__``, :meth:`read`, :meth:`label` and :meth:`describe`.
-    ``transform`` is None (``__getitem__`` returns the full decoded image) or a gpufeed transform
-    (``ResizeCenterCrop``, ``RandomResizedCrop``), applied with ``epoch`` (default 0, see
-    :meth:`set_epoch`) and seed ``transform.seed or 0``.
+    ``transform`` is one of (checked when set, a TypeError otherwise):
+
+    - None: ``__getitem__`` returns the full decoded image, a uint8 CHW tensor;
+    - a gpufeed transform (``ResizeCenterCrop``, ``RandomResizedCrop``), applied with ``epoch``
+      (default 0, see :meth:`set_epoch`) and seed ``transform.seed or 0``: the loader's fast path;
+    - any other callable (a torchvision ``Compose``, a function): it is called on the decoded
+      image as a PIL RGB image, as torchvision's datasets do, and its result is returned as is;
+      a loader takes its generic path (per-sample ``__getitem__`` + collate), slower. Pillow is
+      then needed (``pip install gpufeed[pil]``). Unlike torchvision's default loader, the image
+      is decoded by gpufeed, so EXIF orientation is applied (as on the fast path).
+
+    ``target_transform``, if set, is called on the integer label by ``__getitem__`` (a loader
+    with one takes the generic path).
     """
 
-    transform: Any = None
     epoch: int = 0
+    target_transform: Callable[[int], Any] | None = None
+    #: path -> image (torchvision's ``loader``), used instead of gpufeed's decode by
+    #: ``__getitem__``; only sources with file paths (``ImageFolder``) take one.
+    loader: Callable[[str], Any] | None = None
+    _transform: Any = None
+
+    @property
+    def transform(self) -> Any:
+        """None, a gpufeed ``ImageTransform``, or any callable taking a PIL image."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, value: Any) -> None:
+        if isinstance(value, ImageTransform) and self.loader is not None:
+            raise ValueError(f"a gpufeed transform ({type(value).__name__}) decodes the bytes "
+                             f"itself, so it cannot follow a `loader` ({describe_callable(self.loader)}"
+                             f"). Drop `loader`, or pass a callable transform that takes what "
+                             f"the loader returns.")
+        if value is not None and not isinstance(value, ImageTransform):
+            if not callable(value):
+                raise TypeError(f"`transform` must be None, a gpufeed transform "
+                                f"(ResizeCenterCrop, RandomResizedCrop) or a callable taking a "
+                                f"PIL image. Found: {type(value).__name__} {_short(value)}.")
+            if self.loader is None:
+                pil_image_module()  # fail here, before any worker starts
+        self._transform = value
+
+    @property
+    def calls_transform(self) -> bool:
+        """True when ``transform`` is a user callable (not a gpufeed transform, not None)."""
+        return self._transform is not None and not isinstance(self._transform, ImageTransform)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -77,15 +141,44 @@ class ImageSource(Dataset):
             raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
                               f"{exc}. Check or remove the file.") from exc
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """(uint8 CHW image tensor, label) of sample ``index``."""
-        i = self._check_index(index)
+    def pil_image(self, index: int, data: Buffer) -> Any:
+        """``data``, the bytes of sample ``index``, decoded (EXIF orientation applied) into a PIL
+        RGB image. Errors are :class:`DecodeError` naming :meth:`describe` and the index."""
+        image_module = pil_image_module()
         try:
-            data, label = self.read_item(i)
+            return image_module.fromarray(decode(data), "RGB")
+        except DecodeError as exc:
+            raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
+                              f"{exc}. Check or remove the file.") from exc
+
+    def load_sample(self, index: int) -> tuple[Any, int]:
+        """(image, label) of sample ``index`` for a callable ``transform`` or a ``loader``: the
+        loader's result for the sample's path where a subclass has one, else the PIL image."""
+        data, label = self.read_item(index)
+        return self.pil_image(index, data), label
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        """(image, label) of sample ``index``: a uint8 CHW tensor without a transform or with a
+        gpufeed one, the callable's result with any other (the ``loader``'s result with neither);
+        the label is passed through ``target_transform`` if set."""
+        i = self._check_index(index)
+        by_pil = self.calls_transform or self.loader is not None
+        try:
+            if by_pil:
+                sample, label = self.load_sample(i)
+            else:
+                data, label = self.read_item(i)
         except OSError as exc:
             add_note(exc, f"gpufeed: while reading {self.describe(i)} (sample index {i})")
             raise
-        return torch.from_numpy(self.decode_into(i, data)), int(label)
+        if not by_pil:
+            image: Any = torch.from_numpy(self.decode_into(i, data))
+        elif self._transform is None:
+            image = sample
+        else:
+            image = self._transform(sample)
+        target = int(label)
+        return image, (target if self.target_transform is None else self.target_transform(target))
 
     def _check_index(self, index: int) -> int:
         n = len(self)
@@ -96,3 +189,8 @@ class ImageSource(Dataset):
             raise IndexError(f"sample index {index} is out of range for {type(self).__name__} "
                              f"of length {n}.")
         return i
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

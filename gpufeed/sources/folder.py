@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gpufeed.sources._base import ImageSource
+from gpufeed.sources._base import ImageSource, describe_callable
 from gpufeed.sources._paths import PathTable, labels_array
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -31,12 +32,15 @@ def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
 
 
 def scan(root: str, class_to_idx: dict[str, int],
-         extensions: tuple[str, ...] = IMG_EXTENSIONS) -> tuple[list[str], list[int]]:
+         extensions: tuple[str, ...] = IMG_EXTENSIONS,
+         is_valid_file: Callable[[str], bool] | None = None,
+         allow_empty: bool = False) -> tuple[list[str], list[int]]:
     """(paths after ``os.path.join(root, "")``, labels), in torchvision's ``make_dataset`` order.
 
-    Files are matched by extension (case-insensitive), class folders walked recursively
-    (following links), directories and files sorted. Raises FileNotFoundError naming the
-    classes without a single image, as torchvision does.
+    Files are matched by extension (case-insensitive), or, when ``is_valid_file`` is given, by
+    ``is_valid_file(full_path)`` alone (as torchvision's ``ImageFolder``); class folders are
+    walked recursively (following links), directories and files sorted. Unless ``allow_empty``,
+    raises FileNotFoundError naming the classes without a single image, as torchvision does.
     """
     prefix = os.path.join(root, "")  # every path is prefix + rest: store only the rest
     paths: list[str] = []
@@ -48,15 +52,20 @@ def scan(root: str, class_to_idx: dict[str, int],
         before = len(paths)
         for dirpath, _, filenames in sorted(os.walk(folder, followlinks=True)):
             for filename in sorted(filenames):
-                if filename.lower().endswith(extensions):
-                    paths.append(os.path.join(dirpath, filename)[len(prefix):])
+                path = os.path.join(dirpath, filename)
+                if (filename.lower().endswith(extensions) if is_valid_file is None
+                        else is_valid_file(path)):
+                    paths.append(path[len(prefix):])
                     labels.append(target)
         if len(paths) == before:
             empty.append(name)
-    if empty:
+    if empty and not allow_empty:
         shown = ", ".join(repr(e) for e in empty[:5]) + (" ..." if len(empty) > 5 else "")
+        looked = (f"for extensions {', '.join(extensions)} (case-insensitive)"
+                  if is_valid_file is None else
+                  f"for files accepted by is_valid_file={describe_callable(is_valid_file)}")
         raise FileNotFoundError(f"no image files in class folder(s) {shown} of {root!r}; looked "
-                                f"for extensions {', '.join(extensions)} (case-insensitive)")
+                                f"{looked}. Pass allow_empty=True to keep empty classes.")
     return paths, labels
 
 
@@ -65,14 +74,33 @@ class ImageFolder(ImageSource):
 
     ``classes``, ``class_to_idx``, ``samples`` and ``targets`` match torchvision's; paths and
     labels are kept in numpy arrays (``samples`` builds its list on demand).
+
+    The arguments are torchvision's. ``transform``: see :class:`ImageSource` (a gpufeed transform
+    for the fast path, or any callable taking a PIL image). ``target_transform`` is called on
+    the label. ``loader`` (path -> image, e.g. torchvision's ``default_loader``) replaces
+    gpufeed's decode in ``__getitem__`` and needs a callable ``transform`` or none.
+    ``is_valid_file(path)``, if given, replaces the extension check. ``allow_empty=True`` keeps
+    class folders without images (their class index stays assigned).
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Any | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, transform: Any | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 loader: Callable[[str], Any] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> None:
+        for name, value in (("target_transform", target_transform), ("loader", loader),
+                            ("is_valid_file", is_valid_file)):
+            if value is not None and not callable(value):
+                raise TypeError(f"`{name}` must be a callable or None. Found: "
+                                f"{type(value).__name__} {value!r:.80}.")
         self.root = os.fspath(root)
         self._prefix = os.path.join(self.root, "")
+        self.loader = loader  # before transform, which is checked against it
         self.transform = transform
+        self.target_transform = target_transform
         self.classes, self.class_to_idx = find_classes(self.root)
-        paths, labels = scan(self.root, self.class_to_idx)
+        paths, labels = scan(self.root, self.class_to_idx, is_valid_file=is_valid_file,
+                             allow_empty=bool(allow_empty))
         self._paths = PathTable(paths)
         self._labels = labels_array(labels)
 
@@ -86,6 +114,11 @@ class ImageFolder(ImageSource):
     def read(self, index: int) -> bytes:
         with open(self.path(index), "rb") as f:
             return f.read()
+
+    def load_sample(self, index: int) -> tuple[Any, int]:
+        if self.loader is not None:
+            return self.loader(self.path(index)), self.label(index)
+        return super().load_sample(index)
 
     def label(self, index: int) -> int:
         return int(self._labels[index])

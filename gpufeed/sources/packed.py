@@ -46,11 +46,16 @@ def sample_key(index: int) -> bytes:
 
 
 class LMDBDataset(ImageSource):
-    """Images and labels from an LMDB written by :func:`pack` (a directory or a single file)."""
+    """Images and labels from an LMDB written by :func:`pack` (a directory or a single file).
 
-    def __init__(self, path: str | os.PathLike, transform: Any | None = None) -> None:
+    ``transform`` and ``target_transform``: see :class:`~gpufeed.sources.ImageSource`.
+    """
+
+    def __init__(self, path: str | os.PathLike, transform: Any | None = None,
+                 target_transform: Any | None = None) -> None:
         self.path = os.fspath(path)
         self.transform = transform
+        self.target_transform = target_transform
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"LMDB {self.path!r} does not exist; create it with "
                                     f"`gpufeed pack SRC_FOLDER {self.path}`")

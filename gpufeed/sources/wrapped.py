@@ -23,8 +23,10 @@ class ImageDataset(ImageSource):
       from it on each read.
     """
 
-    def __init__(self, source: Any, transform: Any | None = None) -> None:
+    def __init__(self, source: Any, transform: Any | None = None,
+                 target_transform: Any | None = None) -> None:
         self.transform = transform
+        self.target_transform = target_transform
         self.classes = list(getattr(source, "classes", []) or [])
         self.class_to_idx = dict(getattr(source, "class_to_idx", {}) or {})
         pairs = getattr(source, "samples", None)
