@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
 from gpufeed._observe.memory import PeakPSS, tree_memory
-from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, touch_pages
+from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
 from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
@@ -460,8 +460,12 @@ def _instrumented(factory: LoaderFactory, name: str, baselines: list[int],
             self.report = report
 
         def __iter__(self) -> Iterator[Any]:
+            it = iter(self.loader)
             try:
-                yield from self.loader
+                yield from it
+            except (Exception, KeyboardInterrupt):
+                stop_workers(it)  # Ctrl-C or an error: do not leave them to the traceback
+                raise
             finally:
                 self.report(name)
 
