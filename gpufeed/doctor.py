@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufeed._observe.probe import ProbeResult, TreeProbe
+from gpufeed.errors import shorten
 from gpufeed.stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
@@ -519,16 +520,16 @@ def diagnose(
     """
     for name, value, low in (("batches", batches, 1), ("replay_batches", replay_batches, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {value!r}.")
+            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
     if step is not None and step_ms is not None:
         raise ValueError("pass either `step` (your training step) or `step_ms` (a simulated step), not both.")
     if step_ms is not None and not step_ms >= 0:
-        raise ValueError(f"`step_ms` must be >= 0 milliseconds. Found: {step_ms!r}.")
+        raise ValueError(f"`step_ms` must be >= 0 milliseconds. Found: {shorten(step_ms)}.")
     if warmup_batches is None:
         workers = int(getattr(loader, "num_workers", 0) or 0)
         warmup_batches = (getattr(loader, "prefetch_factor", None) or 0) * workers + 1
     elif isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
-        raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {warmup_batches!r}.")
+        raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {shorten(warmup_batches)}.")
     run_step = _make_step(step, step_ms, sync)
     if step is None and not step_ms:
         replay_batches = 0  # nothing to replay: the simulated step does nothing

@@ -35,6 +35,7 @@ from gpufeed._observe.tune_rules import (
     recommend_cache_bytes,
     recommend_prefetch_factor,
 )
+from gpufeed.errors import shorten
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -167,7 +168,7 @@ def measure(
     for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
                              ("warmup_batches", warmup_batches, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {value!r}.")
+            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
     with PeakPSS(interval_s=sample_interval_s) as mem:
         loader = make_loader(num_workers, pin_workers)
         try:
@@ -357,7 +358,7 @@ def usable_cores() -> int:
 def worker_counts(max_workers: int) -> list[int]:
     """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""
     if max_workers < 1:
-        raise ValueError(f"`max_workers` must be >= 1. Found: {max_workers!r}.")
+        raise ValueError(f"`max_workers` must be >= 1. Found: {shorten(max_workers)}.")
     counts = []
     n = 1
     while n < max_workers:
@@ -445,14 +446,14 @@ def tune(
     if loader_kwargs and (dataset is None or make_loader is not None or measure_fn is not None):
         raise TypeError(f"loader options {sorted(loader_kwargs)} apply with `dataset=` only.")
     if not 0 < memory_fraction <= 1:
-        raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {memory_fraction!r}.")
+        raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {shorten(memory_fraction)}.")
     if not 0 <= min_gain < 10:
-        raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {min_gain!r}.")
+        raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
     cores = usable_cores()
     if max_workers is None:
         max_workers = cores
     elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"`max_workers` must be an int >= 1. Found: {max_workers!r}.")
+        raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
     if available_memory_bytes is None:
         available_memory_bytes = int(psutil.virtual_memory().available)
     budget_bytes = memory_fraction * available_memory_bytes

@@ -26,6 +26,7 @@ import torch
 
 from gpufeed._observe.batches import batch_size_of
 from gpufeed._observe.memory import PeakPSS, format_bytes
+from gpufeed.errors import shorten
 
 __all__ = [
     "CompareResult",
@@ -441,7 +442,7 @@ def compare(
     names = list(factories)
     base = names[0] if baseline is None else baseline
     if base not in factories:
-        raise ValueError(f"`baseline` must be one of {names}. Found: {baseline!r}.")
+        raise ValueError(f"`baseline` must be one of {names}. Found: {shorten(baseline)}.")
 
     notes: list[str] = []
     rounds: dict[str, list[RoundResult]] = {n: [] for n in names}
