@@ -86,7 +86,7 @@ class Evidence:
     h2d_s: float = 0.0  # host-to-device copy time (device=), CUDA-event timed
     queue_depth_mean: float = 0.0  # ready batches when the consumer asked, mean
     queue_capacity: int = 0  # batches in flight at most (prefetch_factor x num_workers)
-    worker_cpu: tuple[float, ...] = ()  # per worker pid seen: CPU over the window
+    worker_cpu: tuple[float, ...] = ()  # per worker id (its pids summed): CPU over the window
     main_cpu: float = 0.0  # the training process (loader + step)
     idle_cores: float = 0.0  # cores left idle (incl. iowait) on the usable CPUs, mean
     other_cores: float = 0.0  # cores busy outside this process tree, mean
@@ -440,7 +440,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         samples=int(delta("samples")) or samples,
         **stage_s,
         queue_depth_mean=max(0.0, depth), queue_capacity=prefetch * num_workers,
-        worker_cpu=tuple(cpu / wall for cpu in probe.worker_cpu_s.values()),
+        worker_cpu=_per_worker(probe.worker_cpu_s, probe.worker_ids, wall),
         main_cpu=probe.main_cpu_s / wall,
         idle_cores=idle,
         other_cores=max(0.0, (probe.system_busy_s - probe.tree_cpu_s) / wall),
@@ -582,3 +582,13 @@ def diagnose(
                    epochs=(epoch_starts, epoch_wait_s))
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)
+
+
+def _per_worker(cpu_s: dict[int, float], worker_ids: dict[int, int], wall_s: float) -> tuple[float, ...]:
+    """One CPU figure (fraction of a core) per worker id: the pids that held the id (replaced
+    workers, each iterator's workers when they are not persistent) summed."""
+    by_id: dict[int, float] = {}
+    for pid, cpu in cpu_s.items():
+        worker_id = worker_ids.get(pid, pid)
+        by_id[worker_id] = by_id.get(worker_id, 0.0) + cpu
+    return tuple(by_id[i] / wall_s for i in sorted(by_id))

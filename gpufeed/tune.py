@@ -276,7 +276,7 @@ class TuneResult:
 
     def format_table(self) -> str:
         """A text table: workers, pin, images/s, gain, CPU %, memory, per worker, data wait."""
-        header = ("workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
+        header = ("", "workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
         lines: list[list[str]] = []
         previous: TuneRow | None = None
         for row in self.rows:
@@ -286,16 +286,18 @@ class TuneResult:
             else:
                 ref, previous = previous, row
             gain = "" if ref is None else f"{_gain(ref.samples_per_s, row.samples_per_s):+.1%}"
-            mark = " *" if row == self.recommended_row else ""
-            lines.append([f"{row.num_workers}{mark}", "yes" if row.pin_workers else "no",
+            mark = "*" if row == self.recommended_row else ""
+            lines.append([mark, f"{row.num_workers}", "yes" if row.pin_workers else "no",
                           f"{row.samples_per_s:.0f}", gain, f"{row.cpu_percent:.0f}",
                           format_bytes(row.peak_memory_bytes),
                           format_bytes(row.memory_per_worker_bytes),
                           f"{row.data_wait_fraction:.0%}"])
         widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
                   for i, h in enumerate(header)]
-        out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-        out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in lines]
+        # the recommended mark has its own first column, so every row keeps the same alignment
+        out = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+        out += [" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                for r in lines]
         out.append("(* recommended; gain: over the previous count, or over unpinned for pin=yes)")
         return "\n".join(out)
 
