@@ -31,3 +31,15 @@ def test_too_many_workers_is_said_once():
             assert len(list(loader)) == 4
     said = [w for w in caught if "worker processes in total" in str(w.message)]
     assert len(said) == 1, [str(w.message)[:80] for w in said]
+
+
+def test_bench_summary_reads_pytest_benchmark_json(tmp_path):
+    data = {"benchmarks": [{"group": "g", "name": "test_a", "stats": {"ops": 100.0}},
+                           {"group": "g", "name": "test_b", "stats": {"ops": 250.0}}]}
+    path = tmp_path / "b.json"
+    path.write_text(__import__("json").dumps(data))
+    out = subprocess.run([sys.executable, "scripts/bench_summary.py", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 4
+    assert lines[2].split() == ["g", "b", "250", "2.50"]
