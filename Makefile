@@ -40,10 +40,13 @@ test: sysdeps $(STAMP) lint docs
 	$(BIN)/python -m pytest tests
 
 # The pytest-benchmark suites, then the tests marked perf (speed ratios, memory figures), which
-# the default test run leaves out; -raP prints the figures they measured.
+# the default test run leaves out; -raP prints the figures they measured. Ends with a short
+# summary of the benchmarks (scripts/bench_summary.py).
 bench: sysdeps $(STAMP)
-	$(BIN)/python -m pytest benchmarks --benchmark-only
+	mkdir -p .benchmarks
+	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-json=.benchmarks/last.json
 	$(BIN)/python -m pytest -m perf -raP tests
+	$(BIN)/python scripts/bench_summary.py .benchmarks/last.json
 
 # Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py), on this machine's own Python and
 # torch, offline: no venv, no pip. Without CUDA: one line, exit 0. See README, "GPU check".

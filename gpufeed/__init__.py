@@ -47,3 +47,15 @@ __all__ = [
     "read_header",
 ]
 __version__ = "0.1.0"
+
+# Submodules used as ``gpufeed.tune.tune(...)`` / ``gpufeed.doctor.diagnose(...)`` after a plain
+# ``import gpufeed``: imported on first access (PEP 562), so ``import gpufeed`` stays light.
+_LAZY_SUBMODULES = frozenset({"doctor", "tune"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"gpufeed.{name}")
+    raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")

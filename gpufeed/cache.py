@@ -14,6 +14,8 @@ import re
 import cachetools
 import psutil
 
+from gpufeed.errors import shorten
+
 CacheSize = int | str | None
 
 _UNITS = {
@@ -30,13 +32,15 @@ def parse_cache_bytes(value: CacheSize) -> int:
     if value is None:
         return 0
     if isinstance(value, bool):
-        raise TypeError(f"`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. Found: {value!r}.")
+        raise TypeError("`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. "
+                        f"Found: {shorten(value)}.")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"`cache_bytes` must be >= 0. Found: {value}.")
         return value
     if not isinstance(value, str):
-        raise TypeError(f"`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. Found: {value!r}.")
+        raise TypeError("`cache_bytes` must be an int, a size like '2GB', or a share like '60%'. "
+                        f"Found: {shorten(value)}.")
     text = value.strip()
     if text.endswith("%"):
         try:
@@ -44,12 +48,13 @@ def parse_cache_bytes(value: CacheSize) -> int:
         except ValueError:
             share = -1.0
         if not 0 <= share <= 100:
-            raise ValueError(f"`cache_bytes` as a share of available memory must be 0%..100%. Found: {value!r}.")
+            raise ValueError(f"`cache_bytes` as a share of available memory must be 0%..100%. Found: {shorten(value)}.")
         return int(psutil.virtual_memory().available * share / 100)
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([A-Za-z]*)", text)
     if not match or match.group(2).upper() not in _UNITS:
         raise ValueError(
-            f"`cache_bytes` must be an int, a size like '2GB' / '512MiB', or a share like '60%'. Found: {value!r}."
+            "`cache_bytes` must be an int, a size like '2GB' / '512MiB', or a share like '60%'. "
+            f"Found: {shorten(value)}."
         )
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 

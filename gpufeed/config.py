@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufeed.errors import shorten
+
 
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int. Found: {value!r} ({type(value).__name__}).")
+        raise TypeError(f"`{name}` must be an int. Found: {shorten(value)} ({type(value).__name__}).")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}. Found: {value}.")
 
 
 def _check_seconds(name: str, value: object, minimum: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number of seconds. Found: {value!r}.")
+        raise TypeError(f"`{name}` must be a number of seconds. Found: {shorten(value)}.")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum} s. Found: {value}.")
 

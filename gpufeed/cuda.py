@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
-from gpufeed.errors import BackendUnavailableError
+from gpufeed.errors import BackendUnavailableError, shorten
 
 log = logging.getLogger(__name__)
 _REGISTER_GRAIN_BYTES = 2 << 20
@@ -50,11 +50,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device` must be 'cuda', 'cuda:N' or a torch.device. Found: {device!r}.") from exc
+        raise ValueError(f"`device` must be 'cuda', 'cuda:N' or a torch.device. Found: {shorten(device)}.") from exc
     if dev.type == "cpu":
         return None
     if dev.type != "cuda":
-        raise ValueError(f"`device` must be a CUDA device (or 'cpu'). Found: {device!r}.")
+        raise ValueError(f"`device` must be a CUDA device (or 'cpu'). Found: {shorten(device)}.")
     if not torch.cuda.is_available():
         raise BackendUnavailableError(
             f"device={device!r} needs CUDA, which this process does not have: torch {torch.__version__} "

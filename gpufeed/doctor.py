@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufeed._observe.probe import ProbeResult, TreeProbe
+from gpufeed.errors import shorten
 from gpufeed.stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
@@ -85,7 +86,7 @@ class Evidence:
     h2d_s: float = 0.0  # host-to-device copy time (device=), CUDA-event timed
     queue_depth_mean: float = 0.0  # ready batches when the consumer asked, mean
     queue_capacity: int = 0  # batches in flight at most (prefetch_factor x num_workers)
-    worker_cpu: tuple[float, ...] = ()  # per worker pid seen: CPU over the window
+    worker_cpu: tuple[float, ...] = ()  # per worker id (its pids summed): CPU over the window
     main_cpu: float = 0.0  # the training process (loader + step)
     idle_cores: float = 0.0  # cores left idle (incl. iowait) on the usable CPUs, mean
     other_cores: float = 0.0  # cores busy outside this process tree, mean
@@ -439,7 +440,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         samples=int(delta("samples")) or samples,
         **stage_s,
         queue_depth_mean=max(0.0, depth), queue_capacity=prefetch * num_workers,
-        worker_cpu=tuple(cpu / wall for cpu in probe.worker_cpu_s.values()),
+        worker_cpu=_per_worker(probe.worker_cpu_s, probe.worker_ids, wall),
         main_cpu=probe.main_cpu_s / wall,
         idle_cores=idle,
         other_cores=max(0.0, (probe.system_busy_s - probe.tree_cpu_s) / wall),
@@ -519,16 +520,16 @@ def diagnose(
     """
     for name, value, low in (("batches", batches, 1), ("replay_batches", replay_batches, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {value!r}.")
+            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
     if step is not None and step_ms is not None:
         raise ValueError("pass either `step` (your training step) or `step_ms` (a simulated step), not both.")
     if step_ms is not None and not step_ms >= 0:
-        raise ValueError(f"`step_ms` must be >= 0 milliseconds. Found: {step_ms!r}.")
+        raise ValueError(f"`step_ms` must be >= 0 milliseconds. Found: {shorten(step_ms)}.")
     if warmup_batches is None:
         workers = int(getattr(loader, "num_workers", 0) or 0)
         warmup_batches = (getattr(loader, "prefetch_factor", None) or 0) * workers + 1
     elif isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
-        raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {warmup_batches!r}.")
+        raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {shorten(warmup_batches)}.")
     run_step = _make_step(step, step_ms, sync)
     if step is None and not step_ms:
         replay_batches = 0  # nothing to replay: the simulated step does nothing
@@ -581,3 +582,13 @@ def diagnose(
                    epochs=(epoch_starts, epoch_wait_s))
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)
+
+
+def _per_worker(cpu_s: dict[int, float], worker_ids: dict[int, int], wall_s: float) -> tuple[float, ...]:
+    """One CPU figure (fraction of a core) per worker id: the pids that held the id (replaced
+    workers, each iterator's workers when they are not persistent) summed."""
+    by_id: dict[int, float] = {}
+    for pid, cpu in cpu_s.items():
+        worker_id = worker_ids.get(pid, pid)
+        by_id[worker_id] = by_id.get(worker_id, 0.0) + cpu
+    return tuple(by_id[i] / wall_s for i in sorted(by_id))

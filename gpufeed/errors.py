@@ -17,6 +17,8 @@ gpufeed only adds a note naming the worker, pid and sample indices.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class GpufeedError(RuntimeError):
     """Base class of gpufeed's own errors."""
@@ -58,3 +60,15 @@ def add_note(exc: BaseException, note: str) -> BaseException:
         except AttributeError:
             pass
     return exc
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80  # bytes (a JPEG in a sample) are cut as "other" values
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def shorten(value: object) -> str:
+    """``repr(value)`` cut to a readable length (``reprlib``), for messages that show a user's
+    value: a sample holding a whole JPEG must not print the JPEG."""
+    return _REPR.repr(value)

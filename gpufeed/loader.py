@@ -259,6 +259,13 @@ class FastLoader(DataLoader[T_co]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def check_worker_number_rationality(self) -> None:
+        # torch calls this in __init__ (recent versions) and again on each iterator: warn once
+        # per loader and worker count, not twice
+        if getattr(self, "_workers_checked", None) != self.num_workers:
+            self._workers_checked = self.num_workers
+            super().check_worker_number_rationality()
+
 
 def _signature() -> inspect.Signature:
     """The installed DataLoader's signature followed by gpufeed's keyword-only options."""

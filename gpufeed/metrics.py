@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpufeed.errors import BackendUnavailableError
+from gpufeed.errors import BackendUnavailableError, shorten
 from gpufeed.stats import STAGES
 
 __all__ = ["METRIC_NAMES", "MetricsServer", "serve"]
@@ -106,9 +106,9 @@ def serve(port: int, addr: str = "127.0.0.1") -> MetricsServer:
         OSError: the port cannot be bound (already in use by another program).
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"`port` must be an int in 0-65535 (0: any free port). Found: {port!r}.")
+        raise ValueError(f"`port` must be an int in 0-65535 (0: any free port). Found: {shorten(port)}.")
     if not isinstance(addr, str) or not addr:
-        raise ValueError(f"`addr` must be a non-empty host address string. Found: {addr!r}.")
+        raise ValueError(f"`addr` must be a non-empty host address string. Found: {shorten(addr)}.")
     with _servers_lock:
         server = _servers.get((addr, port))
         if server is not None and not server.stopped:
@@ -193,7 +193,7 @@ class MetricsServer:
             found = type(loader).__name__
             raise TypeError(f"`loader` must have a stats() method (a FastLoader). Found: {found}.")
         if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError(f"`name` must be a non-empty string or None. Found: {name!r}.")
+            raise ValueError(f"`name` must be a non-empty string or None. Found: {shorten(name)}.")
         key = id(loader)
         with self._lock:
             taken = {n for k, (ref, n) in self._loaders.items() if k != key and ref() is not None}

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.errors import shorten
+
 logger = logging.getLogger(__name__)
 
 _FORMATS = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp"}
@@ -87,14 +89,14 @@ def encode(img_rgb: np.ndarray, fmt: str = "jpeg", *, quality: int = 90,
     import cv2
 
     if fmt not in _FORMATS:
-        raise ValueError(f"`fmt` must be one of {sorted(_FORMATS)}. Found: {fmt!r}.")
+        raise ValueError(f"`fmt` must be one of {sorted(_FORMATS)}. Found: {shorten(fmt)}.")
     arr = img_rgb if img_rgb.ndim == 2 else cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
     params: list[int] = []
     if fmt == "jpeg":
         factors = {"420": 0x221111, "422": 0x211111, "444": 0x111111}
         if subsampling not in factors:
             raise ValueError(f"`subsampling` must be one of {sorted(factors)}. "
-                             f"Found: {subsampling!r}.")
+                             f"Found: {shorten(subsampling)}.")
         params = [cv2.IMWRITE_JPEG_QUALITY, int(quality),
                   cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
         if arr.ndim == 3:
@@ -136,7 +138,7 @@ def make_image_folder(
     if per_class <= 0:
         raise ValueError(f"`per_class` must be > 0. Found: {per_class}.")
     if fmt not in _FORMATS:
-        raise ValueError(f"`fmt` must be one of {sorted(_FORMATS)}. Found: {fmt!r}.")
+        raise ValueError(f"`fmt` must be one of {sorted(_FORMATS)}. Found: {shorten(fmt)}.")
     h_range, w_range = _size_ranges(size)
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -156,14 +158,14 @@ def make_image_folder(
 def _size_ranges(size: Sequence[Any]) -> tuple[tuple[int, int], tuple[int, int]]:
     if len(size) != 2:
         raise ValueError(f"`size` must be (height, width) or ((min_h, max_h), (min_w, max_w)). "
-                         f"Found: {size!r}.")
+                         f"Found: {shorten(size)}.")
     h, w = size
     # np.ndim, not np.isscalar: the latter is a type guard that narrows ``h`` to numpy's scalar
     # union (complex, str, ...), which int() does not take; the two agree on every valid size.
     hr = (int(h), int(h)) if np.ndim(h) == 0 else (int(h[0]), int(h[1]))
     wr = (int(w), int(w)) if np.ndim(w) == 0 else (int(w[0]), int(w[1]))
     if min(hr + wr) <= 0 or hr[0] > hr[1] or wr[0] > wr[1]:
-        raise ValueError(f"`size` must hold positive sizes with min <= max. Found: {size!r}.")
+        raise ValueError(f"`size` must hold positive sizes with min <= max. Found: {shorten(size)}.")
     return hr, wr
 
 

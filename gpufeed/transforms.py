@@ -59,6 +59,7 @@ from gpufeed.decode import (
 )
 from gpufeed.decode._decode import jpeg_decoder
 from gpufeed.decode._header import Buffer, ImageHeader
+from gpufeed.errors import shorten
 
 Size = int | tuple[int, int]
 _INTERPOLATIONS = ("auto", "area", "linear")
@@ -134,7 +135,7 @@ class ImageTransform:
         elif path == "rgb":
             sub = None
         else:
-            raise ValueError(f"`path` must be 'auto', 'rgb' or 'planes'. Found: {path!r}.")
+            raise ValueError(f"`path` must be 'auto', 'rgb' or 'planes'. Found: {shorten(path)}.")
         if sub is not None:
             factor = choose_factor(header, min_h, min_w, self.backend)
             planes = decode_planes(data, header=header, factor=factor)
@@ -185,7 +186,7 @@ class ResizeCenterCrop(ImageTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
         if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
-            raise ValueError(f"`resize` must be an int > 0. Found: {self.resize!r}.")
+            raise ValueError(f"`resize` must be an int > 0. Found: {shorten(self.resize)}.")
         if self.resize < max(self.output_size):
             raise ValueError(f"`resize` must be >= the crop size so the crop fits. Found: "
                              f"resize={self.resize}, size={self.size}; fix: raise `resize` "
@@ -241,12 +242,12 @@ class RandomResizedCrop(ImageTransform):
             try:
                 lo, hi = (float(v) for v in value)
             except (TypeError, ValueError):
-                raise ValueError(f"`{name}` must be a pair (min, max). Found: {value!r}.") from None
+                raise ValueError(f"`{name}` must be a pair (min, max). Found: {shorten(value)}.") from None
             if not (0 < lo <= hi and math.isfinite(hi)):
-                raise ValueError(f"`{name}` must satisfy 0 < min <= max. Found: {value!r}.")
+                raise ValueError(f"`{name}` must satisfy 0 < min <= max. Found: {shorten(value)}.")
             object.__setattr__(self, name, (lo, hi))
         if self.seed is not None and not isinstance(self.seed, int):
-            raise TypeError(f"`seed` must be an int or None. Found: {self.seed!r}.")
+            raise TypeError(f"`seed` must be an int or None. Found: {shorten(self.seed)}.")
         _check_interpolation(self.interpolation)
         _check_backend(self.backend)
 
@@ -300,22 +301,22 @@ def _check_size(size: Size) -> tuple[int, int]:
         pair = (int(size[0]), int(size[1]))
     else:
         raise ValueError(f"`size` must be an int or a (height, width) pair of ints. "
-                         f"Found: {size!r}.")
+                         f"Found: {shorten(size)}.")
     if min(pair) <= 0:
-        raise ValueError(f"`size` must be > 0. Found: {size!r}.")
+        raise ValueError(f"`size` must be > 0. Found: {shorten(size)}.")
     return pair
 
 
 def _check_interpolation(value: str) -> None:
     if value not in _INTERPOLATIONS:
-        raise ValueError(f"`interpolation` must be one of {_INTERPOLATIONS}. Found: {value!r}.")
+        raise ValueError(f"`interpolation` must be one of {_INTERPOLATIONS}. Found: {shorten(value)}.")
 
 
 def _check_backend(value: str | None) -> None:
     from gpufeed.decode._backends import BACKENDS
 
     if value is not None and value not in BACKENDS:
-        raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {value!r}.")
+        raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {shorten(value)}.")
 
 
 def _check_out(out: np.ndarray, size: tuple[int, int]) -> str:

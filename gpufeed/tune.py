@@ -35,6 +35,7 @@ from gpufeed._observe.tune_rules import (
     recommend_cache_bytes,
     recommend_prefetch_factor,
 )
+from gpufeed.errors import shorten
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
@@ -167,7 +168,7 @@ def measure(
     for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
                              ("warmup_batches", warmup_batches, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {value!r}.")
+            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
     with PeakPSS(interval_s=sample_interval_s) as mem:
         loader = make_loader(num_workers, pin_workers)
         try:
@@ -275,7 +276,7 @@ class TuneResult:
 
     def format_table(self) -> str:
         """A text table: workers, pin, images/s, gain, CPU %, memory, per worker, data wait."""
-        header = ("workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
+        header = ("", "workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
         lines: list[list[str]] = []
         previous: TuneRow | None = None
         for row in self.rows:
@@ -285,16 +286,18 @@ class TuneResult:
             else:
                 ref, previous = previous, row
             gain = "" if ref is None else f"{_gain(ref.samples_per_s, row.samples_per_s):+.1%}"
-            mark = " *" if row == self.recommended_row else ""
-            lines.append([f"{row.num_workers}{mark}", "yes" if row.pin_workers else "no",
+            mark = "*" if row == self.recommended_row else ""
+            lines.append([mark, f"{row.num_workers}", "yes" if row.pin_workers else "no",
                           f"{row.samples_per_s:.0f}", gain, f"{row.cpu_percent:.0f}",
                           format_bytes(row.peak_memory_bytes),
                           format_bytes(row.memory_per_worker_bytes),
                           f"{row.data_wait_fraction:.0%}"])
         widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
                   for i, h in enumerate(header)]
-        out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-        out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in lines]
+        # the recommended mark has its own first column, so every row keeps the same alignment
+        out = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+        out += [" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                for r in lines]
         out.append("(* recommended; gain: over the previous count, or over unpinned for pin=yes)")
         return "\n".join(out)
 
@@ -357,7 +360,7 @@ def usable_cores() -> int:
 def worker_counts(max_workers: int) -> list[int]:
     """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""
     if max_workers < 1:
-        raise ValueError(f"`max_workers` must be >= 1. Found: {max_workers!r}.")
+        raise ValueError(f"`max_workers` must be >= 1. Found: {shorten(max_workers)}.")
     counts = []
     n = 1
     while n < max_workers:
@@ -445,14 +448,14 @@ def tune(
     if loader_kwargs and (dataset is None or make_loader is not None or measure_fn is not None):
         raise TypeError(f"loader options {sorted(loader_kwargs)} apply with `dataset=` only.")
     if not 0 < memory_fraction <= 1:
-        raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {memory_fraction!r}.")
+        raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {shorten(memory_fraction)}.")
     if not 0 <= min_gain < 10:
-        raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {min_gain!r}.")
+        raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
     cores = usable_cores()
     if max_workers is None:
         max_workers = cores
     elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"`max_workers` must be an int >= 1. Found: {max_workers!r}.")
+        raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
     if available_memory_bytes is None:
         available_memory_bytes = int(psutil.virtual_memory().available)
     budget_bytes = memory_fraction * available_memory_bytes

@@ -26,7 +26,7 @@ import torch
 
 from gpufeed._engine.layout import align_up as _align
 from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
-from gpufeed.errors import DecodeError
+from gpufeed.errors import DecodeError, shorten
 
 if TYPE_CHECKING:
     from gpufeed._engine.arena import SlotWriter
@@ -46,7 +46,7 @@ class ImagePlan:
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {self.on_error!r}.")
+            raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {shorten(self.on_error)}.")
         check_image_output(self.dtype, self.normalize)
 
     @property

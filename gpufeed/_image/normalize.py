@@ -10,7 +10,11 @@ the same numbers.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+from gpufeed.errors import GpufeedWarning, shorten
 
 __all__ = ["FLOAT_DTYPES", "Normalize", "affine", "check_image_output", "scale_shift", "to_float_"]
 
@@ -35,8 +39,16 @@ def check_image_output(dtype: torch.dtype, normalize: Normalize | None) -> None:
     if not ok:
         raise ValueError(
             "`normalize` must be ((m_r, m_g, m_b), (s_r, s_g, s_b)) with non-zero std, in "
-            f"the 0-1 scale of torchvision's Normalize. Found: {normalize!r}."
+            f"the 0-1 scale of torchvision's Normalize. Found: {shorten(normalize)}."
         )
+    if any(abs(v) > 1 for v in (*mean, *std)):
+        # The mean and std of images on the 0-1 scale cannot exceed 1: these are 0-255 figures,
+        # which would give batches of mean about -2 and std about 0.1 without an error.
+        warnings.warn(
+            "`normalize` is applied to images on the 0-1 scale (as torchvision's Normalize after "
+            "ToTensor), where no mean or std exceeds 1; these look like 0-255 values: divide "
+            f"them by 255. Found: {shorten(normalize)}.",
+            GpufeedWarning, stacklevel=1)  # one location: Python's default filter says it once
 
 
 def scale_shift(normalize: Normalize) -> tuple[tuple[float, ...], tuple[float, ...]]:

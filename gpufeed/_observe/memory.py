@@ -28,6 +28,8 @@ from types import TracebackType
 
 import psutil
 
+from gpufeed.errors import shorten
+
 __all__ = [
     "PeakPSS",
     "TreeMemory",
@@ -166,7 +168,7 @@ class PeakPSS:
 
     def __init__(self, interval_s: float = 0.05, pid: int | None = None) -> None:
         if interval_s <= 0:
-            raise ValueError(f"`interval_s` must be > 0. Found: {interval_s!r}.")
+            raise ValueError(f"`interval_s` must be > 0. Found: {shorten(interval_s)}.")
         self.interval_s = float(interval_s)
         self.pid = os.getpid() if pid is None else pid
         self.peak_bytes = 0

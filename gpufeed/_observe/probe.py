@@ -37,6 +37,8 @@ class ProbeResult:
     main_cpu_s: float  # this process
     tree_cpu_s: float  # this process and every descendant (workers, forkserver, ...)
     worker_cpu_s: dict[int, float] = field(default_factory=dict)  # pid -> CPU seconds
+    # pid -> worker id: a replaced worker, or a new iterator's, keeps its predecessor's id
+    worker_ids: dict[int, int] = field(default_factory=dict)
     system_busy_s: float = 0.0  # core-seconds not idle/iowait on the usable CPUs (all processes)
     system_idle_s: float = 0.0  # core-seconds idle (iowait excluded)
     system_iowait_s: float = 0.0  # core-seconds idle with I/O outstanding
@@ -157,7 +159,7 @@ class TreeProbe:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._counts = [0, 0, 0, 0]  # samples, running, blocked, D
-        self._seen_workers: dict[int, None] = {}  # every worker pid handed over (ordered)
+        self._seen_workers: dict[int, int] = {}  # every worker pid handed over -> its worker id
         self._cpus = usable_cpus()
 
     # -- caller side ---------------------------------------------------------------------------
@@ -208,6 +210,7 @@ class TreeProbe:
             main_cpu_s=main,
             tree_cpu_s=main + sum(d for pid, d in deltas.items() if pid != self._main.pid),
             worker_cpu_s=workers,
+            worker_ids=dict(self._seen_workers),
             system_busy_s=max(0.0, busy1 - busy0),
             system_idle_s=max(0.0, idle1 - idle0),
             system_iowait_s=max(0.0, wait1 - wait0),
@@ -224,8 +227,8 @@ class TreeProbe:
         while not self._stop.wait(self.interval_s):
             workers = self._workers
             counts = [0, 0, 0, 0]
-            for pid in workers:
-                self._seen_workers.setdefault(pid, None)
+            for worker_id, pid in enumerate(workers):
+                self._seen_workers.setdefault(pid, worker_id)
                 state, in_d = thread_states(pid)
                 if state is None:
                     continue
@@ -238,8 +241,8 @@ class TreeProbe:
             if time.perf_counter() >= next_cpu:
                 self._read_cpu()
                 next_cpu = time.perf_counter() + self.cpu_every_s
-        for pid in self._workers:
-            self._seen_workers.setdefault(pid, None)
+        for worker_id, pid in enumerate(self._workers):
+            self._seen_workers.setdefault(pid, worker_id)
 
     def _tree(self) -> list[psutil.Process]:
         try:

@@ -26,6 +26,7 @@ import torch
 
 from gpufeed._observe.batches import batch_size_of
 from gpufeed._observe.memory import PeakPSS, format_bytes
+from gpufeed.errors import shorten
 
 __all__ = [
     "CompareResult",
@@ -34,6 +35,7 @@ __all__ = [
     "RoundResult",
     "batch_size_of",
     "compare",
+    "stop_workers",
     "touch_batch",
     "touch_pages",
 ]
@@ -326,19 +328,25 @@ def _run_round(
                 if num_batches is not None and n_batches >= num_batches:
                     break
             t_end = time.perf_counter()
-        finally:
-            # Leaving the sampler running while workers shut down would charge teardown memory
-            # to this round; that is fine (it is still this loader's memory).
-            t_td = time.perf_counter()
-            del iterator, loader
-            gc.collect()
-            teardown_s = _wait_children_gone(me, children_before, teardown_timeout_s)
-            if teardown_s is None:
-                notes.append(
-                    f"{name} round {round_index}: worker processes still alive "
-                    f"{teardown_timeout_s:.0f}s after the loader was dropped"
-                )
-                teardown_s = time.perf_counter() - t_td
+        except BaseException:
+            # Ctrl-C or an error: the traceback keeps the iterator alive, so dropping it would
+            # not stop its workers, and waiting for them would take teardown_timeout_s. Stop
+            # them now and leave without waiting.
+            stop_workers(iterator)
+            iterator = loader = None
+            raise
+        # Leaving the sampler running while workers shut down would charge teardown memory
+        # to this round; that is fine (it is still this loader's memory).
+        t_td = time.perf_counter()
+        iterator = loader = None
+        gc.collect()
+        teardown_s = _wait_children_gone(me, children_before, teardown_timeout_s)
+        if teardown_s is None:
+            notes.append(
+                f"{name} round {round_index}: worker processes still alive "
+                f"{teardown_timeout_s:.0f}s after the loader was dropped"
+            )
+            teardown_s = time.perf_counter() - t_td
     if n_batches == 0:
         raise ValueError(f"loader {name!r} yielded no batches")
     if num_batches is not None and n_batches < num_batches:
@@ -358,6 +366,17 @@ def _run_round(
         peak_footprint_bytes=mem.peak_footprint_bytes,
         teardown_s=teardown_s,
     )
+
+
+def stop_workers(iterator: Iterator[Any] | None) -> None:
+    """Stops an interrupted iterator's workers now: ``close()`` (gpufeed) or torch's
+    ``_shutdown_workers()``; errors while stopping are ignored (the original one propagates)."""
+    stop = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
 
 
 def _wait_children_gone(me: psutil.Process, before: set[int], timeout_s: float) -> float | None:
@@ -423,7 +442,7 @@ def compare(
     names = list(factories)
     base = names[0] if baseline is None else baseline
     if base not in factories:
-        raise ValueError(f"`baseline` must be one of {names}. Found: {baseline!r}.")
+        raise ValueError(f"`baseline` must be one of {names}. Found: {shorten(baseline)}.")
 
     notes: list[str] = []
     rounds: dict[str, list[RoundResult]] = {n: [] for n in names}

@@ -47,8 +47,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
 from gpufeed._observe.memory import PeakPSS, tree_memory
-from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, touch_pages
+from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
+from gpufeed.errors import shorten
 from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
 __all__ = [
@@ -89,7 +90,7 @@ def make_transform(kind: str, *, size: int = 224, resize: int = 256, seed: int |
         return ResizeCenterCrop(size, resize)
     if kind == "train":
         return RandomResizedCrop(size, seed=seed)
-    raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {kind!r}.")
+    raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {shorten(kind)}.")
 
 
 def describe_geometry(kind: str, *, size: int = 224, resize: int = 256) -> str:
@@ -460,8 +461,12 @@ def _instrumented(factory: LoaderFactory, name: str, baselines: list[int],
             self.report = report
 
         def __iter__(self) -> Iterator[Any]:
+            it = iter(self.loader)
             try:
-                yield from self.loader
+                yield from it
+            except (Exception, KeyboardInterrupt):
+                stop_workers(it)  # Ctrl-C or an error: do not leave them to the traceback
+                raise
             finally:
                 self.report(name)
 
@@ -498,7 +503,7 @@ def run_image_bench(
     ``on_round(name)`` is called after each round and each flatness epoch (progress bars).
     """
     if transform not in TRANSFORMS:
-        raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {transform!r}.")
+        raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {shorten(transform)}.")
     if batch_size < 1 or num_workers < 0:
         raise ValueError(f"`batch_size` must be >= 1 and `num_workers` >= 0. "
                          f"Found: {batch_size}, {num_workers}.")

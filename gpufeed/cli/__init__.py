@@ -2,6 +2,7 @@
 
 ::
 
+    gpufeed --version
     gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--no-progress]
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
@@ -40,10 +41,17 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from gpufeed import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; each sets ``args.run``."""
     parser = argparse.ArgumentParser(prog="gpufeed", description="gpufeed: keeps GPUs fed.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"gpufeed {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -87,3 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # user errors: one line, no traceback
         sys.stderr.write(f"gpufeed {args.command}: error: {exc}\n")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line; the loaders have stopped their workers
+        sys.stderr.write(f"gpufeed {args.command}: interrupted\n")
+        return 130

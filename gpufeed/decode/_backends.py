@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError
+from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def set_turbo_state(state: TurboState | None) -> None:
 def jpeg_backend(requested: str | None) -> str:
     """The backend that decodes JPEGs for a request of ``requested`` (None, or one of BACKENDS)."""
     if requested is not None and requested not in BACKENDS:
-        raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {requested!r}.")
+        raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {shorten(requested)}.")
     if requested == "opencv":
         return "opencv"
     state = turbo_state()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import DecodeError
+from gpufeed.errors import DecodeError, shorten
 from gpufeed.sources._base import ImageSource
 from gpufeed.sources._paths import labels_array
 
@@ -193,12 +193,12 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
 
     if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
                                  or max_side <= 0):
-        raise ValueError(f"`max_side` must be None or an int > 0. Found: {max_side!r}.")
+        raise ValueError(f"`max_side` must be None or an int > 0. Found: {shorten(max_side)}.")
     if quality is not None and (isinstance(quality, bool) or not isinstance(quality, int)
                                 or not 1 <= quality <= 100):
-        raise ValueError(f"`quality` must be None or an int in 1..100. Found: {quality!r}.")
+        raise ValueError(f"`quality` must be None or an int in 1..100. Found: {shorten(quality)}.")
     if txn_bytes <= 0:
-        raise ValueError(f"`txn_bytes` must be > 0. Found: {txn_bytes!r}.")
+        raise ValueError(f"`txn_bytes` must be > 0. Found: {shorten(txn_bytes)}.")
     dst = os.fspath(dst_lmdb)
     if os.path.exists(dst):
         raise FileExistsError(f"{dst!r} already exists; pass a new path or delete it first")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gpufeed.errors import shorten
 from gpufeed.sources._base import ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
 
@@ -30,8 +31,8 @@ class ImageDataset(ImageSource):
         self.classes = list(getattr(source, "classes", []) or [])
         self.class_to_idx = dict(getattr(source, "class_to_idx", {}) or {})
         pairs = getattr(source, "samples", None)
-        if pairs is None and isinstance(source, (list, tuple)):
-            pairs = source
+        if pairs is None and isinstance(source, (list, tuple)) and not _holds_bytes(source):
+            pairs = source  # (path, label) pairs; a list of (bytes, label) is read as a dataset
         self._source: Any = None
         if pairs is not None:
             pairs = list(pairs)
@@ -39,7 +40,7 @@ class ImageDataset(ImageSource):
                 if not (isinstance(pair, (tuple, list)) and len(pair) == 2
                         and isinstance(pair[0], (str, os.PathLike))):
                     raise TypeError(f"`source.samples` must be a list of (path, class_index). "
-                                    f"Found: {pair!r}.")
+                                    f"Found: {shorten(pair)}.")
             self._paths: PathTable | None = PathTable(p for p, _ in pairs)
             self._labels = labels_array([int(c) for _, c in pairs])
         elif hasattr(source, "__getitem__") and hasattr(source, "__len__"):
@@ -58,7 +59,7 @@ class ImageDataset(ImageSource):
                 and isinstance(item[0], (str, os.PathLike) + _BYTES)):
             raise TypeError(f"items of the wrapped dataset must be (path or encoded bytes, label). "
                             f"Found at index {index}: {type(item).__name__} "
-                            f"{_short(item)}.")
+                            f"{shorten(item)}.")
         return item[0], int(item[1])
 
     def read_item(self, index: int) -> tuple[Any, int]:
@@ -101,6 +102,7 @@ def _read_file(path: str | os.PathLike) -> bytes:
         return f.read()
 
 
-def _short(item: Any) -> str:
-    text = repr(item)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _holds_bytes(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``items`` starts with an (encoded bytes, label) pair."""
+    first = items[0] if items else None
+    return isinstance(first, (tuple, list)) and len(first) >= 1 and isinstance(first[0], _BYTES)

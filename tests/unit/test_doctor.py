@@ -273,3 +273,12 @@ def test_thread_states_reads_this_process():
     state, in_d = thread_states(os.getpid())
     assert state == "R" and in_d >= 0
     assert thread_states(2**22 + 12345) == (None, 0)
+
+
+def test_one_cpu_figure_per_worker_when_pids_change():
+    from gpufeed.doctor import _per_worker
+
+    # two workers, three iterators (not persistent): six pids, two figures
+    cpu = {10: 0.2, 11: 0.4, 20: 0.2, 21: 0.4, 30: 0.2, 31: 0.4}
+    ids = {10: 0, 11: 1, 20: 0, 21: 1, 30: 0, 31: 1}
+    assert _per_worker(cpu, ids, 2.0) == pytest.approx((0.3, 0.6))

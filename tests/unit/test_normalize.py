@@ -85,3 +85,20 @@ def test_bad_values_are_refused_by_both_paths_with_one_message(dtype, normalize,
         GpuTransform(dtype, normalize)
     assert str(direct.value) == str(plan.value) == str(gpu.value)
     assert "Found:" in str(direct.value)
+
+
+def test_normalize_on_the_0_255_scale_warns_once():
+    import warnings
+
+    from gpufeed.errors import GpufeedWarning
+
+    imagenet_255 = ((123.7, 116.3, 103.5), (58.4, 57.1, 57.4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per place and message
+        for _ in range(3):
+            check_image_output(torch.float32, imagenet_255)
+    assert len(caught) == 1 and issubclass(caught[0].category, GpufeedWarning)
+    assert "0-255" in str(caught[0].message) and "123.7" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_image_output(torch.float32, (MEAN, STD))  # the 0-1 scale: no warning

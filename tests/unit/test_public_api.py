@@ -6,6 +6,7 @@ import inspect
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -43,3 +44,17 @@ def test_fastloader_is_a_dataloader_with_its_signature_plus_keyword_options():
     extra = [p for n, p in ours.items() if n not in theirs]
     assert extra and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
     assert FastLoader[int] is not None  # stays generic for type checkers
+
+
+def test_tune_and_doctor_modules_work_after_a_plain_import():
+    code = (
+        "import sys, gpufeed;"
+        "assert 'gpufeed.tune' not in sys.modules;"  # imported on first use, not by import gpufeed
+        "assert callable(gpufeed.tune.tune) and callable(gpufeed.doctor.diagnose);"
+        "assert gpufeed.diagnose is gpufeed.doctor.diagnose;"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+    with pytest.raises(AttributeError, match="no_such_name"):
+        gpufeed.no_such_name  # noqa: B018

@@ -235,6 +235,25 @@ def test_image_dataset_over_items_of_paths_and_bytes(tmp_path):
     assert all(torch.equal(ds[i][0], folder[1][0]) for i in range(3))
 
 
+def test_image_dataset_over_a_list_of_bytes_and_labels(tmp_path):
+    make_image_folder(tmp_path, num_classes=1, per_class=2, size=(30, 40))
+    folder = ImageFolder(tmp_path)
+    pairs = []
+    for i in range(2):
+        with open(folder.describe(i), "rb") as f:
+            pairs.append((f.read(), 5 + i))
+    ds = ImageDataset(pairs)
+    assert len(ds) == 2 and [ds.label(i) for i in range(2)] == [5, 6]
+    assert all(torch.equal(ds[i][0], folder[i][0]) for i in range(2))
+
+
+def test_messages_shorten_a_long_value():
+    jpeg = b"\xff\xd8" + b"\x00" * 100_000
+    with pytest.raises(TypeError, match=r"list of \(path, class_index\)") as info:
+        ImageDataset([("a.jpg", 0), (jpeg, 1)])  # bytes after a path: a mixed list
+    assert "Found: (b'\\xff\\xd8" in str(info.value) and len(str(info.value)) < 300
+
+
 def test_image_dataset_rejects_bad_items():
     with pytest.raises(TypeError, match="must be a map-style dataset"):
         ImageDataset(42)

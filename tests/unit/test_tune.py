@@ -198,7 +198,7 @@ def test_json_and_table():
     header = table.splitlines()[0].split()
     for column in ("workers", "images/s", "CPU", "memory", "data"):
         assert column in header
-    assert "8 *" in table and "+25.0%" in table
+    assert any(line.split()[:2] == ["*", "8"] for line in table.splitlines()) and "+25.0%" in table
 
 
 def test_save_plot_without_matplotlib(monkeypatch, tmp_path, caplog):
@@ -311,3 +311,14 @@ def test_cli_writes_json(tiny_folder, tmp_path, capsys):
     assert data["args"]["batch_size"] == 8 and data["environment"]["usable_cores"] >= 1
     text = capsys.readouterr().out
     assert "images/s" in text and "recommended: FastLoader(dataset, num_workers=1" in text
+
+
+def test_table_keeps_the_recommended_row_aligned():
+    model = CostModel(lambda w: 100 * min(w, 5))
+    result = _tune(model, max_workers=16)
+    lines = result.format_table().splitlines()[:-1]  # the last line is the legend
+    assert len({len(line) for line in lines}) == 1, "\n".join(lines)
+    marked = [line for line in lines if line.startswith("*")]
+    assert len(marked) == 1 and marked[0].split()[1] == str(result.recommended_num_workers)
+    end = lines[0].index("workers") + len("workers")  # numbers right-aligned under the header
+    assert all(line[end - 1].isdigit() for line in lines[1:])
