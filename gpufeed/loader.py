@@ -61,8 +61,21 @@ class FastLoader(DataLoader[T_co]):
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
         pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin.
         log_dir: each worker's logging also goes to ``LOG_DIR/worker-K.log``.
-        metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on that port
-            (needs the ``metrics`` extra, prometheus-client).
+        metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on port
+            ``metrics_port + LOCAL_RANK`` (the environment variable torchrun and Lightning set, 0
+            when unset), so the ranks of one host serve side by side; a port already in use is a
+            warning, not an error. Needs the ``metrics`` extra (prometheus-client).
+
+    Every option is a plain attribute under its parameter name holding the value given (so a
+    framework that rebuilds a loader from its attributes, as Lightning does to inject a
+    ``DistributedSampler``, gets an equivalent one); setting one afterwards raises ``ValueError``,
+    as DataLoader does for its own. Options are validated at construction; the values that depend
+    on the process (``device="cuda"``: its current device; a ``"60%"`` cache budget; the default
+    ``seed``) are resolved at the first ``iter()``, in the process that iterates, where the
+    engine's state (context, image and CUDA feeds) is built. ``replace(**overrides)`` makes a
+    loader with the same arguments except those given; a loader pickles to its arguments
+    (unpickled, it is a fresh loader: ``mp.spawn`` and ``ddp_spawn`` work). ``set_epoch(epoch)``
+    sets the augmentation epoch and calls ``set_epoch`` of the sampler (``DistributedSampler``).
     """
 
     def __init__(
