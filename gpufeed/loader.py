@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._image.cv2threads import single_threaded_cv2
-from gpufeed._image.feed import make_image_feed
+from gpufeed._image.feed import ImageFeed, make_image_feed
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
+from gpufeed.errors import GpufeedWarning
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -59,8 +61,21 @@ class FastLoader(DataLoader[T_co]):
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
         pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin.
         log_dir: each worker's logging also goes to ``LOG_DIR/worker-K.log``.
-        metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on that port
-            (needs the ``metrics`` extra, prometheus-client).
+        metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on port
+            ``metrics_port + LOCAL_RANK`` (the environment variable torchrun and Lightning set, 0
+            when unset), so the ranks of one host serve side by side; a port already in use is a
+            warning, not an error. Needs the ``metrics`` extra (prometheus-client).
+
+    Every option is a plain attribute under its parameter name holding the value given (so a
+    framework that rebuilds a loader from its attributes, as Lightning does to inject a
+    ``DistributedSampler``, gets an equivalent one); setting one afterwards raises ``ValueError``,
+    as DataLoader does for its own. Options are validated at construction; the values that depend
+    on the process (``device="cuda"``: its current device; a ``"60%"`` cache budget; the default
+    ``seed``) are resolved at the first ``iter()``, in the process that iterates, where the
+    engine's state (context, image and CUDA feeds) is built. ``replace(**overrides)`` makes a
+    loader with the same arguments except those given; a loader pickles to its arguments
+    (unpickled, it is a fresh loader: ``mp.spawn`` and ``ddp_spawn`` work). ``set_epoch(epoch)``
+    sets the augmentation epoch and calls ``set_epoch`` of the sampler (``DistributedSampler``).
     """
 
     def __init__(
@@ -84,98 +99,218 @@ class FastLoader(DataLoader[T_co]):
         **kwargs: Any,
     ) -> None:
         # gpufeed's options are validated first: nothing is started before every check passed.
-        config = EngineConfig(
+        self._engine_config = EngineConfig(
             max_worker_restarts=max_worker_restarts,
             max_batch_bytes=max_batch_bytes,
             shutdown_timeout_s=shutdown_timeout_s,
         )
-        cache_budget = parse_cache_bytes(cache_bytes)
+        parse_cache_bytes(cache_bytes)
         if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 1:
             raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {prefetch_batches!r}.")
-        cuda_device = resolve_device(device)
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or not 0 <= metrics_port <= 65535
+        ):
+            raise ValueError(f"`metrics_port` must be an int in 0-65535 (0: any free port). Found: {metrics_port!r}.")
+        resolve_device(device)
+        # Every option is an attribute under its parameter name, holding the value given (decision
+        # 14): frameworks rebuild loaders from them. Set before DataLoader's own __init__ so that
+        # a rebuild reading them can never see a half-made loader.
+        self.max_worker_restarts = max_worker_restarts
+        self.max_batch_bytes = max_batch_bytes
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.channels_last = channels_last
+        self.normalize = normalize
+        self.dtype = dtype
+        self.on_error = on_error
+        self.cache_bytes = cache_bytes
+        self.seed = seed
+        self.device = device
+        self.prefetch_batches = prefetch_batches
+        self.pin_workers = pin_workers
+        self.log_dir = log_dir
+        self.metrics_port = metrics_port
         super().__init__(dataset, *args, **kwargs)
-        stats = Stats()
-        # The CUDA feed owns the copy stream; the arena's registrar drains it before unregistering.
-        self._cuda_feed = None if cuda_device is None else CudaFeed(cuda_device, prefetch_batches, stats=stats)
-        # What the engine needs for the loader's whole life (the arena too, once created); the
-        # iterators read it there, never here.
-        self._context = EngineContext(
-            config,
-            stats,
+        # The image options are checked against the loader's path (a dry run of the feed, with the
+        # values as given; the feed iteration uses is made again in the process that iterates).
+        self._image_path = self._make_image_feed(on_gpu=False) is not None
+        self._stats = Stats()
+        self._context: EngineContext | None = None  # made at the first iter() of this process
+        self._context_pid = 0
+        self._cuda_feed: CudaFeed | None = None
+        self._image_feed: ImageFeed | None = None
+        self._epoch = 0
+        self._sampler_epochs: dict[int, Any] = {}  # id(sampler) -> its epoch at its last pass
+        self._warned_epoch = False
+        self.metrics_server = None
+        if metrics_port is not None:
+            self.metrics_server = _serve_metrics(metrics_port)
+            if self.metrics_server is not None:
+                self.metrics_server.register(self)
+        self.__options_frozen = True
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if attr in _OPTIONS and self.__dict__.get("_FastLoader__options_frozen", False):
+            raise ValueError(
+                f"{attr} attribute should not be set after {type(self).__name__} is initialized; "
+                f"use loader.replace({attr}=...) for a loader with another value"
+            )
+        super().__setattr__(attr, value)
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine's options (``max_worker_restarts``, ``max_batch_bytes``, ``shutdown_timeout_s``)."""
+        return self._engine_config
+
+    # -- rebuilding -------------------------------------------------------------------------------
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        """The constructor arguments that make an equivalent loader, read from the attributes."""
+        kwargs: dict[str, Any] = {"dataset": self.dataset}
+        for name in _TORCH_PARAMS:
+            if name in ("dataset", "shuffle", "sampler", "batch_sampler", "batch_size", "drop_last"):
+                continue
+            if hasattr(self, name):
+                kwargs[name] = getattr(self, name)
+        iterable = isinstance(self.dataset, IterableDataset)
+        if self.batch_size is None and self.batch_sampler is not None:  # a batch_sampler was given
+            kwargs["batch_sampler"] = self.batch_sampler
+        else:
+            kwargs.update(batch_size=self.batch_size, drop_last=self.drop_last)
+            if not iterable:
+                kwargs["sampler"] = self.sampler
+        kwargs.update({name: getattr(self, name) for name in _OPTIONS})
+        return kwargs
+
+    def replace(self, **overrides: Any) -> FastLoader[T_co]:
+        """A new loader with this one's arguments, except ``overrides`` (any constructor argument).
+
+        Samplers are shared with this loader, as a framework rebuilding it would share them.
+        """
+        kwargs = self._init_kwargs()
+        if "shuffle" in overrides or "sampler" in overrides or "batch_sampler" in overrides:
+            kwargs.pop("sampler", None)
+        if "batch_sampler" in overrides:
+            kwargs.pop("batch_size", None)
+            kwargs.pop("drop_last", None)
+        elif "batch_size" in overrides or "drop_last" in overrides:
+            kwargs.pop("batch_sampler", None)
+        unknown = sorted(set(overrides) - set(_TORCH_PARAMS) - _OPTIONS)
+        if unknown:
+            raise TypeError(f"replace() takes FastLoader's arguments. Found unknown: {unknown}.")
+        if overrides.get("num_workers", 1) == 0 and "prefetch_factor" not in overrides:
+            kwargs["prefetch_factor"] = None  # torch refuses one without workers
+        kwargs.update(overrides)
+        return type(self)(**kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A loader pickles to its arguments, never its live state (workers, arena, streams).
+        kwargs = self._init_kwargs()
+        context = kwargs.get("multiprocessing_context")
+        if context is not None and hasattr(context, "get_start_method"):
+            kwargs["multiprocessing_context"] = context.get_start_method()
+        return (_rebuild, (type(self), kwargs))
+
+    # -- the state of the process that iterates -----------------------------------------------------
+
+    def _make_image_feed(self, on_gpu: bool) -> ImageFeed | None:
+        return make_image_feed(
+            self,
+            channels_last=self.channels_last,
+            normalize=self.normalize,
+            dtype=self.dtype,
+            on_error=self.on_error,
+            cache_budget=parse_cache_bytes(self.cache_bytes),
+            seed=self.seed,
+            on_gpu=on_gpu,
+        )
+
+    def _engine_context(self) -> EngineContext:
+        """This process's engine context, made (and the options resolved) on first use here."""
+        context = self._context
+        if context is not None and self._context_pid == os.getpid():
+            return context
+        # Resolved here, in the process that iterates: the CUDA device (``"cuda"``: this process's
+        # current device), the cache budget (``"60%"`` of this machine's available memory), the
+        # default seed. A forked copy of a loader makes its own (the arena is its parent's).
+        cuda_device = resolve_device(self.device)
+        self._cuda_feed = (
+            None if cuda_device is None else CudaFeed(cuda_device, self.prefetch_batches, stats=self._stats)
+        )
+        self._image_feed = self._make_image_feed(on_gpu=cuda_device is not None)
+        if self._cuda_feed is not None and self._image_feed is not None:
+            self._cuda_feed.gpu_transform = self._image_feed.gpu_transform
+        context = EngineContext(
+            self._engine_config,
+            self._stats,
+            plugin=self._image_feed,
             cuda_output=cuda_device is not None,
-            pin_workers=bool(pin_workers),
-            log_dir=None if log_dir is None else os.fspath(log_dir),
+            pin_workers=bool(self.pin_workers),
+            log_dir=None if self.log_dir is None else os.fspath(self.log_dir),
             fork_guard=single_threaded_cv2,
             make_registrar=None if self._cuda_feed is None else self._cuda_feed.registrar,
         )
-        weakref.finalize(self, self._context.close)  # the arena goes with the loader
-        self._epoch = 0
-        self._image_feed = make_image_feed(
-            self,
-            channels_last=channels_last,
-            normalize=normalize,
-            dtype=dtype,
-            on_error=on_error,
-            cache_budget=cache_budget,
-            seed=seed,
-            on_gpu=cuda_device is not None,
-        )
-        self._context.plugin = self._image_feed
-        if self._cuda_feed is not None and self._image_feed is not None:
-            self._cuda_feed.gpu_transform = self._image_feed.gpu_transform
-        self.metrics_server = None
-        if metrics_port is not None:
-            from gpufeed.metrics import serve
-
-            self.metrics_server = serve(metrics_port)
-            self.metrics_server.register(self)
-
-    # gpufeed's options that the engine reads live in its context: one place, read at iter().
-    @property
-    def engine_config(self) -> EngineConfig:
-        return self._context.config
-
-    @engine_config.setter
-    def engine_config(self, value: EngineConfig) -> None:
-        self._context.config = value
-
-    @property
-    def pin_workers(self) -> bool:
-        return self._context.pin_workers
-
-    @pin_workers.setter
-    def pin_workers(self, value: bool) -> None:
-        self._context.pin_workers = bool(value)
-
-    @property
-    def log_dir(self) -> str | None:
-        return self._context.log_dir
-
-    @log_dir.setter
-    def log_dir(self, value: str | os.PathLike[str] | None) -> None:
-        self._context.log_dir = None if value is None else os.fspath(value)
+        weakref.finalize(self, context.close)  # the arena goes with the loader
+        self._context, self._context_pid = context, os.getpid()
+        return context
 
     @property
     def _arena(self) -> Arena | None:
         """The arena, if an iterator created it (for tests and tools)."""
-        return self._context.current_arena
+        context = self._context
+        return context.current_arena if context is not None and self._context_pid == os.getpid() else None
 
     @property
     def _registrar(self) -> Registrar | None:
-        return self._context.registrar
+        context = self._context
+        return context.registrar if context is not None and self._context_pid == os.getpid() else None
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes of every live iterator of this loader."""
-        return self._context.worker_pids()
+        context = self._context
+        return context.worker_pids() if context is not None and self._context_pid == os.getpid() else []
+
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def _epoch_samplers(self) -> list[Any]:
+        """The samplers with ``set_epoch`` (``sampler``, ``batch_sampler.sampler``), once each."""
+        found: list[Any] = []
+        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)) and all(s is not sampler for s in found):
+                found.append(sampler)
+        return found
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch number the next ``iter()`` uses for random augmentations (then +1 each).
+        """Set the epoch: of the random augmentations of the next ``iter()`` (then +1 each), and
+        of the samplers that have ``set_epoch`` (``DistributedSampler``), as
+        ``sampler.set_epoch(epoch)`` would.
 
-        Epochs are counted automatically; call this when resuming a run from a checkpoint.
+        Augmentation epochs are counted automatically; sampler epochs are not (as with
+        DataLoader): call this before each epoch, as with a ``DistributedSampler``.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"`epoch` must be an int >= 0. Found: {epoch!r}.")
         self._epoch = epoch
+        for sampler in self._epoch_samplers():
+            sampler.set_epoch(epoch)
+
+    def _check_sampler_epochs(self) -> None:
+        """Warn once when a shuffling sampler with ``set_epoch`` starts a pass at the epoch of its
+        last pass: it would give the same order again (its epoch is not advanced for you)."""
+        for sampler in self._epoch_samplers():
+            if not getattr(sampler, "shuffle", True):
+                continue
+            epoch = getattr(sampler, "epoch", None)
+            key = id(sampler)
+            if key in self._sampler_epochs and self._sampler_epochs[key] == epoch and not self._warned_epoch:
+                self._warned_epoch = True
+                warnings.warn(
+                    f"the {type(sampler).__name__} of this loader starts a pass at epoch {epoch!r} again, so "
+                    "it gives the same order as the last pass. Call loader.set_epoch(epoch) (or "
+                    "sampler.set_epoch(epoch)) before each epoch.",
+                    GpufeedWarning,
+                    stacklevel=3,
+                )
+            self._sampler_epochs[key] = epoch
 
     def _begin_epoch(self) -> int:
         """The augmentation epoch of the iteration that starts now."""
@@ -184,6 +319,7 @@ class FastLoader(DataLoader[T_co]):
         return epoch
 
     def _get_iterator(self):
+        context = self._engine_context()
         epoch = self._epoch  # the augmentation epoch of this pass, used once the iterator exists
         iterator: _BaseDataLoaderIter
         if self.num_workers == 0:
@@ -191,16 +327,18 @@ class FastLoader(DataLoader[T_co]):
                 return super()._get_iterator()
             from gpufeed._image.local import LocalImageIter
 
-            iterator = LocalImageIter(self, self._image_feed, self._context.stats, epoch)
+            iterator = LocalImageIter(self, self._image_feed, context.stats, epoch)
         else:
             from gpufeed._engine.iterator import FastIter
 
             self.check_worker_number_rationality()
-            iterator = FastIter(self, self._context, epoch)
+            iterator = FastIter(self, context, epoch)
         self._epoch = epoch + 1
         return iterator
 
     def __iter__(self):
+        self._engine_context()
+        self._check_sampler_epochs()
         if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
             # torch's DataLoader.__iter__ would call ``self._iterator._reset(self)``; the new
             # pass's augmentation epoch goes with it.
@@ -225,10 +363,13 @@ class FastLoader(DataLoader[T_co]):
         overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
         images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate.
         """
-        out = self._context.stats.snapshot()
+        out = self._stats.snapshot()
         out["workers"] = worker_usage(self.worker_pids())
         feed = self._image_feed
-        if feed is not None:
+        if feed is None and self._image_path:
+            zero = ("images", "skipped", "cache_hits", "cache_misses", "cache_bytes")
+            out.update(dict.fromkeys(zero, 0), cache_hit_rate=0.0, images_per_s=0.0)
+        elif feed is not None:
             cache = feed.cache
             hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
             out.update(
@@ -251,7 +392,8 @@ class FastLoader(DataLoader[T_co]):
         if iterator is not None and hasattr(iterator, "close"):
             iterator.close()
         self._iterator = None
-        self._context.close()
+        if self._context is not None and self._context_pid == os.getpid():
+            self._context.close()
 
     def __enter__(self) -> FastLoader[T_co]:
         return self
@@ -279,3 +421,42 @@ def _signature() -> inspect.Signature:
 
 
 FastLoader.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+
+# torch's DataLoader parameters (the installed version's) and gpufeed's keyword-only options.
+_TORCH_PARAMS = tuple(list(inspect.signature(DataLoader.__init__).parameters)[1:])
+_OPTIONS = frozenset(
+    name
+    for name, p in inspect.signature(FastLoader.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in _TORCH_PARAMS
+)
+
+
+def _rebuild(cls: type[FastLoader[Any]], kwargs: dict[str, Any]) -> FastLoader[Any]:
+    """Unpickle a loader: a fresh one made from its arguments."""
+    return cls(**kwargs)
+
+
+def _serve_metrics(metrics_port: int) -> Any:
+    """The metrics endpoint of a loader: port ``metrics_port + LOCAL_RANK`` (the ``LOCAL_RANK``
+    environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
+    serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
+    logged as a warning, never an error: metrics must not stop a training rank."""
+    from gpufeed.metrics import serve
+
+    port = metrics_port
+    if port:
+        try:
+            port += int(os.environ.get("LOCAL_RANK", "0"))
+        except ValueError:
+            pass
+    try:
+        return serve(min(port, 65535))
+    except OSError as exc:
+        warnings.warn(
+            f"gpufeed metrics: port {port} (metrics_port={metrics_port} + LOCAL_RANK) cannot be bound "
+            f"({exc}); this loader serves no metrics. Pick a free metrics_port, or serve them yourself "
+            "(gpufeed.metrics.serve(port).register(loader)).",
+            GpufeedWarning,
+            stacklevel=3,
+        )
+        return None
