@@ -22,7 +22,7 @@ contiguous blocks, ``k`` samples per rank are ``W`` separate runs of the order, 
 
 **Train and eval.** ``mode="train"`` (the default, torch's behaviour) gives every rank the same
 number of samples, so a collective per batch never hangs: the tail is padded by wrapping round
-the order (a few samples repeat in the last step), or dropped with ``drop_last=True``.
+the samples left in the order (a few repeat in the last step), or dropped with ``drop_last=True``.
 ``mode="eval"`` pads nothing: rank ``r`` gets ``ceil((R - r) / W)`` of the ``R`` samples left,
 so the last step has fewer samples on some ranks, possibly none. The evaluation loop must then
 not run a collective per batch (gather the results once, after the loop), or must use
