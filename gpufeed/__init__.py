@@ -19,6 +19,7 @@ from gpufeed.errors import (
     WorkerError,
 )
 from gpufeed.loader import FastLoader
+from gpufeed.sampler import DistributedSampler
 from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
@@ -26,6 +27,7 @@ __all__ = [
     "BackendFallbackWarning",
     "BackendUnavailableError",
     "DecodeError",
+    "DistributedSampler",
     "EngineConfig",
     "FastLoader",
     "GpufeedError",
