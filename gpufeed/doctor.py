@@ -103,6 +103,8 @@ class Evidence:
     stored_short_side_px: float | None = None  # image sources: mean shorter side as stored
     output_side_px: int | None = None  # image path: the transform's longer output side
     deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
+    read_concurrency: int | None = None  # image sources: reads in flight per worker
+    fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -313,6 +315,17 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
     if ev.image_path:
         reasons.append(f"reading is {read_share:.0%} of worker time "
                        f"({ev.read_s / max(ev.samples, 1) * 1e3:.1f} ms/image)")
+        rc = ev.read_concurrency or 1
+        reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
+                       f"(the dataset's read_concurrency={rc})")
+        more = (f"raise the dataset's read_concurrency to {min(64, max(16, rc * 4))} "
+                f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset)")
+    else:
+        ft = ev.fetch_threads
+        reasons.append(f"{max(ft, 1)} read{'s' if ft > 1 else ''} in flight per worker "
+                       f"(the dataset's fetch_threads={ft})")
+        more = (f"set fetch_threads={min(64, max(8, ft * 4))} on a thread-safe dataset "
+                f"(dataset.fetch_threads = N: __getitem__ on N threads per worker)")
     io = f"iowait {ev.iowait_fraction:.0%} of CPU time, D-state {dstate:.0%} of samples"
     store = "pack the folder into one LMDB (`gpufeed pack ROOT DATA.lmdb`) or move it to local SSD"
     if io_signs:  # the disk is busy: fewer, larger reads, or faster storage
@@ -322,7 +335,7 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
     # Blocked without iowait or D: latency (network storage, throttling); overlap it.
     reasons.append(io + ": reads wait on latency (network storage? throttling?)")
     n = max(ev.num_workers * 2, ev.num_workers + 2)
-    return "read", reasons, f"overlap the reads: raise num_workers to {n}; or {store}"
+    return "read", reasons, f"overlap the reads: {more}, or raise num_workers to {n}; or {store}"
 
 
 def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:
@@ -452,8 +465,14 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         replay_batches=replay[0], replay_step_s=replay[1],
         cache_hit_rate=delta("cache_hits") / lookups if lookups > 0 else None,
         epoch_starts=epochs[0], epoch_start_wait_s=epochs[1],
+        fetch_threads=_int_attr(getattr(loader, "dataset", None), "fetch_threads"),
         **image_info,
     )
+
+
+def _int_attr(obj: Any, name: str) -> int:
+    value = getattr(obj, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
@@ -479,6 +498,7 @@ def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
         "stored_short_side_px": sum(sides) / len(sides) if sides else None,
         "output_side_px": int(max(transform.output_size)),
         "deterministic": bool(getattr(transform, "deterministic", False)),
+        "read_concurrency": int(getattr(dataset, "read_concurrency", 1) or 1),
     }
 
 

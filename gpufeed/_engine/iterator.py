@@ -24,7 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_in
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Arrival, Engine, TaskRecord, WorkerDeath
 from gpufeed._engine.messages import Done, End, Failed
-from gpufeed._engine.worker import WorkerSpec
+from gpufeed._engine.worker import WorkerSpec, fetch_threads_of
 from gpufeed.errors import LoaderTimeoutError, WorkerError
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class FastIter(_BaseDataLoaderIter):
             base_seed=int(self._base_seed),
             worker_init_fn=init_fn,
             shared_seed=self._shared_seed,
+            fetch_threads=0 if self._is_iterable else fetch_threads_of(self._dataset),
         )
         self._engine = Engine(
             context,

@@ -39,11 +39,13 @@ from gpufeed._engine.messages import (
     ToWorker,
     WorkerException,
 )
+from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
 
 if TYPE_CHECKING:
     from gpufeed._engine.plugin import BatchFiller, FillReport
 
+FETCH_POOL = "gpufeed-fetch"
 PARENT_POLL_S = 0.25
 MAX_WARM_WAIT_S = 0.005  # longest wait for a warm slot per task
 WARM_WAIT_FRACTION = 0.05  # ... and at most this share of the previous task's time
@@ -75,19 +77,49 @@ class WorkerSpec:
     pin_cpus: tuple[int, ...] = ()  # pin_workers: worker k runs on pin_cpus[k % len]
     log_dir: str | None = None  # per-worker log files: LOG_DIR/worker-K.log
     stopping: Any = None  # shared byte (multiprocessing RawValue), set when the pool shuts down
+    fetch_threads: int = 0  # map-style, no __getitems__: call __getitem__ on this many threads
+
+
+def fetch_threads_of(dataset: Any) -> int:
+    """The dataset's ``fetch_threads`` attribute (0 if absent), checked.
+
+    Set it on a thread-safe map-style dataset (``ds.fetch_threads = 8``) to have each worker call
+    ``__getitem__`` for the samples of a batch on that many threads (order kept); it is the
+    generic path's way to keep many slow reads in flight. Off (0) by default, since user code
+    need not be thread-safe; a ``__getitems__`` takes precedence.
+    """
+    value = getattr(dataset, "fetch_threads", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"the dataset's `fetch_threads` must be an int >= 0. Found: {value!r:.60}.")
+    return value
 
 
 class _MapFetcher:
     def __init__(self, spec: WorkerSpec) -> None:
         self.dataset, self.auto, self.collate = spec.dataset, spec.auto_collation, spec.collate_fn
+        self.threads = spec.fetch_threads
 
     def fetch(self, index: Any) -> Any:
         if self.auto:
             getitems = getattr(self.dataset, "__getitems__", None)
-            data = getitems(index) if getitems else [self.dataset[i] for i in index]
-        else:
-            data = self.dataset[index]
-        return data
+            if getitems:
+                return getitems(index)
+            if self.threads > 1 and len(index) > 1:
+                return self._fetch_on_threads(index)
+            return [self.dataset[i] for i in index]
+        return self.dataset[index]
+
+    def _fetch_on_threads(self, index: list[Any]) -> list[Any]:
+        """``[dataset[i] for i in index]``, called on ``fetch_threads`` threads; the first error
+        in index order is raised, after the other calls are cancelled or finished."""
+        pool = thread_pool(FETCH_POOL, self.threads)
+        futures = [pool.submit(self.dataset.__getitem__, i) for i in index]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            settle(futures)
 
 
 class _IterableFetcher:
@@ -208,6 +240,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         _loop(spec, fetcher, tasks, results)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to do
+    finally:
+        shutdown_pools()
 
 
 def _configure_process(spec: WorkerSpec) -> None:

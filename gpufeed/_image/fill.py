@@ -26,6 +26,7 @@ import torch
 
 from gpufeed._engine.layout import align_up as _align
 from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
+from gpufeed._image.reads import BatchReads, ReadAhead
 from gpufeed.errors import DecodeError, shorten
 
 if TYPE_CHECKING:
@@ -109,14 +110,48 @@ def fill_batch(
     task: ImageTask,
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
+    reads: ReadAhead | None = None,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
     """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, labels), report).
 
     The slot is bound as late as possible: when the parent wrote nothing into it, the first
     image is decoded into a scratch row and the slot is bound only to copy it in (see
     ``SlotWriter.begin_late``). ``stage(position, data)`` copies a miss's encoded bytes where
-    the parent can cache them.
+    the parent can cache them. A miss's bytes and label come from one ``source.read_item``
+    call; with ``reads``, the misses are read ahead on threads while earlier ones decode.
     """
+    supplied = set(task.done) | {pos for pos, _, _ in task.given}
+    misses = [index for pos, index in enumerate(indices) if pos not in supplied]
+    if reads is None or len(misses) < 2:
+        return _fill(plan, source, indices, task, bind, stage, _Sequential(source.read_item, misses))
+    batch_reads = reads.batch(source.read_item, misses)
+    try:
+        return _fill(plan, source, indices, task, bind, stage, batch_reads)
+    finally:
+        batch_reads.close()
+
+
+class _Sequential:
+    """Reads one sample at a time, at its turn (the main process, or read_concurrency=1)."""
+
+    def __init__(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> None:
+        self._read, self._indices, self._next = read, indices, 0
+
+    def next(self) -> tuple[Any, int]:
+        index = self._indices[self._next]
+        self._next += 1
+        return self._read(index)
+
+
+def _fill(
+    plan: ImagePlan,
+    source: Any,
+    indices: list[int],
+    task: ImageTask,
+    bind: Callable[[], torch.Tensor],
+    stage: Callable[[int, Any], tuple[int, int] | None] | None,
+    reads: _Sequential | BatchReads,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
     n = len(indices)
     off_labels, off_floats, _ = plan.offsets(n)
     report = FillReport()
@@ -127,17 +162,18 @@ def fill_batch(
     scratch = None
     label_values = [0] * n
     for pos, index in enumerate(indices):
-        label_values[pos] = source.label(index)
         if pos in done:
+            label_values[pos] = source.label(index)
             report.kept.append(pos)
             continue
         t0 = time.perf_counter()
         if pos in given:
+            label_values[pos] = source.label(index)
             assert buf is not None  # bound above: the parent wrote into the slot
             off, nbytes = given[pos]
             data = buf[off : off + nbytes].numpy()
         else:
-            data = source.read(index)
+            data, label_values[pos] = reads.next()
             if stage is not None:
                 placed = stage(pos, data)
                 if placed is not None:
@@ -236,4 +272,19 @@ class ImageFiller:
             return w.stage(data)
 
         return fill_batch(plan, source, indices, task, lambda: w.buffer,
-                          stage if plan.cache == "encoded" else None)
+                          stage if plan.cache == "encoded" else None, _worker_reads(source))
+
+
+_reads: ReadAhead | None = None  # this worker process's read-ahead (made on first use)
+
+
+def _worker_reads(source: Any) -> ReadAhead | None:
+    """The worker's read-ahead for ``source`` (None when it reads one sample at a time)."""
+    global _reads
+    concurrency = int(getattr(source, "read_concurrency", 1) or 1)
+    if concurrency <= 1:
+        return None
+    budget = int(getattr(source, "read_budget_bytes", 0) or 0)
+    if _reads is None or (_reads.concurrency, _reads.budget_bytes) != (concurrency, budget):
+        _reads = ReadAhead(concurrency, budget)
+    return _reads

@@ -8,7 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.sources._base import ImageSource, describe_callable
+from gpufeed.sources._base import (
+    DEFAULT_READ_BUDGET_BYTES,
+    DEFAULT_READ_CONCURRENCY,
+    ImageSource,
+    describe_callable,
+)
 from gpufeed.sources._paths import PathTable, labels_array
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -80,19 +85,23 @@ class ImageFolder(ImageSource):
     the label. ``loader`` (path -> image, e.g. torchvision's ``default_loader``) replaces
     gpufeed's decode in ``__getitem__`` and needs a callable ``transform`` or none.
     ``is_valid_file(path)``, if given, replaces the extension check. ``allow_empty=True`` keeps
-    class folders without images (their class index stays assigned).
+    class folders without images (their class index stays assigned). ``read_concurrency`` and
+    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource`.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Any | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  loader: Callable[[str], Any] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
-                 allow_empty: bool = False) -> None:
+                 allow_empty: bool = False, *,
+                 read_concurrency: int = DEFAULT_READ_CONCURRENCY,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
         for name, value in (("target_transform", target_transform), ("loader", loader),
                             ("is_valid_file", is_valid_file)):
             if value is not None and not callable(value):
                 raise TypeError(f"`{name}` must be a callable or None. Found: "
                                 f"{type(value).__name__} {value!r:.80}.")
+        self.set_read_options(read_concurrency, read_budget_bytes)
         self.root = os.fspath(root)
         self._prefix = os.path.join(self.root, "")
         self.loader = loader  # before transform, which is checked against it

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import DecodeError, shorten
-from gpufeed.sources._base import ImageSource
+from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import labels_array
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,15 @@ def sample_key(index: int) -> bytes:
 class LMDBDataset(ImageSource):
     """Images and labels from an LMDB written by :func:`pack` (a directory or a single file).
 
-    ``transform`` and ``target_transform``: see :class:`~gpufeed.sources.ImageSource`.
+    ``transform`` and ``target_transform``, ``read_concurrency`` and ``read_budget_bytes``
+    (reads in flight per worker): see :class:`~gpufeed.sources.ImageSource`.
     """
 
     def __init__(self, path: str | os.PathLike, transform: Any | None = None,
-                 target_transform: Any | None = None) -> None:
+                 target_transform: Any | None = None, *,
+                 read_concurrency: int = DEFAULT_READ_CONCURRENCY,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
+        self.set_read_options(read_concurrency, read_budget_bytes)
         self.path = os.fspath(path)
         self.transform = transform
         self.target_transform = target_transform
@@ -133,12 +138,19 @@ class LMDBDataset(ImageSource):
 # One read-only environment per LMDB path and process: LMDB refuses to open the same file
 # twice in a process, and an environment must not be used across fork. realpath -> (pid, env).
 _envs: dict[str, tuple[int, Any]] = {}
+_envs_lock = threading.Lock()  # read threads (read_concurrency) open the environment together
+os.register_at_fork(after_in_child=lambda: globals().update(_envs_lock=threading.Lock()))
 
 
 def _shared_env(path: str, create: bool = True) -> tuple[Any, bool]:
     """(environment, temporary) for ``path`` in this process. With ``create``, a new environment
     is cached for later reads; without, one that is not yet cached is returned as temporary
     (the caller closes it), so that merely constructing a dataset leaves nothing open."""
+    with _envs_lock:
+        return _shared_env_locked(path, create)
+
+
+def _shared_env_locked(path: str, create: bool) -> tuple[Any, bool]:
     import lmdb
 
     key = os.path.realpath(path)

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from gpufeed.errors import shorten
-from gpufeed.sources._base import ImageSource
+from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
 
 _BYTES = (bytes, bytearray, memoryview)
@@ -21,11 +21,18 @@ class ImageDataset(ImageSource):
       ``ImageFolder``/``DatasetFolder``), or a list/tuple of such pairs: the pairs are copied into
       numpy arrays and ``source`` is not kept; ``classes``/``class_to_idx`` are copied if present;
     - any map-style dataset whose items are ``(path or encoded bytes, label)``: items are fetched
-      from it on each read.
+      from it on each read, one ``source[i]`` per sample.
+
+    ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`). With paths,
+    gpufeed reads the files itself: 16 by default. A wrapped dataset is called from one thread
+    at a time unless you ask (``ImageDataset(ds, read_concurrency=16)``), since its
+    ``__getitem__`` must then be thread-safe; that is what hides the latency of slow storage.
+    ``read_budget_bytes`` bounds the bytes read and not yet decoded per worker.
     """
 
     def __init__(self, source: Any, transform: Any | None = None,
-                 target_transform: Any | None = None) -> None:
+                 target_transform: Any | None = None, *, read_concurrency: int | None = None,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
         self.transform = transform
         self.target_transform = target_transform
         self.classes = list(getattr(source, "classes", []) or [])
@@ -49,6 +56,9 @@ class ImageDataset(ImageSource):
         else:
             raise TypeError(f"`source` must be a map-style dataset of (path or bytes, label) or "
                             f"have a `samples` list. Found: {type(source).__name__}.")
+        if read_concurrency is None:
+            read_concurrency = DEFAULT_READ_CONCURRENCY if self._paths is not None else 1
+        self.set_read_options(read_concurrency, read_budget_bytes)
 
     def __len__(self) -> int:
         return len(self._labels) if self._paths is not None else len(self._source)

@@ -282,3 +282,23 @@ def test_one_cpu_figure_per_worker_when_pids_change():
     cpu = {10: 0.2, 11: 0.4, 20: 0.2, 21: 0.4, 30: 0.2, 31: 0.4}
     ids = {10: 0, 11: 1, 20: 0, 21: 1, 30: 0, 31: 1}
     assert _per_worker(cpu, ids, 2.0) == pytest.approx((0.3, 0.6))
+
+
+def test_read_latency_names_the_read_concurrency_and_the_setting():
+    ev = starving(read_s=18.0, decode_s=1.0, transform_s=0.5, worker_cpu=(0.05, 0.06),
+                  worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                  idle_cores=3.8, read_concurrency=1)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert any("1 read in flight per worker (the dataset's read_concurrency=1)" in r
+               for r in reasons)
+    assert "read_concurrency to 16" in fix and "ImageDataset(ds, read_concurrency=N)" in fix
+
+
+def test_generic_read_latency_names_fetch_threads():
+    ev = starving(image_path=False, fetch_s=18.0, collate_s=0.5, worker_cpu=(0.05, 0.06),
+                  worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                  idle_cores=3.8, fetch_threads=0)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert any("fetch_threads=0" in r for r in reasons) and "fetch_threads=8" in fix
