@@ -224,6 +224,7 @@ class _Core:
             f"gpufeed.serve: in batch #{seq} of DynamicBatcher {self.config.name!r} "
             f"({n} requests" + (f", padded to {size})" if size > n else ")")
         )
+        self.stats.add("batches")
         try:
             inputs = self.collate(items) if self.collate is not None else items
             results = self.fn(inputs)
@@ -239,7 +240,6 @@ class _Core:
                 r.future.set_exception(exc)
             self._observe_latency(batch)
             return
-        self.stats.add("batches")
         for i, r in enumerate(batch):
             result = results[i]
             if isinstance(result, BaseException):
