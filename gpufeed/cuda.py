@@ -320,6 +320,7 @@ class CudaIter:
         self._host = host_iter
         self._queue: collections.deque[tuple[Any, Any]] = collections.deque()  # (device batch, end event)
         self._done = False
+        self.on_yield: Any = None  # counts the batches handed to the user (the loader's position)
 
     def __iter__(self) -> CudaIter:
         return self
@@ -352,6 +353,8 @@ class CudaIter:
             dev = (transform.apply(dev[0]), dev[1])
         if not self._done:
             self._issue()  # keep the pipeline full while the consumer computes
+        if self.on_yield is not None:
+            self.on_yield.yielded += 1
         return dev
 
 

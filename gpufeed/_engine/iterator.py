@@ -64,6 +64,8 @@ class FastIter(_BaseDataLoaderIter):
     _workers_num_tasks: list[int]
     _worker_queue_idx_cycle: Iterator[int]
     _ready: list[Arrival]  # replies taken in, not looked at yet, in arrival order
+    # Counts the batches handed to the user (``.yielded += 1``): the loader's position record.
+    on_yield: Any = None
 
     def __init__(self, loader: DataLoader[Any], context: EngineContext, aug_epoch: int) -> None:
         super().__init__(loader)
@@ -234,6 +236,8 @@ class FastIter(_BaseDataLoaderIter):
             raise self._engine.failure(task.record, reply)
         assert reply is not None
         data = self._engine.result(task.record, reply)
+        if self.on_yield is not None:
+            self.on_yield.yielded += 1
         if self._pin_memory and not self._engine.page_locked:
             # The user copies: into torch's pinned memory, whose allocator records the stream of
             # each copy made from it (docs/design/cuda-feed.md, "pin_memory=True"). Page-locked

@@ -1,0 +1,218 @@
+"""Mid-epoch state (issue 11): a resumed run yields exactly the batches of the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from gpufeed import DistributedSampler, FastLoader, ImageFolder, RandomResizedCrop
+from gpufeed.synth import make_image_folder
+
+from ._datasets import IndexDataset
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 23
+BATCH = 4  # 6 batches, the last of 3
+
+
+def flat(batches: list[Any]) -> list[torch.Tensor]:
+    out = []
+    for b in batches:
+        out.extend(b if isinstance(b, (list, tuple)) else [b])
+    return out
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    fa, fb = flat(a), flat(b)
+    return len(a) == len(b) and len(fa) == len(fb) and all(torch.equal(x, y) for x, y in zip(fa, fb))
+
+
+def generic(num_workers: int, **kw: Any) -> FastLoader:
+    kw.setdefault("generator", torch.Generator().manual_seed(3))
+    return FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True, num_workers=num_workers, **kw)
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("resume-images")
+    make_image_folder(root, num_classes=2, per_class=9, size=(120, 150), seed=4)
+    return root
+
+
+def image(root: Path, num_workers: int) -> FastLoader:
+    return FastLoader(ImageFolder(root, transform=RandomResizedCrop(48)), batch_size=4, shuffle=True,
+                      num_workers=num_workers, seed=7, generator=torch.Generator().manual_seed(5))
+
+
+def interrupted(loader: FastLoader, k: int) -> tuple[list[Any], dict[str, Any]]:
+    """The first ``k`` batches of an epoch and the state after them (through JSON)."""
+    head = []
+    for i, batch in enumerate(loader):
+        head.append(batch)
+        if i + 1 == k:
+            state = loader.state_dict()
+            break
+    return head, json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 0), (2, 2), (2, 0), (0, 2)])
+@pytest.mark.parametrize("k", [1, 3])
+def test_generic_resume_is_exact(before: int, after: int, k: int) -> None:
+    full = list(generic(before))
+    head, state = interrupted(generic(before), k)
+    assert state["batches_yielded"] == k and state["samples_yielded"] == k * BATCH
+    assert same(head, full[:k])
+    resumed = generic(after)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), full[k:])
+    # the state applied to one iter(): the next pass is a whole epoch again
+    assert len(list(resumed)) == len(full)
+
+
+def test_global_rng_random_sampler_resumes() -> None:
+    """RandomSampler without a generator draws its seed from torch's global RNG."""
+    torch.manual_seed(0)
+    full = list(FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True))
+    torch.manual_seed(0)
+    loader = FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True)
+    head, state = interrupted(loader, 2)
+    assert same(head, full[:2])
+    torch.manual_seed(123)  # another process: another global RNG
+    resumed = FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), full[2:])
+
+
+def test_sequential_and_second_epoch() -> None:
+    loader = FastLoader(IndexDataset(N), batch_size=BATCH)
+    list(loader)
+    assert loader.state_dict()["batches_yielded"] == 0  # the epoch ended: the next starts afresh
+    head, state = interrupted(loader, 4)
+    resumed = FastLoader(IndexDataset(N), batch_size=BATCH, num_workers=2)
+    resumed.load_state_dict(state)
+    assert same(head + list(resumed), list(FastLoader(IndexDataset(N), batch_size=BATCH)))
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 0), (2, 2), (2, 0), (0, 2)])
+@pytest.mark.parametrize("k", [1, 2])
+def test_image_resume_is_byte_identical(image_root: Path, before: int, after: int, k: int) -> None:
+    loader = image(image_root, before)
+    list(loader)  # epoch 0; the state is taken in epoch 1
+    full = list(loader)
+    loader = image(image_root, before)
+    list(loader)
+    head, state = interrupted(loader, k)
+    assert state["epoch"] == 1
+    assert same(head, full[:k])
+    resumed = image(image_root, after)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), full[k:])
+
+
+def test_unknown_version_and_mid_epoch_load_are_clear_errors() -> None:
+    loader = generic(0)
+    state = loader.state_dict()
+    assert state["version"] == 1 and state["sampler"] is None
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        loader.load_state_dict({**state, "version": 99})
+    it = iter(loader)
+    next(it)
+    with pytest.raises(RuntimeError, match="partway through an epoch"):
+        loader.load_state_dict(loader.state_dict())
+    del it
+    loader.load_state_dict(state)  # no iterator alive: fine
+
+
+def test_in_order_false_is_not_implemented() -> None:
+    loader = generic(2, in_order=False)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(NotImplementedError, match="in_order=False"):
+        loader.state_dict()
+    del it
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_distributed_world_size_change(k: int) -> None:
+    dataset = IndexDataset(N)
+
+    def ids(batches: list[Any]) -> list[int]:
+        return [int(i) for b in batches for i in b[0]]
+
+    ranks = [FastLoader(dataset, batch_size=2, num_workers=w,
+                        sampler=DistributedSampler(dataset, num_replicas=2, rank=r, shuffle=True, seed=9,
+                                                   mode="eval"))
+             for r, w in ((0, 0), (1, 2))]
+    for loader in ranks:
+        loader.set_epoch(1)
+    seen: list[int] = []
+    states = []
+    for loader in ranks:
+        head, state = interrupted(loader, k)
+        seen += ids(head)
+        states.append(state)
+    assert states[0]["sampler"] == states[1]["sampler"]  # a position valid on any world size
+    single = FastLoader(dataset, batch_size=2,
+                        sampler=DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=9,
+                                                   mode="eval"))
+    single.load_state_dict(states[0])
+    single.set_epoch(1)  # the state's epoch: keeps its position
+    rest = ids(list(single))
+    assert sorted(seen + rest) == list(range(N))
+
+
+class Counter(IterableDataset):
+    def __init__(self) -> None:
+        self.start = 0
+        self.pos = 0
+
+    def __iter__(self):
+        for pos in range(self.start, 10):
+            self.pos = pos
+            yield pos
+
+    def state_dict(self) -> dict[str, int]:
+        return {"start": self.pos + 1}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["start"]
+
+
+def test_iterable_dataset_delegates_or_refuses() -> None:
+    loader = FastLoader(Counter(), batch_size=None)
+    head, state = interrupted(loader, 3)
+    resumed = FastLoader(Counter(), batch_size=None)
+    resumed.load_state_dict(state)
+    assert [int(x) for x in head + list(resumed)] == list(range(10))
+
+    class Plain(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(NotImplementedError, match="has no state_dict"):
+        FastLoader(Plain()).state_dict()
+
+
+def test_unsupported_sampler_is_a_clear_error() -> None:
+    class Backwards(torch.utils.data.Sampler):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __iter__(self):
+            return iter(range(self.n - 1, -1, -1))
+
+        def __len__(self) -> int:
+            return self.n
+
+    dataset: Dataset = IndexDataset(N)
+    loader = FastLoader(dataset, batch_size=BATCH, sampler=Backwards(N))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(NotImplementedError, match="SequentialSampler, RandomSampler"):
+        loader.state_dict()
