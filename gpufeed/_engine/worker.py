@@ -326,8 +326,8 @@ def _stopping(spec: WorkerSpec) -> bool:
 
 def _take_queued(spec: WorkerSpec, tasks: Connection, queued: deque[tuple[ToWorker, Prefetched | None]]) -> None:
     """Take the messages already waiting in the task pipe (up to ``MAX_QUEUED_TASKS``) and start
-    the prefetch of their tasks, so their reads run while the current task is filled
-    (measured: without it each batch began with one read's latency, 463 vs ... img/s)."""
+    the prefetch of their tasks, so their reads run while the current task is filled (without
+    it each batch began with one read's latency; see docs/design/image-path.md)."""
     while len(queued) < MAX_QUEUED_TASKS and not _stopping(spec) and tasks.poll(0):
         msg: ToWorker = tasks.recv()
         queued.append((msg, _prefetch(spec, msg) if isinstance(msg, Task) else None))
