@@ -5,7 +5,11 @@ A plug-in has two halves:
 
 * ``BatchFiller``, the worker half: pickled into every worker with its ``WorkerSpec``. Its
   ``setup()`` runs once per worker process; its ``fill()`` replaces the dataset fetch and the
-  ``collate_fn`` for each task, writing straight into the task's arena slot.
+  ``collate_fn`` for each task, writing straight into the task's arena slot. Its ``prefetch()``
+  runs when the worker takes a task, and for the tasks already queued behind it, before the
+  current one is filled: it may start work without side effects on gpufeed's state (the image
+  path starts reads) and returns a handle that ``fill()`` consumes, or that the worker closes
+  unused when the task is skipped.
 * ``FillPlugin``, the parent half: ``prepare()`` runs when a task is submitted (or re-sent
   after its worker died) and may write into the task's slot first (cache hits); what it returns
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
@@ -38,15 +42,27 @@ class FillReport(Protocol):
         """Samples in the batch as filled (the ones a filler left out are not counted)."""
 
 
+class Prefetched(Protocol):
+    """What ``BatchFiller.prefetch`` started for one task."""
+
+    def close(self) -> None:
+        """Stop or wait out what is still running and release what it holds (idempotent)."""
+
+
 class BatchFiller(Protocol):
     """Worker half of a plug-in (picklable: it travels to spawned workers)."""
 
     def setup(self) -> None:
         """Once per worker process, after the engine's own set-up (one torch thread)."""
 
-    def fill(self, dataset: Any, index: Any, extra: Any, writer: SlotWriter, /) -> tuple[Any, FillReport]:
-        """Build the batch of ``index`` (``extra``: what ``FillPlugin.prepare`` returned) in the
-        writer's current slot; returns (batch, report). The batch is packed like a collated one."""
+    def prefetch(self, dataset: Any, index: Any, extra: Any, /) -> Prefetched | None:
+        """Start the work of a task the worker will fill later (reads), in task order."""
+
+    def fill(self, dataset: Any, index: Any, extra: Any, writer: SlotWriter, prefetched: Any, /,
+             ) -> tuple[Any, FillReport]:
+        """Build the batch of ``index`` (``extra``: what ``FillPlugin.prepare`` returned;
+        ``prefetched``: what ``prefetch`` returned for it) in the writer's current slot; returns
+        (batch, report). The batch is packed like a collated one."""
 
 
 class FillPlugin(Protocol):

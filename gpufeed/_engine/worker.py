@@ -16,6 +16,7 @@ import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -43,12 +44,13 @@ from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
 
 if TYPE_CHECKING:
-    from gpufeed._engine.plugin import BatchFiller, FillReport
+    from gpufeed._engine.plugin import BatchFiller, FillReport, Prefetched
 
 FETCH_POOL = "gpufeed-fetch"
 PARENT_POLL_S = 0.25
 MAX_WARM_WAIT_S = 0.005  # longest wait for a warm slot per task
 WARM_WAIT_FRACTION = 0.05  # ... and at most this share of the previous task's time
+MAX_QUEUED_TASKS = 4  # tasks taken from the pipe early (the parent sends at most prefetch_factor)
 
 
 @dataclass
@@ -271,41 +273,83 @@ def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Conne
     warm_fd = spec.arena.warm_fd
     reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
     last_task_s = 0.0  # how long the previous task took, reply included (s)
-    while True:
-        msg: ToWorker = tasks.recv()
-        if isinstance(msg, Exit):
-            return
-        if isinstance(msg, Reset):
-            fetcher = _make_fetcher(spec)
-            reported_end = False
-            continue
-        if reported_end or (spec.stopping is not None and spec.stopping.value):
-            continue  # shutting down (as torch's done_event): queued tasks are skipped, not run
-        if msg.swap:
-            wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
-            w.begin_late(functools.partial(_pick_slot, warm_fd, results, msg.epoch, msg.idx, msg.slot, wait_s))
-        else:
-            w.begin(msg.slot)
-        t0 = time.perf_counter()
-        reply: Done | Failed | End
-        try:
-            reply = _run(spec, fetcher, msg, w)
-        except StopIteration as exc:
-            if isinstance(fetcher, _IterableFetcher):
-                reported_end = True
-                reply = End(epoch=msg.epoch, idx=msg.idx)
+    # Messages taken from the pipe ahead of their turn, with what the filler's prefetch started
+    # for them; handled in pipe order, so only the prefetch happens early.
+    queued: deque[tuple[ToWorker, Prefetched | None]] = deque()
+    try:
+        while True:
+            msg, ahead = queued.popleft() if queued else (tasks.recv(), None)
+            if isinstance(msg, Exit):
+                return
+            if isinstance(msg, Reset):
+                fetcher = _make_fetcher(spec)
+                reported_end = False
+                continue
+            if reported_end or _stopping(spec):
+                _close(ahead)  # shutting down (as torch's done_event): queued tasks are skipped, not run
+                continue
+            if spec.filler is not None:
+                if ahead is None:
+                    ahead = _prefetch(spec, msg)
+                _take_queued(spec, tasks, queued)
+            if msg.swap:
+                wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
+                w.begin_late(functools.partial(_pick_slot, warm_fd, results, msg.epoch, msg.idx, msg.slot, wait_s))
             else:
+                w.begin(msg.slot)
+            t0 = time.perf_counter()
+            reply: Done | Failed | End
+            try:
+                reply = _run(spec, fetcher, msg, w, ahead)
+            except StopIteration as exc:
+                if isinstance(fetcher, _IterableFetcher):
+                    reported_end = True
+                    reply = End(epoch=msg.epoch, idx=msg.idx)
+                else:
+                    reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
+            except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
                 reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
-        except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
-            reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
-        finally:
-            w.end()
-        results.send(reply)
-        del reply
-        last_task_s = time.perf_counter() - t0
+            finally:
+                w.end()
+                _close(ahead)
+            results.send(reply)
+            del reply
+            last_task_s = time.perf_counter() - t0
+    finally:
+        for _, ahead in queued:
+            _close(ahead)
 
 
-def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter) -> Done:
+def _stopping(spec: WorkerSpec) -> bool:
+    return spec.stopping is not None and bool(spec.stopping.value)
+
+
+def _take_queued(spec: WorkerSpec, tasks: Connection, queued: deque[tuple[ToWorker, Prefetched | None]]) -> None:
+    """Take the messages already waiting in the task pipe (up to ``MAX_QUEUED_TASKS``) and start
+    the prefetch of their tasks, so their reads run while the current task is filled (without
+    it each batch began with one read's latency; see docs/design/image-path.md)."""
+    while len(queued) < MAX_QUEUED_TASKS and not _stopping(spec) and tasks.poll(0):
+        msg: ToWorker = tasks.recv()
+        queued.append((msg, _prefetch(spec, msg) if isinstance(msg, Task) else None))
+        if not isinstance(msg, Task):
+            return  # Reset or Exit: what follows is for later
+
+
+def _prefetch(spec: WorkerSpec, task: Task) -> Prefetched | None:
+    """The filler's prefetch of ``task``; on an error, nothing (``fill`` then meets it itself)."""
+    assert spec.filler is not None
+    try:
+        return spec.filler.prefetch(spec.dataset, task.index, task.extra)
+    except Exception:  # noqa: BLE001 (fill raises it in its turn, with the task's context)
+        return None
+
+
+def _close(ahead: Prefetched | None) -> None:
+    if ahead is not None:
+        ahead.close()
+
+
+def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter, ahead: Prefetched | None = None) -> Done:
     """Fetch and collate (or fill) ``task`` and pack it into the slot."""
     t0 = time.perf_counter()
     report: FillReport | None = None
@@ -315,7 +359,7 @@ def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter) -> Done
         data = spec.collate_fn(data)
         t2 = time.perf_counter()
     else:
-        data, report = spec.filler.fill(spec.dataset, task.index, task.extra, w)
+        data, report = spec.filler.fill(spec.dataset, task.index, task.extra, w, ahead)
         t1 = t0 + report.read_s
         t2 = time.perf_counter()
     skeleton, used, overflow = pack(data, w)

@@ -111,6 +111,7 @@ def fill_batch(
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: ReadAhead | None = None,
+    prefetched: BatchReads | None = None,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
     """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, labels), report).
 
@@ -119,16 +120,33 @@ def fill_batch(
     ``SlotWriter.begin_late``). ``stage(position, data)`` copies a miss's encoded bytes where
     the parent can cache them. A miss's bytes and label come from one ``source.read_item``
     call; with ``reads``, the misses are read ahead on threads while earlier ones decode.
+    ``prefetched``: the reads ``begin_reads`` started for this task (closed here either way).
     """
-    supplied = set(task.done) | {pos for pos, _, _ in task.given}
-    misses = [index for pos, index in enumerate(indices) if pos not in supplied]
-    if reads is None or len(misses) < 2:
+    batch_reads = prefetched
+    if batch_reads is None:
+        batch_reads = begin_reads(reads, source, indices, task)
+    if batch_reads is None:
+        misses = _misses(indices, task)
         return _fill(plan, source, indices, task, bind, stage, _Sequential(source.read_item, misses))
-    batch_reads = reads.batch(source.read_item, misses)
     try:
         return _fill(plan, source, indices, task, bind, stage, batch_reads)
     finally:
         batch_reads.close()
+
+
+def _misses(indices: list[int], task: ImageTask) -> list[int]:
+    """The indices the worker reads: those whose rows or bytes the parent did not supply."""
+    supplied = set(task.done) | {pos for pos, _, _ in task.given}
+    return [index for pos, index in enumerate(indices) if pos not in supplied]
+
+
+def begin_reads(reads: ReadAhead | None, source: Any, indices: list[int], task: ImageTask,
+                ) -> BatchReads | None:
+    """Start reading the task's misses on ``reads`` (None: they are read one at a time)."""
+    misses = _misses(indices, task)
+    if reads is None or len(misses) < 2:
+        return None
+    return reads.batch(source.read_item, misses)
 
 
 class _Sequential:
@@ -252,9 +270,15 @@ class ImageFiller:
 
             cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
 
+    def prefetch(self, source: Any, indices: list[int], task: ImageTask) -> BatchReads | None:
+        """Start the task's reads (after those of the tasks begun before it)."""
+        return begin_reads(_worker_reads(source), source, indices, task)
+
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
+             prefetched: BatchReads | None = None,
              ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
-        """Lay the batch out in the slot, stage encoded misses after the parent's hits."""
+        """Lay the batch out in the slot, stage encoded misses after the parent's hits;
+        ``prefetched``: what :meth:`prefetch` returned for this task."""
         plan = self.plan
         labels, floats, staging = plan.offsets(len(indices))
         if staging > w.capacity:
@@ -272,7 +296,7 @@ class ImageFiller:
             return w.stage(data)
 
         return fill_batch(plan, source, indices, task, lambda: w.buffer,
-                          stage if plan.cache == "encoded" else None, _worker_reads(source))
+                          stage if plan.cache == "encoded" else None, _worker_reads(source), prefetched)
 
 
 _reads: ReadAhead | None = None  # this worker process's read-ahead (made on first use)

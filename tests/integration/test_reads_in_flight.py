@@ -67,16 +67,18 @@ class EncodedItems(Dataset):
         with self._lock:
             self._in_flight -= len(data)
         with open(Path(self.log_dir) / f"calls-{os.getpid()}", "a") as f:
-            f.write(f"{threading.current_thread().name} {i} {in_flight}\n")
+            f.write(f"{threading.current_thread().name} {i} {in_flight} {time.monotonic()}\n")
         return data, i % 5
 
 
-def _calls(log_dir: Path) -> list[tuple[str, int, int]]:
+def _calls(log_dir: Path, after: float = 0.0) -> list[tuple[str, int, int]]:
+    """(thread, index, bytes in flight) of each read (that ended after ``after``, monotonic)."""
     rows = []
     for path in log_dir.glob("calls-*"):
         for line in path.read_text().splitlines():
-            name, i, nbytes = line.split()
-            rows.append((name, int(i), int(nbytes)))
+            name, i, nbytes, *when = line.split()
+            if not when or float(when[0]) > after:
+                rows.append((name, int(i), int(nbytes)))
     return rows
 
 
@@ -187,6 +189,65 @@ def test_read_budget_bounds_bytes_in_flight(tmp_path):
     assert sum(len(y) for _, y in _batches(_loader(ds))) == N
     peak = max(nbytes for _, _, nbytes in _calls(tmp_path))
     assert biggest < peak <= budget  # reads overlapped, within the budget
+
+
+@pytest.mark.timeout(60)
+def test_read_ahead_across_tasks_gives_the_same_batches(tmp_path):
+    """Slow reads, so each worker's pipe holds queued tasks whose reads start early; two
+    persistent epochs (the second after a Reset) against read_concurrency=1 (no read-ahead),
+    and the first against num_workers=0. (Persistent workers' second epoch is compared with
+    persistent workers only: like torch, they do not draw a new base seed per epoch.)"""
+    results = []
+    for rc, workers in ((16, 2), (1, 2), (16, 0)):
+        d = tmp_path / f"{rc}-{workers}"
+        d.mkdir()
+        ds = ImageDataset(EncodedItems(str(d), sleep_s=0.01), RandomResizedCrop(24, seed=4),
+                          read_concurrency=rc)
+        if workers:
+            loader = _loader(ds, workers, prefetch_factor=3, persistent_workers=True)
+            results.append(_batches(loader) + _batches(loader))
+            loader.close()
+            assert sorted(i for _, i, _ in _calls(d)) == sorted(list(range(N)) * 2)  # once per epoch
+        else:
+            results.append(_batches(_loader(ds, workers)))
+    _same(results[0], results[1])
+    _same(results[0][: len(results[2])], results[2])
+
+
+@pytest.mark.timeout(60)
+def test_break_mid_epoch_leaves_no_reads_and_no_budget_behind(tmp_path):
+    items = _jpegs(N)
+    biggest = max(map(len, items))
+    budget = 3 * biggest
+    ds = ImageDataset(EncodedItems(str(tmp_path), sleep_s=0.01), RandomResizedCrop(24),
+                      read_concurrency=16, read_budget_bytes=budget)
+    loader = _loader(ds, persistent_workers=True, prefetch_factor=4)
+    for _ in loader:
+        break  # the workers' queued tasks (and their reads ahead) are left behind
+    second = iter(loader)
+    first_batch = next(second)
+    t = time.monotonic()
+    rest = list(second)
+    assert len(first_batch[1]) + sum(len(y) for _, y in rest) == N
+    later = _calls(tmp_path, after=t)
+    peak = max(nbytes for _, _, nbytes in later)
+    assert biggest < peak <= budget  # reads still overlap: no budget held by stale reads
+    loader.close()
+    deadline = time.monotonic() + 10
+    while live_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not live_children()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+    ds = ImageDataset(EncodedItems(str(tmp_path)), RandomResizedCrop(24), read_concurrency=16)
+    loader = _loader(ds, prefetch_factor=4)
+    for _ in loader:
+        break  # not persistent: shutdown skips the queued tasks, closing their reads
+    del _
+    loader.close()
+    deadline = time.monotonic() + 10
+    while live_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not live_children()
 
 
 def test_read_options_are_checked():
