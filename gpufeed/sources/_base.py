@@ -24,9 +24,11 @@ from gpufeed.transforms import ImageTransform
 
 PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
 #: Reads in flight per worker for gpufeed's own sources (files, LMDB), and their byte budget.
-#: Measured with benchmarks/latency.py: 16 reads hide 30 ms of latency behind the decode of
-#: 224 px batches on 2 cores; at 0 ms they cost nothing measurable.
-DEFAULT_READ_CONCURRENCY = 16
+#: One: on local disk (page cache) 16 read threads per worker cost 6-11% of the steady eval rate
+#: on 2 cores (median steady img/s over 8 epochs, 4 alternating runs: 2059-2361 against
+#: 2317-2626 with one read at a time before read threads existed). Slow storage opts in:
+#: ``ImageFolder(root, transform, read_concurrency=16)`` hides 30 ms per read behind the decode.
+DEFAULT_READ_CONCURRENCY = 1
 DEFAULT_READ_BUDGET_BYTES = 64 << 20
 
 

@@ -23,10 +23,10 @@ class ImageDataset(ImageSource):
     - any map-style dataset whose items are ``(path or encoded bytes, label)``: items are fetched
       from it on each read, one ``source[i]`` per sample.
 
-    ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`). With paths,
-    gpufeed reads the files itself: 16 by default. A wrapped dataset is called from one thread
-    at a time unless you ask (``ImageDataset(ds, read_concurrency=16)``), since its
-    ``__getitem__`` must then be thread-safe; that is what hides the latency of slow storage.
+    ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`), 1 by default:
+    on local disk read threads cost more than they hide. On slow storage ask for more
+    (``ImageDataset(ds, read_concurrency=16)``); a wrapped dataset's ``__getitem__`` must then be
+    thread-safe.
     ``read_budget_bytes`` bounds the bytes read and not yet decoded per worker.
     """
 
