@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from gpufeed._observe.batches import batch_size_of
+from gpufeed._observe.batches import batch_size_of, doublings
 from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed._observe.probe import usable_core_count
 from gpufeed._observe.tune_rules import (
@@ -361,13 +361,7 @@ def worker_counts(max_workers: int) -> list[int]:
     """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""
     if max_workers < 1:
         raise ValueError(f"`max_workers` must be >= 1. Found: {shorten(max_workers)}.")
-    counts = []
-    n = 1
-    while n < max_workers:
-        counts.append(n)
-        n *= 2
-    counts.append(max_workers)
-    return counts
+    return doublings(max_workers)
 
 
 # ---------------------------------------------------------------------------------- search

@@ -1,4 +1,5 @@
-"""Counting the samples of a collated batch (tuning and the benchmark harness both need it)."""
+"""Batch arithmetic shared by tuning, serving and the benchmark harness: the samples of a collated
+batch, and the doubling ladder of sizes tried or bucketed."""
 
 from __future__ import annotations
 
@@ -27,3 +28,14 @@ def batch_size_of(batch: Any) -> int:
         return len(batch)
     except TypeError:
         return 1
+
+
+def doublings(limit: int) -> list[int]:
+    """1, 2, 4, ... below ``limit``, then ``limit`` itself: e.g. 6 -> [1, 2, 4, 6] (``limit`` >= 1)."""
+    steps = []
+    n = 1
+    while n < limit:
+        steps.append(n)
+        n *= 2
+    steps.append(limit)
+    return steps

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from gpufeed._observe.batches import doublings
 from gpufeed.errors import BackendUnavailableError
 
 __all__ = ["LATENCY_BUCKETS_S", "METRIC_NAMES", "BatcherCollector", "Histogram"]
@@ -77,13 +78,7 @@ class Histogram:
 
 def batch_size_bounds(max_batch_size: int) -> tuple[int, ...]:
     """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size`` itself."""
-    bounds = []
-    b = 1
-    while b < max_batch_size:
-        bounds.append(b)
-        b *= 2
-    bounds.append(max_batch_size)
-    return tuple(bounds)
+    return tuple(doublings(max_batch_size))
 
 
 class BatcherStats:

@@ -179,13 +179,19 @@ def test_read_threads_and_workers_are_gone_after_shutdown(tmp_path):
     assert not [t.name for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
 
 
-@pytest.mark.timeout(60)
-def test_read_budget_bounds_bytes_in_flight(tmp_path):
-    items = _jpegs(N)
-    biggest = max(map(len, items))
+def _budgeted(tmp_path) -> tuple[ImageDataset, int, int]:
+    """16 slow reads in flight under a budget of three of the largest images: (dataset, largest
+    image in bytes, budget in bytes)."""
+    biggest = max(map(len, _jpegs(N)))
     budget = 3 * biggest
     ds = ImageDataset(EncodedItems(str(tmp_path), sleep_s=0.01), RandomResizedCrop(24),
                       read_concurrency=16, read_budget_bytes=budget)
+    return ds, biggest, budget
+
+
+@pytest.mark.timeout(60)
+def test_read_budget_bounds_bytes_in_flight(tmp_path):
+    ds, biggest, budget = _budgeted(tmp_path)
     assert sum(len(y) for _, y in _batches(_loader(ds))) == N
     peak = max(nbytes for _, _, nbytes in _calls(tmp_path))
     assert biggest < peak <= budget  # reads overlapped, within the budget
@@ -216,11 +222,7 @@ def test_read_ahead_across_tasks_gives_the_same_batches(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_break_mid_epoch_leaves_no_reads_and_no_budget_behind(tmp_path):
-    items = _jpegs(N)
-    biggest = max(map(len, items))
-    budget = 3 * biggest
-    ds = ImageDataset(EncodedItems(str(tmp_path), sleep_s=0.01), RandomResizedCrop(24),
-                      read_concurrency=16, read_budget_bytes=budget)
+    ds, biggest, budget = _budgeted(tmp_path)
     loader = _loader(ds, persistent_workers=True, prefetch_factor=4)
     for _ in loader:
         break  # the workers' queued tasks (and their reads ahead) are left behind
