@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -214,6 +215,13 @@ def single_threaded_cv2() -> contextlib.AbstractContextManager[None]:
     return _single_threaded_cv2(import_if_missing=True)
 
 
+def _ignore_sigint(worker_id: int) -> None:
+    """Reference DataLoader workers leave Ctrl-C to the benchmark's process, as gpufeed's workers
+    do: a terminal's SIGINT reaches the whole process group, and a worker interrupted inside a
+    callback prints a traceback no one asked for (the bench stops them itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def loader_factories(
     root: str | os.PathLike,
     transform: str = "eval",
@@ -251,7 +259,7 @@ def loader_factories(
         return lambda: FastLoader(ds, **common(), seed=seed)
 
     def reference(ds: _ReferenceFolder) -> LoaderFactory:
-        return lambda: DataLoader(ds, **common())
+        return lambda: DataLoader(ds, **common(), worker_init_fn=_ignore_sigint)
 
     factories: dict[str, LoaderFactory] = {}
     for name in names:
