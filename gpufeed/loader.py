@@ -17,7 +17,16 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._resume import STATE_VERSION, SUPPORTED, Pass, PositionedIndices, base_sampler, sampler_kind
+from gpufeed._resume import (
+    STATE_VERSION,
+    SUPPORTED,
+    Pass,
+    PositionedIndices,
+    apply_next_pass,
+    base_sampler,
+    next_pass_state,
+    sampler_kind,
+)
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
@@ -400,11 +409,22 @@ class FastLoader(DataLoader[T_co]):
         if self._pass is not None:
             self._pass.aug_epoch = aug_epoch
 
+    def _pass_received(self, p: Pass) -> bool:
+        """Every batch of the pass was received (without workers, the index stream learns that it
+        is exhausted only at the next pull: a checkpoint after the last batch is an epoch's end)."""
+        if p.done:
+            return True
+        try:
+            total = len(super()._index_sampler)
+        except TypeError:
+            return False
+        return p.skipped_batches + p.batches_received >= total
+
     def _pass_in_progress(self) -> bool:
         """An iterator of this loader is alive and partway through its epoch."""
         p = self._pass
         alive = self._user_iter is not None and self._user_iter() is not None
-        return alive and p is not None and not p.done
+        return alive and p is not None and not self._pass_received(p)
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
@@ -442,9 +462,14 @@ class FastLoader(DataLoader[T_co]):
         if self._resume is not None:  # loaded, not applied yet
             return dict(self._resume)
         p = self._pass
-        if p is None or p.done or not p.started:
+        if p is None or not p.started or self._pass_received(p):
+            # No pass in progress: the next iter() starts a fresh epoch, drawing its order from
+            # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
             state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
                          sampler=None)
+            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            if next_sampler is not None:
+                state["next_sampler"] = next_sampler
             return state
         if p.unsupported is not None:
             raise NotImplementedError(
@@ -507,6 +532,9 @@ class FastLoader(DataLoader[T_co]):
                     f"{kind or type(base_sampler(super()._index_sampler)).__name__!r}. Build it with the "
                     f"sampler of the checkpointed run ({SUPPORTED})."
                 )
+        next_sampler = state_dict.get("next_sampler")
+        if sampler is None and next_sampler is not None:
+            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
         self._epoch = int(state_dict["epoch"])
         self._resume = dict(state_dict) if sampler is not None else None
         self._pass = None
