@@ -91,3 +91,27 @@ def test_torch_distributed_state_between_epochs_sets_the_next_epoch() -> None:
     resumed = ranked(1, 0, epoch=0)
     resumed.load_state_dict(state)
     assert resumed.sampler.epoch == 3 and indices(resumed) == indices(nxt) != full
+
+
+def test_persistent_workers_state_mid_second_epoch_resumes_exactly() -> None:
+    """Lightning's usual set-up: persistent workers, set_epoch before each epoch, a checkpoint
+    mid-epoch 1 (the iterator of epoch 0 is reused)."""
+
+    def make(epoch: int) -> FastLoader:
+        sampler = TorchDistributedSampler(IndexDataset(N), num_replicas=2, rank=1, shuffle=True, seed=4)
+        sampler.set_epoch(epoch)
+        return FastLoader(IndexDataset(N), batch_size=3, sampler=sampler, num_workers=2, persistent_workers=True)
+
+    loader = make(0)
+    epoch0 = indices(loader)
+    loader.set_epoch(1)
+    it = iter(loader)
+    head = [next(it), next(it)]
+    state = through_json(loader.state_dict())
+    rest = indices(it)
+    loader.close()
+    assert state["sampler"]["epoch"] == 1 and state["batches_yielded"] == 2
+    resumed = make(0)
+    resumed.load_state_dict(state)
+    assert indices(resumed) == rest and indices(head) + rest != epoch0
+    resumed.close()
