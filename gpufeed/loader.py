@@ -92,10 +92,13 @@ class FastLoader(DataLoader[T_co]):
     the batches received so far, computed, never replayed; a loaded state applies to the next
     ``iter()``, which yields exactly the rest of that epoch (byte-identical on the image path and
     for deterministic datasets, with any ``num_workers``; with ``gpufeed.DistributedSampler``, on
-    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``
+    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
+    torch's ``DistributedSampler`` (the one Lightning injects; rank 0's state resumes every rank)
     or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``) and ``in_order=True``; an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise (``in_order=False`` included).
+    A state taken after a pass's last batch carries the next pass's order (the sampler's epoch or
+    generator), set at ``load_state_dict()``: frameworks may ``iter()`` before ``set_epoch()``.
     """
 
     def __init__(
@@ -432,8 +435,8 @@ class FastLoader(DataLoader[T_co]):
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
-        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``
-        or a ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
+        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``,
+        torch's or gpufeed's ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
         ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
         """
