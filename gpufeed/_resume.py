@@ -189,6 +189,18 @@ class PositionedIndices:
         p.finished = True
 
 
+def pass_received(p: Pass, index_sampler: Any) -> bool:
+    """Every batch of the pass was received (without workers, the index stream learns that it is
+    exhausted only at the next pull: a checkpoint after the last batch is an epoch's end)."""
+    if p.done:
+        return True
+    try:
+        total = len(index_sampler)
+    except TypeError:
+        return False
+    return p.skipped_batches + p.batches_received >= total
+
+
 def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
     """Between passes: where the next pass's order comes from (``next_sampler``), or None."""
     kind = sampler_kind(sampler)

@@ -25,6 +25,7 @@ from gpufeed._resume import (
     apply_next_pass,
     base_sampler,
     next_pass_state,
+    pass_received,
     sampler_kind,
 )
 from gpufeed.cache import CacheSize, parse_cache_bytes
@@ -413,15 +414,7 @@ class FastLoader(DataLoader[T_co]):
             self._pass.aug_epoch = aug_epoch
 
     def _pass_received(self, p: Pass) -> bool:
-        """Every batch of the pass was received (without workers, the index stream learns that it
-        is exhausted only at the next pull: a checkpoint after the last batch is an epoch's end)."""
-        if p.done:
-            return True
-        try:
-            total = len(super()._index_sampler)
-        except TypeError:
-            return False
-        return p.skipped_batches + p.batches_received >= total
+        return pass_received(p, super()._index_sampler)
 
     def _pass_in_progress(self) -> bool:
         """An iterator of this loader is alive and partway through its epoch."""
