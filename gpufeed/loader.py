@@ -469,7 +469,9 @@ class FastLoader(DataLoader[T_co]):
             return state
         if p.unsupported is not None:
             raise NotImplementedError(
-                f"state_dict() supports a {SUPPORTED}. This loader's is {p.unsupported}."
+                f"state_dict() mid-epoch supports a {SUPPORTED}. This loader's is {p.unsupported}. "
+                "(Frameworks that save loader states with every checkpoint, as Lightning does: "
+                "checkpoint at epoch ends, where no sampler position is needed, or use one of these.)"
             )
         received = p.batches_received
         samples = sum(p.lengths[:received])
