@@ -89,20 +89,20 @@ def _kill_at(image_root: Path, out: Path, pause_at: int, *extra: str) -> None:
     last = out / "ckpt" / "last.ckpt"
     resume = ("--ckpt", str(last)) if last.exists() else ()
     (out / "paused").unlink(missing_ok=True)
-    run = subprocess.Popen([sys.executable, str(SCRIPT), "resume", str(image_root), str(out),
-                            "--pause-at", str(pause_at), *resume, *extra],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), start_new_session=True)
+    log = out / f"run-{pause_at}.log"  # a file, not a pipe: a full pipe would stall the run
+    with open(log, "wb") as sink:
+        run = subprocess.Popen([sys.executable, str(SCRIPT), "resume", str(image_root), str(out),
+                                "--pause-at", str(pause_at), *resume, *extra],
+                               stdout=sink, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     try:
         deadline = time.monotonic() + 150
         while not (out / "paused").exists():
-            assert run.poll() is None, run.stderr.read().decode()[-4000:] if run.stderr else ""
-            assert time.monotonic() < deadline, "the run did not reach its pause step"
+            assert run.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the run did not reach its pause step: " + log.read_text()[-2000:]
             time.sleep(0.1)
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(30)
-        if run.stderr:
-            run.stderr.close()
 
 
 def _trained_up_to_checkpoint(out: Path) -> dict[int, list[tuple[int, list[int]]]]:
