@@ -3,7 +3,8 @@
     pip install gpufeed[lightning]
     python examples/train_lightning.py --fast                 # a few seconds on a CPU
     python examples/train_lightning.py --devices 2            # DDP: Lightning injects a DistributedSampler
-    python examples/train_lightning.py --resume               # continue from the last checkpoint
+    python examples/train_lightning.py --resume               # after an interruption: continue from
+                                                              # the last checkpoint, mid-epoch
 
 The FastLoader is passed to ``trainer.fit`` as is: Lightning rebuilds it with its sampler and
 every gpufeed option (normalize, dtype, cache_bytes, ...) stays. Its ``state_dict`` goes into
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "gpufeed-lightning"))
     parser.add_argument("--fast", action="store_true", help="tiny run: 1 epoch, 32 px")
     parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, help="default: 1 with --fast, else 3")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/ckpt/last.ckpt")
     args = parser.parse_args()
@@ -72,7 +73,7 @@ def main() -> None:
     checkpoints = ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=2, save_last=True)
     trainer = pl.Trainer(
         accelerator="auto", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=1 if args.fast else args.epochs, callbacks=[checkpoints], default_root_dir=out,
+        max_epochs=args.epochs or (1 if args.fast else 3), callbacks=[checkpoints], default_root_dir=out,
         logger=False, enable_progress_bar=not args.fast, log_every_n_steps=1,
     )
     last = out / "ckpt" / "last.ckpt"
@@ -80,7 +81,8 @@ def main() -> None:
                 ckpt_path=last if args.resume and last.exists() else None)
     if trainer.is_global_zero:
         stats = trainer.train_dataloader.stats()
-        print(f"trained {trainer.global_step} steps; loss {float(trainer.callback_metrics['loss']):.3f}; "
+        loss = trainer.callback_metrics.get("loss")  # none when a resumed run had nothing left to do
+        print(f"trained {trainer.global_step} steps; loss {float('nan') if loss is None else float(loss):.3f}; "
               f"{stats['images']} images through gpufeed at {stats['images_per_s']:.0f}/s; checkpoint {last}")
 
 
