@@ -111,6 +111,7 @@ def resume(ckpt: str) -> dict[str, Any]:
     for step, batch in enumerate(loader):
         (head if step < 3 else rest).append(indices(batch))
         if step == 2:
+            state = loader.state_dict()
             acc.save_state(ckpt)
             acc.wait_for_everyone()
     acc2 = Accelerator(cpu=True, dataloader_config=config)
@@ -118,10 +119,23 @@ def resume(ckpt: str) -> dict[str, Any]:
     acc2.load_state(ckpt)
     resumed = [indices(batch) for batch in again]
     skipped = skip_first_batches(make(Accelerator(cpu=True)), 2)
+    other_world = {**state, "accelerate": {**state["accelerate"], "num_processes": 3}}
+    three = DistributedSampler(Tagged(8), num_replicas=3, rank=0)
+    errors = [error_of(make(acc2).load_state_dict, other_world),
+              error_of(prepare, acc2, torch.utils.data.DataLoader(Tagged(4))),
+              error_of(prepare, acc2, FastLoader(Tagged(8), sampler=three))]
     return {"head": head, "rest": rest, "resumed": resumed, "stateful": loader.use_stateful_dataloader,
             "files": sorted(os.listdir(ckpt)), "iteration_after": again.iteration,
             "skipped_len": len(skipped), "full_len": len(loader),
-            "skipped_batches": sum(1 for _ in skipped)}
+            "skipped_batches": sum(1 for _ in skipped), "state": state, "errors": errors}
+
+
+def error_of(fn: Any, *args: Any) -> str:
+    try:
+        fn(*args)
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
 
 
 def main() -> None:

@@ -91,5 +91,11 @@ def test_save_state_load_state_resume_mid_epoch(ranks):
         assert s["resumed"] == s["rest"]  # the rest of the epoch, exactly
         assert s["iteration_after"] == 2
         assert s["skipped_len"] == s["skipped_batches"] == s["full_len"] - 2
+        assert s["state"]["accelerate"] == {"num_processes": 2, "sharded_by": "accelerate", "iteration": 1}
+        assert s["state"]["batches_yielded"] == 3 and s["state"]["sampler"]["kind"] == "random"
+        world, not_fast, replicas = s["errors"]
+        assert world.startswith("ValueError: the state was taken on 3 process(es)")
+        assert not_fast.startswith("TypeError: `loader` must be a gpufeed FastLoader. Found: DataLoader")
+        assert replicas.startswith("ValueError: the loader's DistributedSampler shards over num_replicas=3")
     heads = [i for r in ranks for b in r["resume"]["head"] + r["resume"]["rest"] for i in b]
     assert sorted(heads) == list(range(40))
