@@ -77,6 +77,14 @@ def own_sampler(acc: Accelerator) -> dict[str, Any]:
     return {"seen": [i for batch in loader for i in indices(batch)], "sharded_by": loader.accelerate.sharded_by}
 
 
+def split_batches() -> dict[str, Any]:
+    """split_batches=True: each global batch of 8 is cut in two, a half per rank."""
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    loader = prepare(acc, FastLoader(Tagged(32), batch_size=8, num_workers=1))
+    batches = [indices(batch) for batch in loader]
+    return {"batches": batches, "total_batch_size": loader.total_batch_size}
+
+
 def image_path(acc: Accelerator, root: str) -> dict[str, Any]:
     """The image fast path keeps normalize/dtype through prepare; plain accelerator.prepare warns."""
     base = FastLoader(ImageFolder(root, transform=ResizeCenterCrop(32)), batch_size=4, num_workers=1,
@@ -146,6 +154,7 @@ def main() -> None:
         "train": train_epochs(acc),
         "eval": evaluate(acc),
         "own_sampler": own_sampler(acc),
+        "split": split_batches(),
         "image": image_path(acc, root),
         "resume": resume(ckpt),
     }

@@ -69,6 +69,13 @@ def test_a_distributed_sampler_is_kept_not_sharded_twice(ranks):
 
 
 @pytest.mark.timeout(180)
+def test_split_batches_cuts_each_global_batch_between_the_ranks(ranks):
+    for rank, r in enumerate(ranks):
+        assert r["split"]["total_batch_size"] == 8
+        assert r["split"]["batches"] == [list(range(b * 8 + rank * 4, b * 8 + rank * 4 + 4)) for b in range(4)]
+
+
+@pytest.mark.timeout(180)
 def test_image_path_options_survive_and_plain_prepare_warns(ranks):
     for r in ranks:
         im = r["image"]
