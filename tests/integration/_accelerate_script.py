@@ -77,6 +77,32 @@ def own_sampler(acc: Accelerator) -> dict[str, Any]:
     return {"seen": [i for batch in loader for i in indices(batch)], "sharded_by": loader.accelerate.sharded_by}
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """0 .. 21, no len()."""
+
+    def __iter__(self) -> Any:
+        return iter(range(22))
+
+
+def iterable(acc: Accelerator) -> dict[str, Any]:
+    """An IterableDataset goes through Accelerate's IterableDatasetShard, read in a gpufeed worker."""
+    loader = prepare(acc, FastLoader(Stream(), batch_size=4, num_workers=1))
+    return {"dataset": type(loader.dataset).__name__, "seen": [int(i) for batch in loader for i in batch]}
+
+
+def accumulate() -> list[bool]:
+    """gradient_accumulation_steps=3 over 4 steps: sync at step 3 and at the end of the loader."""
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    model = acc.prepare(torch.nn.Linear(3, 1))
+    loader = prepare(acc, FastLoader(Tagged(32), batch_size=4, num_workers=1))
+    syncs = []
+    for batch in loader:
+        with acc.accumulate(model):
+            acc.backward(model(batch[2]).sum())
+            syncs.append(bool(acc.sync_gradients))
+    return syncs
+
+
 def split_batches() -> dict[str, Any]:
     """split_batches=True: each global batch of 8 is cut in two, a half per rank."""
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
@@ -155,6 +181,8 @@ def main() -> None:
         "eval": evaluate(acc),
         "own_sampler": own_sampler(acc),
         "split": split_batches(),
+        "accumulate": accumulate(),
+        "iterable": iterable(acc),
         "image": image_path(acc, root),
         "resume": resume(ckpt),
     }

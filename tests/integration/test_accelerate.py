@@ -61,6 +61,11 @@ def test_gather_for_metrics_drops_the_padding_of_the_last_step(ranks):
 
 
 @pytest.mark.timeout(180)
+def test_accumulate_syncs_at_the_end_of_the_loader(ranks):
+    assert [r["accumulate"] for r in ranks] == [[False, False, True, True]] * 2
+
+
+@pytest.mark.timeout(180)
 def test_a_distributed_sampler_is_kept_not_sharded_twice(ranks):
     seen = [r["own_sampler"]["seen"] for r in ranks]
     assert all(r["own_sampler"]["sharded_by"] == "sampler" for r in ranks)
@@ -73,6 +78,13 @@ def test_split_batches_cuts_each_global_batch_between_the_ranks(ranks):
     for rank, r in enumerate(ranks):
         assert r["split"]["total_batch_size"] == 8
         assert r["split"]["batches"] == [list(range(b * 8 + rank * 4, b * 8 + rank * 4 + 4)) for b in range(4)]
+
+
+@pytest.mark.timeout(180)
+def test_an_iterable_dataset_is_sharded_by_accelerate(ranks):
+    seen = [r["iterable"]["seen"] for r in ranks]
+    assert all(r["iterable"]["dataset"] == "IterableDatasetShard" for r in ranks)
+    assert seen == [[0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19], [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 0, 1]]
 
 
 @pytest.mark.timeout(180)
