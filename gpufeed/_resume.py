@@ -21,6 +21,8 @@ State, version 1 (a JSON-serialisable dict)::
                          before the epoch's draw)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
     dataset          IterableDataset only: its own ``state_dict()``
+    accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
+                     "iteration"} (Accelerate's sharding: resume on the same number of processes)
 """
 
 from __future__ import annotations
