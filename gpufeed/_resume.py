@@ -37,10 +37,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 STATE_VERSION = 1
 
-SUPPORTED = (
-    "SequentialSampler, RandomSampler or gpufeed.DistributedSampler (alone or in a torch BatchSampler; "
-    "the first two also sharded by gpufeed.integrations.accelerate)"
-)
+SUPPORTED = "SequentialSampler, RandomSampler or gpufeed.DistributedSampler (alone or in a torch BatchSampler)"
 
 
 @dataclass
