@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, DataLoaderConfiguration
 
-from gpufeed import DistributedSampler, FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed import DistributedSampler, FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
 from gpufeed.integrations.accelerate import AcceleratedFastLoader, prepare, skip_first_batches
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -131,6 +131,27 @@ def image_path(acc: Accelerator, root: str) -> dict[str, Any]:
             "warning_files": [os.path.basename(w.filename) for w in caught]}
 
 
+def image_resume(root: str) -> dict[str, Any]:
+    """Image path, random crops: a state taken after 2 batches, loaded into a loader with another
+    num_workers, yields the rest of the epoch byte for byte."""
+    acc = Accelerator(cpu=True)
+
+    def make(workers: int) -> AcceleratedFastLoader:
+        dataset = ImageFolder(root, transform=RandomResizedCrop(24))
+        return prepare(acc, FastLoader(dataset, batch_size=2, shuffle=True, num_workers=workers, seed=7))
+
+    loader, rest, state = make(1), [], None
+    for step, (images, _labels) in enumerate(loader):
+        if step == 1:
+            state = loader.state_dict()
+        elif step > 1:
+            rest.append(images.clone())
+    again = make(2)
+    again.load_state_dict(state)
+    resumed = [images.clone() for images, _labels in again]
+    return {"rest": len(rest), "equal": len(rest) == len(resumed) and all(map(torch.equal, rest, resumed))}
+
+
 def resume(ckpt: str) -> dict[str, Any]:
     """save_state after 3 batches, load_state into a new loader: the rest of the epoch matches."""
     config = DataLoaderConfiguration(use_stateful_dataloader=True)
@@ -185,6 +206,7 @@ def main() -> None:
         "iterable": iterable(acc),
         "image": image_path(acc, root),
         "resume": resume(ckpt),
+        "image_resume": image_resume(root),
     }
     ranks: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, report)

@@ -1,9 +1,11 @@
 """gpufeed.integrations.accelerate with the real HF Accelerate, under torchrun (2 CPU ranks, gloo).
 
 One torchrun run (``_accelerate_script.py``) covers: training shards (disjoint, complete, batches
-made by gpufeed's workers), gather_for_metrics at the end of an eval epoch (no duplicates), a
+made by gpufeed's workers), gather_for_metrics at the end of an eval epoch (no duplicates),
+accumulate() syncing at the loader's end, split_batches, an IterableDataset, a
 gpufeed.DistributedSampler kept (not sharded twice), the image path's options, the warning of a
-plain ``accelerator.prepare(fast_loader)``, and save_state/load_state resuming mid-epoch.
+plain ``accelerator.prepare(fast_loader)``, save_state/load_state resuming mid-epoch, and an
+image-path state resuming byte for byte with another num_workers.
 """
 
 from __future__ import annotations
@@ -118,3 +120,9 @@ def test_save_state_load_state_resume_mid_epoch(ranks):
         assert replicas.startswith("ValueError: the loader's DistributedSampler shards over num_replicas=3")
     heads = [i for r in ranks for b in r["resume"]["head"] + r["resume"]["rest"] for i in b]
     assert sorted(heads) == list(range(40))
+
+
+@pytest.mark.timeout(180)
+def test_image_path_resumes_byte_identical_with_another_num_workers(ranks):
+    for r in ranks:
+        assert r["image_resume"] == {"rest": 2, "equal": True}
