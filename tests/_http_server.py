@@ -5,7 +5,8 @@ HTTP filesystem parses. Faults are injected per path (relative to the served roo
 a delay on every request, a 503 on the first GET of some paths (``fail_once``), a fixed status
 on every GET of others (``fail_always``: 503, 404...), a longer delay for some (``slow``). The
 server counts GETs per path and the largest number of requests handled at once, and keeps the
-``X-Test`` request headers it saw. HTTP/1.0 (one request per connection) and
+``X-Test`` request headers it saw. HTTP/1.0 (one request per connection) by default, or
+HTTP/1.1 keep-alive (``keep_alive=True``: idle connections are dropped after 2 s), and
 non-daemon handler threads: :meth:`close` stops the server and joins every handler thread.
 """
 
@@ -31,7 +32,7 @@ class FileServer:
     def __init__(self, root: str | Path, *, delay_s: float = 0.0,
                  fail_once: set[str] | None = None,
                  fail_always: dict[str, int] | None = None,
-                 slow: dict[str, float] | None = None) -> None:
+                 slow: dict[str, float] | None = None, keep_alive: bool = False) -> None:
         self.root = Path(root)
         self.delay_s = delay_s
         self.fail_once = set(fail_once or ())
@@ -44,7 +45,8 @@ class FileServer:
         self.max_active = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        handler = partial(_Handler, self, directory=str(self.root))
+        handler = partial(_KeepAliveHandler if keep_alive else _Handler, self,
+                          directory=str(self.root))
         self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = False  # joined by server_close()
         self.httpd.block_on_close = True
@@ -141,3 +143,8 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
         pass  # quiet: pytest would show every request
+
+
+class _KeepAliveHandler(_Handler):
+    protocol_version = "HTTP/1.1"
+    timeout = 2.0  # seconds an idle connection is kept (then its thread ends)

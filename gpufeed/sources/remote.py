@@ -38,7 +38,8 @@ from typing import Any, TypeGuard
 
 from gpufeed.errors import ReadError, shorten
 
-__all__ = ["REMOTE_HINT", "REMOTE_READ_CONCURRENCY", "RemoteOptions", "RemoteReader", "is_url"]
+__all__ = ["REMOTE_HINT", "REMOTE_READ_CONCURRENCY", "TRANSIENT_STATUS", "RemoteOptions", "RemoteReader",
+           "is_transient", "is_url"]
 
 logger = logging.getLogger(__name__)
 
