@@ -15,7 +15,7 @@ from gpufeed.sources._base import (
     describe_callable,
 )
 from gpufeed.sources._paths import PathTable, labels_array
-from gpufeed.sources.remote import RemoteOptions, read_concurrency_for, remote_root
+from gpufeed.sources.remote import RemoteOptions, RemoteReader, read_concurrency_for, remote_root
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -96,6 +96,9 @@ class ImageFolder(ImageSource):
     ``remote_options`` (:class:`RemoteOptions`: timeout, retries); see
     :mod:`gpufeed.sources.remote`.
     """
+
+    #: The reader of a URL root (fsspec); None for a local root.
+    remote: RemoteReader | None = None
 
     def __init__(self, root: str | os.PathLike, transform: Any | None = None,
                  target_transform: Callable[[int], Any] | None = None,

@@ -29,6 +29,7 @@ import logging
 import os
 import random
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -149,8 +150,6 @@ def _is_storage_error(exc: BaseException) -> bool:
 
 def _aiohttp() -> Any:
     """The ``aiohttp`` module if it is already imported (fsspec's HTTP filesystem imports it)."""
-    import sys
-
     return sys.modules.get("aiohttp")
 
 
