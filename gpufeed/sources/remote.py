@@ -56,11 +56,15 @@ _TRANSIENT_ERRNO = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNR
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
 
 _lock = threading.Lock()  # guards every reader's filesystem table; replaced in a forked child
+# Backoff jitter: its own generator, so retries never draw from (and shift) the global `random`
+# state a user's code may rely on; reseeded in a forked child, so workers do not retry in step.
+_jitter = random.Random()
 
 
 def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()  # the parent's may have been held by one of its threads at fork
+    _jitter.seed()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -116,7 +120,7 @@ class RemoteOptions:
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0 for the first), jitter included."""
-        return min(self.max_backoff_s, self.backoff_s * 2.0 ** retry) * random.uniform(0.5, 1.0)
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** retry) * _jitter.uniform(0.5, 1.0)
 
 
 def _is_number(value: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import random
 import shutil
 import sys
 import threading
@@ -215,6 +216,11 @@ def test_options_and_messages(tree, monkeypatch):
     backoff = RemoteOptions(backoff_s=0.1, max_backoff_s=0.3)
     assert all(0.05 <= backoff.backoff(0) <= 0.1 for _ in range(20))
     assert all(0.15 <= backoff.backoff(5) <= 0.3 for _ in range(20))
+    random.seed(3)
+    first = random.random()
+    random.seed(3)
+    backoff.backoff(1)  # the jitter has its own generator: the global state is the user's
+    assert random.random() == first
     with pytest.raises(ValueError, match="apply to URL roots"):
         ImageFolder(tree, T, storage_options={"anon": True})
     with pytest.raises(ValueError, match="`loader` takes a local file path"):
