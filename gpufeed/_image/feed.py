@@ -92,6 +92,8 @@ def make_image_feed(
         if user_callable:
             log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
+    # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.torchvision_compat).
+    normalize, dtype = loader.dataset.transform.batch_options(normalize, dtype)
     if normalize is not None:
         mean, std = normalize
         normalize = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
