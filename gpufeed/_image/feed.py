@@ -38,10 +38,15 @@ def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
     from gpufeed.sources import ImageSource
     from gpufeed.sources._base import describe_callable
+    from gpufeed.torchvision_compat import is_torchvision
 
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
+    if dataset.calls_transform and is_torchvision(dataset.transform):
+        return ("the transform is a torchvision pipeline gpufeed does not translate, run as "
+                "given in workers on PIL images; gpufeed.explain(dataset.transform) says which "
+                "ops prevent the fast path")
     if dataset.calls_transform:
         return (f"the transform is a user callable: {describe_callable(dataset.transform)} runs "
                 f"in workers on PIL images; use gpufeed.ResizeCenterCrop / RandomResizedCrop for "
