@@ -400,13 +400,14 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
                 f"{', normalized' if pipeline.normalize else ''}; images as stored, EXIF "
                 f"orientation ignored as torchvision does):")
     else:
-        why = [f"{walk.rejected} op(s) not translated (NO below)"] if walk.rejected else []
+        why = [f"{walk.rejected} op(s) cannot be translated (NO below)"] if walk.rejected else []
         why += walk.blockers[walk.rejected:]
         head = ("torchvision pipeline runs as given (workers call it on PIL images: generic "
                 "path, slower) because " + "; ".join(why) + ":")
     lines = [head]
-    for route in walk.routes:
-        lines.append(f"  {'fast' if route.fast else 'NO  '}  {route.op}: {route.note}")
+    for route in walk.routes:  # "ok": translatable, but the pipeline as a whole runs as given
+        label = "NO  " if not route.fast else "fast" if pipeline is not None else "ok  "
+        lines.append(f"  {label}  {route.op}: {route.note}")
     return "\n".join(lines)
 
 

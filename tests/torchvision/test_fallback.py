@@ -71,6 +71,8 @@ def test_explain_translated_pipeline_lists_every_op_on_the_fast_path():
 def test_untranslatable_parameters_run_the_pipeline_as_given(root, pipeline, op, why):
     text = gpufeed.explain(pipeline)
     assert text.startswith("torchvision pipeline runs as given"), text
+    labels = [line.split()[0] for line in text.splitlines()[1:]]
+    assert set(labels) <= {"ok", "NO"} and "NO" in labels, text
     bad = [line for line in text.splitlines()[1:] if line.split()[0] == "NO"]
     assert any(op in line and why in line for line in bad), text
     with pytest.raises(ValueError, match="cannot translate this torchvision pipeline") as info:
