@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from gpufeed._image.normalize import check_image_output
 from gpufeed.errors import shorten
 from gpufeed.transforms import CropParams, ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
@@ -81,8 +82,15 @@ class TorchvisionPipeline(ImageTransform):
     def __init__(self, geometry: ResizeCenterCrop | RandomResizedCrop, *, output: str,
                  dtype: torch.dtype, normalize: tuple[tuple[float, ...], tuple[float, ...]] | None,
                  routes: tuple[OpRoute, ...], source: str) -> None:
+        if not isinstance(geometry, (ResizeCenterCrop, RandomResizedCrop)):
+            raise TypeError(f"`geometry` must be a gpufeed ResizeCenterCrop or RandomResizedCrop. "
+                            f"Found: {type(geometry).__name__} {shorten(geometry)}.")
         if output not in ("float", "uint8", "image"):
             raise ValueError(f"`output` must be 'float', 'uint8' or 'image'. Found: {shorten(output)}.")
+        check_image_output(dtype, normalize)
+        if normalize is not None and dtype == torch.uint8:
+            raise ValueError(f"`normalize` needs a float `dtype` (Normalize follows ToTensor or "
+                             f"ToDtype(float, scale=True)). Found: dtype {dtype}.")
         self.geometry = geometry
         self.size = geometry.output_size
         self.interpolation = geometry.interpolation
@@ -124,7 +132,8 @@ class TorchvisionPipeline(ImageTransform):
             out = importlib.import_module("torchvision.tv_tensors").Image(out)
         return out
 
-    def batch_options(self, normalize: Any, dtype: torch.dtype | None) -> tuple[Any, torch.dtype]:
+    def batch_options(self, normalize: Any,
+                      dtype: torch.dtype | None) -> tuple[Any, torch.dtype | None]:
         """The loader's (normalize, dtype) with this pipeline's: ``Normalize`` in the pipeline
         and ``normalize=`` on the loader is a ValueError; the loader's float ``dtype`` (e.g.
         float16) replaces the pipeline's."""
@@ -134,8 +143,9 @@ class TorchvisionPipeline(ImageTransform):
                 f"std={list(self.normalize[1])}) and the loader has normalize={shorten(normalize)}: "
                 "images would be normalized twice. Drop one (gpufeed applies the pipeline's "
                 "Normalize to whole batches already).")
-        if dtype is None:
-            return (self.normalize if normalize is None else normalize), self.dtype
+        if dtype is None:  # a uint8 pipeline leaves the loader's default (float32 with normalize)
+            return ((self.normalize if normalize is None else normalize),
+                    None if self.dtype == torch.uint8 else self.dtype)
         if dtype == torch.uint8 and (self.dtype != torch.uint8 or self.normalize is not None):
             raise ValueError(f"dtype=torch.uint8 on the loader contradicts the transform's "
                              f"torchvision pipeline, which outputs {self.dtype}"

@@ -64,9 +64,15 @@ def test_normalize_twice_and_uint8_against_a_float_pipeline_are_errors(root):
     torch.testing.assert_close(images[0], ds[0][0], rtol=0, atol=1e-5)
 
 
-def test_uint8_pipeline_gives_uint8(root):
+def test_uint8_pipeline_gives_uint8_and_takes_the_loader_s_normalize(root):
     ds = ImageFolder(root, transform=pipeline(normalize=None, dtype=torch.uint8, output="uint8"))
     assert torch.equal(ds[1][0], ImageFolder(root, transform=ResizeCenterCrop(32, 40))[1][0])
+    images, _ = next(iter(FastLoader(ds, batch_size=2)))
+    assert images.dtype == torch.uint8 and torch.equal(images[1], ds[1][0])
+    images, _ = next(iter(FastLoader(ds, batch_size=2, normalize=(MEAN, STD))))
+    assert images.dtype == torch.float32
+    torch.testing.assert_close(images[1], ImageFolder(root, transform=pipeline())[1][0],
+                               rtol=0, atol=1e-5)
 
 
 def test_exif_orientation_is_ignored_as_torchvision_does():
@@ -103,3 +109,8 @@ def test_explain_and_from_torchvision_without_torchvision():
     assert "Found: ResizeCenterCrop" in str(info.value)
     with pytest.raises(ValueError, match="`output` must be"):
         pipeline(output="pil")
+    with pytest.raises(ValueError, match="`normalize` needs a float `dtype`"):
+        pipeline(dtype=torch.uint8)
+    with pytest.raises(TypeError, match="`geometry` must be a gpufeed ResizeCenterCrop"):
+        TorchvisionPipeline(lambda image: image, output="float", dtype=torch.float32,
+                            normalize=None, routes=(), source="")
