@@ -49,6 +49,11 @@ def eval_v1():
     return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
+def eval_v1_on_tensors():
+    # geometry after ToTensor: torchvision resizes the float tensor (antialiased)
+    return T.Compose([T.ToTensor(), T.Resize(256), T.CenterCrop(224), T.Normalize(MEAN, STD)])
+
+
 def eval_v2():
     return V.Compose([V.ToImage(), V.Resize(256), V.CenterCrop(224),
                       V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD)])
@@ -90,7 +95,8 @@ def tv_plain(root):
     return tv.datasets.ImageFolder(str(root))
 
 
-@pytest.mark.parametrize("make", [eval_v1, eval_v2], ids=["v1", "v2"])
+@pytest.mark.parametrize("make", [eval_v1, eval_v1_on_tensors, eval_v2],
+                         ids=["v1", "v1-tensor", "v2"])
 def test_eval_matches_torchvision(root, make):
     ours = ImageFolder(root, transform=make())
     theirs = tv.datasets.ImageFolder(str(root), transform=make())
