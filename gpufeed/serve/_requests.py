@@ -28,6 +28,7 @@ from gpufeed._engine.engine import Engine, TaskKey, TaskRecord
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, End, Failed
 from gpufeed._image.fill import ImageFiller, ImagePlan, ImageTask
+from gpufeed.errors import WorkerError
 
 POLL_S = 0.002  # one turn of polling the engine while another thread may want to submit (s)
 
@@ -126,7 +127,7 @@ class EngineDriver:
                     assert waiter.record is not None
                     return waiter.record, waiter.reply
                 if self._error is not None:
-                    raise self._error
+                    raise WorkerError(f"gpufeed.serve: the decode workers are gone: {self._error}") from self._error
                 if time.monotonic() >= deadline:
                     raise self._abandon(waiter, timeout_s)
             if self._turn.acquire(blocking=False):
@@ -137,8 +138,25 @@ class EngineDriver:
             else:
                 waiter.event.wait(POLL_S)
 
+    def close(self, timeout_s: float) -> None:
+        """Stop the engine once no thread is using it (waits up to ``timeout_s`` for the turn);
+        a thread still waiting for a reply then fails with ``WorkerError``."""
+        got = self._turn.acquire(timeout=max(timeout_s, POLL_S * 10))
+        try:
+            with self._mutex:
+                if self._error is None:
+                    self._error = RuntimeError("the batcher was closed")
+                for waiter in [*self._waiting.values(), *self._unsent]:
+                    waiter.event.set()
+            self.engine.close()
+        finally:
+            if got:
+                self._turn.release()
+
     def _take_turn(self) -> None:
         with self._mutex:
+            if self._error is not None:
+                return  # closed, or failed for good: run() raises it
             unsent, self._unsent = self._unsent, []
         try:
             for waiter in unsent:

@@ -38,7 +38,7 @@ from gpufeed.cuda import GpuTransform, HostRegistrar, resolve_device
 from gpufeed.errors import DecodeError, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
-from gpufeed.serve.clock import Clock
+from gpufeed.serve.clock import MAX_WAIT_S, Clock
 from gpufeed.stats import Stats
 from gpufeed.transforms import ImageTransform, ResizeCenterCrop
 
@@ -261,7 +261,7 @@ class ImageBatcher:
             context.close()
             raise
         self._numbers = iter(range(1 << 62))  # next() is atomic under the GIL
-        self._finalizer = weakref.finalize(self, _close, self.batcher, engine, context, True, None)
+        self._finalizer = weakref.finalize(self, _close, self.batcher, runner.driver, context, True, None)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, data: bytes | bytearray | memoryview, *, timeout_s: float | None = None) -> Future:
@@ -313,7 +313,7 @@ class ImageBatcher:
         if not self._finalizer.alive:
             return
         self._finalizer.detach()
-        _close(self.batcher, self._engine, self._context, drain, timeout_s)
+        _close(self.batcher, self._runner.driver, self._context, drain, timeout_s)
 
     def __enter__(self) -> ImageBatcher:
         return self
@@ -327,13 +327,13 @@ class ImageBatcher:
                 f"max_batch_size={b.max_batch_size}, max_delay_ms={b.max_delay_ms}, max_queue={b.max_queue})")
 
 
-def _close(batcher: DynamicBatcher, engine: Engine, context: EngineContext, drain: bool,
+def _close(batcher: DynamicBatcher, driver: EngineDriver, context: EngineContext, drain: bool,
            timeout_s: float | None) -> None:
     """Batches first (they use the workers), then the workers, then the arena."""
     try:
         batcher.close(drain=drain, timeout_s=timeout_s)
     finally:
         try:
-            engine.close()
+            driver.close(MAX_WAIT_S)
         finally:
             context.close()

@@ -93,7 +93,7 @@ def test_model_receives_exactly_the_loader_eval_batch(folder):
     (loader_images, _), = list(loader)
     paths = [dataset.describe(i) for i in range(len(dataset))]
     model = Recorder()
-    with ImageBatcher(model, transform=TRANSFORM, normalize=NORMALIZE, num_workers=2, max_batch_size=4,
+    with ImageBatcher(model, transform=TRANSFORM, normalize=NORMALIZE, num_workers=1, max_batch_size=4,
                       max_delay_ms=50) as batcher:
         assert batcher.mp_context == "forkserver"
         futures = [batcher.submit(Path(p).read_bytes()) for p in paths]
