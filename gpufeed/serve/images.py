@@ -153,8 +153,9 @@ class ImageBatcher:
 
     A request that does not decode fails alone with :class:`~gpufeed.errors.DecodeError` naming
     it (``request #N``); the rest of its batch is served. A dead worker is replaced and its batch
-    re-run (at most ``max_worker_restarts`` times in the batcher's life; after that every request
-    fails with :class:`~gpufeed.errors.WorkerError`). Deadlines, cancellation, backpressure
+    decoded again, once: if that kills a worker too, the batch's requests fail with
+    :class:`~gpufeed.errors.WorkerError`. After ``max_worker_restarts`` replacements in the
+    batcher's life every request fails with ``WorkerError``. Deadlines, cancellation, backpressure
     (:class:`~gpufeed.serve.Overloaded`), ``stats()`` and ``close()`` are the DynamicBatcher's.
 
     Args:
@@ -245,7 +246,7 @@ class ImageBatcher:
         )
         engine = Engine(context, WorkerSpec(dataset=RequestSource()), num_workers,
                         mp_context=multiprocessing.get_context(mp_context),
-                        tasks_in_flight=max_concurrent_batches)
+                        tasks_in_flight=max_concurrent_batches, max_task_retries=1)
         self._engine, self._context = engine, context
         try:
             self._runner = runner = _Runner(model, EngineDriver(engine), self._device, gpu_transform,
