@@ -167,15 +167,22 @@ class ImageBatcher:
         dtype: of the batch; default float32 with ``normalize``, else uint8.
         device: None / "cpu", or a CUDA device the batch is copied to.
         num_workers: decode processes.
-        max_batch_size, max_delay_ms, max_queue, max_concurrent_batches, preferred_batch_sizes,
-            default_timeout_s, close_timeout_s, name, clock: as :class:`~gpufeed.serve.DynamicBatcher`.
-            ``max_concurrent_batches`` (default 2) lets one batch decode while another runs the model.
+        max_batch_size: as :class:`~gpufeed.serve.BatcherConfig`, like the next four.
+        max_delay_ms: see :class:`~gpufeed.serve.BatcherConfig`.
+        max_queue: see :class:`~gpufeed.serve.BatcherConfig`.
+        max_concurrent_batches: see :class:`~gpufeed.serve.BatcherConfig`; the default 2 lets
+            one batch decode while another runs the model.
+        preferred_batch_sizes: see :class:`~gpufeed.serve.BatcherConfig`.
+        default_timeout_s: see :class:`~gpufeed.serve.BatcherConfig`.
+        close_timeout_s: see :class:`~gpufeed.serve.BatcherConfig`.
         max_request_bytes: largest encoded request accepted; a larger one fails at ``submit``
             with ``ValueError``. Sizes the arena slots (virtual memory: pages are used only when written).
         decode_timeout_s: longest wait for a batch's decode (seconds) before its requests fail
             with ``TimeoutError``; deaths are noticed and handled meanwhile.
         max_worker_restarts: dead workers replaced in the batcher's life.
         mp_context: start method of the workers ("forkserver", "spawn" or "fork").
+        name: the batcher's name in messages, thread names and metrics.
+        clock: time source of the batch rule and deadlines (tests inject a ManualClock).
 
     Attributes:
         batcher: the underlying :class:`~gpufeed.serve.DynamicBatcher` (its options are its attributes).
