@@ -34,7 +34,7 @@ from gpufeed._engine.worker import WorkerSpec
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.fill import FillReport, ImagePlan
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import GpuTransform, HostRegistrar, resolve_device
+from gpufeed.cuda import CudaFeed, GpuTransform, resolve_device
 from gpufeed.errors import DecodeError, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
@@ -76,14 +76,11 @@ class _Runner:
     """The batcher's ``fn``: decode a batch in a worker, run the model. Holds no reference to
     the ImageBatcher, so a forgotten one can be finalized."""
 
-    def __init__(self, model: Callable[[torch.Tensor], Any], driver: EngineDriver,
-                 device: torch.device | None, gpu_transform: GpuTransform | None, decode_timeout_s: float,
-                 name: str) -> None:
-        self.model, self.driver, self.device = model, driver, device
-        self.gpu_transform = gpu_transform
+    def __init__(self, model: Callable[[torch.Tensor], Any], driver: EngineDriver, cuda: CudaFeed | None,
+                 decode_timeout_s: float, name: str) -> None:
+        self.model, self.driver, self.cuda = model, driver, cuda
         self.decode_timeout_s = decode_timeout_s
         self.name = name
-        self.copy_stream: Any = None
         self.undecodable = 0  # requests failed by their bytes (one thread at a time adds: _lock)
         self._lock = threading.Lock()
 
@@ -120,25 +117,21 @@ class _Runner:
         return results
 
     def _model(self, images: torch.Tensor) -> Any:
-        if self.device is None or self.device.type != "cuda":
+        feed = self.cuda
+        if feed is None:
             with torch.inference_mode():
                 return self.model(images)
-        # The slot is page-locked (HostRegistrar): copy on our stream without blocking, then the
-        # model's stream waits for the copy; the host view is released only after the copy ended.
-        if self.copy_stream is None:
-            self.copy_stream = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(self.copy_stream):
-            on_device = images.to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(self.copy_stream)
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(copied)
-        on_device.record_stream(current)
+        # As the loader's CUDA feed does it: the slot is page-locked (HostRegistrar), the copy
+        # runs on the feed's copy stream without blocking the host, the model's stream waits for
+        # it, and the feed keeps the host batch (so its slot) until the copy completed.
+        feed.retire()
+        on_device, copied = feed.copy(images)
+        consumer = feed.ops.current_stream()
+        consumer.wait_event(copied)
+        feed.ops.record_stream(on_device, consumer)  # allocated on the copy stream
         with torch.inference_mode():
-            x = on_device if self.gpu_transform is None else self.gpu_transform.apply(on_device)
-            out = self.model(x)
-        copied.synchronize()  # the slot may be reused once ``images`` dies
-        return out
+            x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
+            return self.model(x)
 
 
 class ImageBatcher:
@@ -241,7 +234,9 @@ class ImageBatcher:
             mean, std = normalize
             normalize = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
         self.dtype = dtype if dtype is not None else (torch.float32 if normalize is not None else torch.uint8)
-        gpu_transform = GpuTransform(self.dtype, normalize) if on_gpu else None
+        cuda = None
+        if on_gpu and self._device is not None:
+            cuda = CudaFeed(self._device, prefetch_batches=1, gpu_transform=GpuTransform(self.dtype, normalize))
         plan = ImagePlan(transform=transform, on_error="skip", normalize=None if on_gpu else normalize,
                          dtype=torch.uint8 if on_gpu else self.dtype)
         feed = RequestFeed(plan)
@@ -249,15 +244,14 @@ class ImageBatcher:
         context = EngineContext(
             EngineConfig(max_batch_bytes=align_up(slot_bytes), max_worker_restarts=max_worker_restarts),
             Stats(), plugin=feed, cuda_output=on_gpu, fork_guard=single_threaded_cv2,
-            make_registrar=HostRegistrar if on_gpu else None,
+            make_registrar=None if cuda is None else cuda.registrar,
         )
         engine = Engine(context, WorkerSpec(dataset=RequestSource()), num_workers,
                         mp_context=multiprocessing.get_context(mp_context),
                         tasks_in_flight=max_concurrent_batches, max_task_retries=1)
         self._engine, self._context = engine, context
         try:
-            self._runner = runner = _Runner(model, EngineDriver(engine), self._device, gpu_transform,
-                                            self.decode_timeout_s, name)
+            self._runner = runner = _Runner(model, EngineDriver(engine), cuda, self.decode_timeout_s, name)
             self.batcher = DynamicBatcher(
                 runner, max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
                 max_concurrent_batches=max_concurrent_batches, preferred_batch_sizes=preferred_batch_sizes,
