@@ -39,6 +39,7 @@ from gpufeed.errors import DecodeError, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
 from gpufeed.serve.clock import MAX_WAIT_S, Clock
+from gpufeed.serve.config import BatcherConfig
 from gpufeed.stats import Stats
 from gpufeed.transforms import ImageTransform, ResizeCenterCrop
 
@@ -178,7 +179,9 @@ class ImageBatcher:
         clock: time source of the batch rule and deadlines (tests inject a ManualClock).
 
     Attributes:
-        batcher: the underlying :class:`~gpufeed.serve.DynamicBatcher` (its options are its attributes).
+        batcher: the underlying :class:`~gpufeed.serve.DynamicBatcher`.
+
+    Every argument is also an attribute of the same name.
     """
 
     def __init__(
@@ -219,6 +222,20 @@ class ImageBatcher:
         if mp_context not in multiprocessing.get_all_start_methods():
             raise ValueError(f"`mp_context` must be one of {multiprocessing.get_all_start_methods()}. "
                              f"Found: {shorten(mp_context)}.")
+        # The batch options, checked before any process starts (the DynamicBatcher checks them again).
+        config = BatcherConfig(
+            max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
+            max_concurrent_batches=max_concurrent_batches, preferred_batch_sizes=tuple(preferred_batch_sizes),
+            default_timeout_s=default_timeout_s, close_timeout_s=close_timeout_s, name=name,
+        )
+        self.max_batch_size = config.max_batch_size
+        self.max_delay_ms = config.max_delay_ms
+        self.max_queue = config.max_queue
+        self.max_concurrent_batches = config.max_concurrent_batches
+        self.preferred_batch_sizes = config.preferred_batch_sizes
+        self.default_timeout_s = config.default_timeout_s
+        self.close_timeout_s = config.close_timeout_s
+        self.clock = clock
         self.model = model
         self.transform = transform
         self.normalize = normalize

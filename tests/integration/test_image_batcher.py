@@ -292,4 +292,8 @@ def test_bad_arguments_fail_before_any_process_starts():
         ImageBatcher(Recorder(), transform=lambda img: img)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mp_context"):
         ImageBatcher(Recorder(), mp_context="thread")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        ImageBatcher(Recorder(), max_batch_size=0)
+    with pytest.raises(ValueError, match="normalize"):
+        ImageBatcher(Recorder(), normalize=((0.5, 0.5), (0.2, 0.2)))
     assert {c.pid for c in live_children()} == children
