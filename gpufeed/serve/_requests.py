@@ -88,13 +88,14 @@ class RequestFeed:
 class _Waiter:
     """One task's place in the driver: its record once submitted, its reply once read."""
 
-    __slots__ = ("event", "indices", "payloads", "record", "reply")
+    __slots__ = ("abandoned", "event", "indices", "payloads", "record", "reply")
 
     def __init__(self, indices: list[int], payloads: Sequence[Any]) -> None:
         self.indices, self.payloads = indices, payloads
         self.record: TaskRecord | None = None
         self.reply: Done | Failed | End | None = None
         self.event = threading.Event()
+        self.abandoned = False  # its thread stopped waiting: a reply is dropped, not filed
 
 
 class EngineDriver:
@@ -160,9 +161,13 @@ class EngineDriver:
             unsent, self._unsent = self._unsent, []
         try:
             for waiter in unsent:
-                waiter.record = self.engine.submit(waiter.indices, tag=waiter.payloads)
                 with self._mutex:
-                    self._waiting[waiter.record.key] = waiter
+                    if waiter.abandoned:
+                        continue
+                record = self.engine.submit(waiter.indices, tag=waiter.payloads)
+                with self._mutex:
+                    waiter.record = record
+                    self._waiting[record.key] = waiter
             arrivals = self.engine.poll(POLL_S)
         except BaseException as exc:  # the engine is closed (restarts exhausted): everyone fails
             with self._mutex:
@@ -173,7 +178,7 @@ class EngineDriver:
         with self._mutex:
             for record, reply in arrivals:
                 owner = self._waiting.pop(record.key, None)
-                if owner is None:  # its thread gave up waiting: nobody reads this batch
+                if owner is None or owner.abandoned:  # its thread gave up waiting: nobody reads it
                     self.engine.drop(record)
                     continue
                 owner.reply = reply
@@ -181,11 +186,11 @@ class EngineDriver:
 
     def _abandon(self, waiter: _Waiter, timeout_s: float) -> TimeoutError:
         """(mutex held) Forget ``waiter``: a reply that still comes is dropped."""
+        waiter.abandoned = True
         if waiter in self._unsent:
             self._unsent.remove(waiter)
         where = "was never submitted (another thread held the engine)"
         if waiter.record is not None:
-            self._waiting.pop(waiter.record.key, None)
             rec = waiter.record
             where = f"(task {rec.idx} on worker {rec.worker_id}, pid {self.engine.pid(rec.worker_id)}) got no reply"
         return TimeoutError(

@@ -297,3 +297,15 @@ def test_bad_arguments_fail_before_any_process_starts():
     with pytest.raises(ValueError, match="normalize"):
         ImageBatcher(Recorder(), normalize=((0.5, 0.5), (0.2, 0.2)))
     assert {c.pid for c in live_children()} == children
+
+
+@pytest.mark.timeout(90)
+def test_a_decode_past_decode_timeout_s_fails_its_batch_and_close_still_cleans_up():
+    data = _slow_pngs(4)
+    with _batcher(Recorder(), max_batch_size=4, max_delay_ms=1000, decode_timeout_s=0.01) as batcher:
+        futures = [batcher.submit(d) for d in data]
+        for f in futures:
+            with pytest.raises(TimeoutError, match="decode_timeout_s=0.01"):
+                f.result(timeout=60)
+        pids = batcher.worker_pids
+    _assert_nothing_left(pids)
