@@ -17,9 +17,9 @@ image folder go to
 A full queue (``--max-queue``) refuses a request at once (``Overloaded``).
 
 Open loop (``--rates``): Poisson arrivals, bounded by ``--duration`` seconds and
-``--max-requests``, at offered rates that are multiples of batch-1's capacity estimated at
-start-up (``cores / seconds per batch-1 call``, preprocessing included). Latency is exact per
-request: scheduled arrival to result. Requests not answered within the drain window after the
+``--max-requests``, at offered rates that are multiples of batch-1's capacity measured at
+start-up (batch-1 saturated by ``2 x cores`` closed-loop clients for ``--calibrate-s``).
+Latency is exact per request: scheduled arrival to result. Requests not answered within the drain window after the
 last arrival (``max(2 s, 4 x SLO)``) count as unanswered. A rate is *sustained* when >= 97% of
 offered requests are answered, < 1% refused and p99 < SLO.
 
@@ -27,7 +27,7 @@ Closed loop (``--clients N``): N client threads each send a JPEG, wait for its a
 the next, for ``--duration`` seconds per mode: QPS, p50/p99 and CPU milliseconds per answered
 request (this process and its children), as ratios against batch-1 measured in the same run.
 
-    python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.8 1 1.2 1.5 2]
+    python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
                                [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
                                [--image-workers 1] [--clients 16] [--json OUT]
@@ -401,14 +401,17 @@ def run_open(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rat
 
 
 def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace,
-                ) -> Result:
-    """``--clients`` threads, each sending one JPEG and waiting for its answer, again and again,
-    for ``--duration`` seconds: achieved QPS and exact per-request latencies."""
+                clients: int | None = None, duration_s: float | None = None) -> Result:
+    """``clients`` (default ``--clients``) threads, each sending one JPEG and waiting for its
+    answer, again and again, for ``duration_s`` (default ``--duration``) seconds: achieved QPS and
+    exact per-request latencies."""
+    clients = args.clients if clients is None else clients
+    duration_s = args.duration if duration_s is None else duration_s
     service = make_service(mode, pipe, spec, jpegs, args)
     lock = threading.Lock()
     latencies: list[float] = []
     counts = {"refused": 0, "failed": 0, "sent": 0}
-    stop_at = time.perf_counter() + args.duration
+    stop_at = time.perf_counter() + duration_s
 
     def client(k: int) -> None:
         i = k
@@ -423,7 +426,7 @@ def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], 
 
             t0 = time.perf_counter()
             service.send((t0, jpegs[i % len(jpegs)], done))
-            i += args.clients
+            i += clients
             if not answered.wait(60.0):
                 outcome.append(False)
             t1 = time.perf_counter()
@@ -437,7 +440,7 @@ def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], 
                 else:
                     counts["failed"] += 1
 
-    threads = [threading.Thread(target=client, args=(k,), name=f"bench-client-{k}") for k in range(args.clients)]
+    threads = [threading.Thread(target=client, args=(k,), name=f"bench-client-{k}") for k in range(clients)]
     cpu0 = tree_cpu_s()
     start = time.perf_counter()
     try:
@@ -486,26 +489,24 @@ def summarize(mode: str, rate: float, offered: int, lat: list[float], refused: i
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def calibrate(pipe: Pipeline, jpegs: list[bytes], cores: int) -> float:
-    """Batch-1 capacity estimate (requests/s): ``cores`` / median seconds of one request."""
+def calibrate(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> float:
+    """Batch-1 capacity (requests/s) on this machine now: batch-1 serving saturated by
+    ``2 x cores`` closed-loop clients for ``--calibrate-s`` seconds (on a shared machine the
+    latency of one call in isolation overestimates it several times)."""
     torch.set_num_threads(1)
     for data in jpegs[:3]:
         pipe.run([pipe.preprocess(data)])
-    times = []
-    for data in jpegs[:15]:
-        t0 = time.perf_counter()
-        pipe.run([pipe.preprocess(data)])
-        times.append(time.perf_counter() - t0)
-    return cores / float(np.median(times))
+    return closed_loop("batch-1", pipe, spec, jpegs, args, clients=2 * args.cores,
+                       duration_s=args.calibrate_s).achieved_qps
 
 
 def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     slo_ms = getattr(args, f"slo_ms_{spec.name}") or spec.slo_ms
     slo_s = slo_ms / 1000.0
     pipe = Pipeline(spec)
-    capacity = calibrate(pipe, jpegs, args.cores)
+    capacity = calibrate(pipe, spec, jpegs, args)
     mcb = args.max_concurrent_batches or spec.max_concurrent_batches
-    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity estimate "
+    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity (measured) "
           f"{capacity:.1f} req/s; batch-1: {args.cores} handlers x 1 torch thread; batcher: submit "
           f"in the generator, preprocess + model in fn, {mcb} model thread(s) x {max(1, args.cores // mcb)} "
           f"torch threads, "
@@ -574,8 +575,9 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["smallcnn", "resnet18"], choices=sorted(SPECS))
-    p.add_argument("--rates", nargs="*", type=float, default=[0.3, 0.45, 0.6, 0.75, 0.9, 1.1],
-                   help="offered rates as multiples of batch-1's capacity estimated in isolation (optimistic)")
+    p.add_argument("--rates", nargs="*", type=float, default=[0.5, 0.7, 0.85, 1.0, 1.2, 1.4],
+                   help="offered rates as multiples of batch-1's capacity measured at start-up (saturated)")
+    p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of arrivals per point")
     p.add_argument("--max-requests", type=int, default=5000, help="cap on arrivals per point")
     p.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1),
