@@ -309,3 +309,27 @@ def test_a_decode_past_decode_timeout_s_fails_its_batch_and_close_still_cleans_u
                 f.result(timeout=60)
         pids = batcher.worker_pids
     _assert_nothing_left(pids)
+
+
+@pytest.mark.timeout(90)
+def test_close_without_drain_cancels_what_is_queued_and_metrics_export(folder):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from gpufeed.serve import BatcherCollector
+
+    data = [p.read_bytes() for p in _files(folder)[:3]]
+    clock = ManualClock()
+    model = Recorder()
+    batcher = _batcher(model, max_batch_size=8, max_delay_ms=1000, clock=clock, name="imgs")
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(BatcherCollector(batcher))
+    served = batcher.submit(data[0])
+    clock.wait_idle()
+    clock.advance(1.0)
+    served.result(timeout=60)
+    queued = [batcher.submit(d) for d in data[1:]]
+    pids = batcher.worker_pids
+    batcher.close(drain=False)
+    assert all(f.cancelled() for f in queued) and len(model.batches) == 1
+    assert registry.get_sample_value("gpufeed_serve_completed_total", {"batcher": "imgs"}) == 1
+    assert registry.get_sample_value("gpufeed_serve_cancelled_total", {"batcher": "imgs"}) == 2
+    _assert_nothing_left(pids)
