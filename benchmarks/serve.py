@@ -459,6 +459,14 @@ def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], 
     return r
 
 
+def _ratios(r: Result, base: Result | None) -> tuple[float, float, float]:
+    """(QPS, p99, CPU per request) of ``r`` over ``base``'s; NaN without a base."""
+    if base is None or not base.achieved_qps:
+        return (math.nan, math.nan, math.nan)
+    return (r.achieved_qps / base.achieved_qps, r.p99_ms / base.p99_ms,
+            r.cpu_ms_per_request / base.cpu_ms_per_request)
+
+
 def tree_cpu_s() -> float:
     """CPU seconds (user + system) of this process and its live children (the decode workers)."""
     import psutil
@@ -551,19 +559,29 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
                   + ("" if mode == "batch-1" else f" (goal p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})"))
     clients: list[Result] = []
     if args.clients:
-        print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s each "
-              f"(each client sends a JPEG, waits for its answer, sends the next)")
-        print(f"{'mode':<8} {'answered':>8} {'refused':>7} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} "
-              f"{'CPU ms/req':>10}  QPS x  p99 x")
-        for mode in modes:
-            r = closed_loop(mode, pipe, spec, jpegs, args)
-            clients.append(r)
-            base = clients[0] if clients[0].mode == "batch-1" else None
-            qps_x = r.achieved_qps / base.achieved_qps if base and base.achieved_qps else math.nan
-            p99_x = r.p99_ms / base.p99_ms if base else math.nan
-            print(f"{r.mode:<8} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} {r.p50_ms:8.1f} {r.p99_ms:8.1f} "
-                  f"{r.mean_batch:6.2f} {r.cpu_ms_per_request:10.2f}  {qps_x:5.2f}  {p99_x:5.2f}")
-            sys.stdout.flush()
+        print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s per mode and round, "
+              f"{args.rounds} rounds alternating the modes (each client sends a JPEG, waits for its answer, "
+              "sends the next); x: ratio to the batch-1 run of the same round")
+        print(f"{'round':>5} {'mode':<8} {'answered':>8} {'refused':>7} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'batch':>6} {'CPU ms/req':>10}  QPS x  p99 x  CPU x")
+        for k in range(args.rounds):
+            base: Result | None = None
+            for mode in modes:
+                r = closed_loop(mode, pipe, spec, jpegs, args)
+                clients.append(r)
+                if mode == "batch-1":
+                    base = r
+                x = _ratios(r, base)
+                print(f"{k:5d} {r.mode:<8} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} {r.p50_ms:8.1f} "
+                      f"{r.p99_ms:8.1f} {r.mean_batch:6.2f} {r.cpu_ms_per_request:10.2f}  "
+                      f"{x[0]:5.2f}  {x[1]:5.2f}  {x[2]:5.2f}")
+                sys.stdout.flush()
+        for mode in modes[1:] if modes[0] == "batch-1" else []:
+            per_round = [_ratios(r, b) for r, b in zip([c for c in clients if c.mode == mode],
+                                                       [c for c in clients if c.mode == "batch-1"])]
+            med = [float(np.median([x[i] for x in per_round])) for i in range(3)]
+            print(f"{spec.name}: closed loop, {mode} / batch-1, median of {len(per_round)} rounds: QPS {med[0]:.2f}x, "
+                  f"p99 {med[1]:.2f}x, CPU per request {med[2]:.2f}x")
     return {
         "model": spec.name, "slo_ms": slo_ms, "capacity_estimate": capacity,
         "rows": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in rows],
@@ -597,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch threads with ImageBatcher (default: cores - image workers, at least 1)")
     p.add_argument("--mp-context", default="forkserver", help="ImageBatcher workers' start method")
     p.add_argument("--clients", type=int, default=16, help="closed-loop clients per mode (0: skip that part)")
+    p.add_argument("--rounds", type=int, default=3, help="closed-loop rounds (the modes alternate in each)")
     p.add_argument("--no-overload", dest="overload", action="store_false", help="skip the 1.5x overload point")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

@@ -94,21 +94,18 @@ def test_model_receives_exactly_the_loader_eval_batch(folder):
     paths = [dataset.describe(i) for i in range(len(dataset))]
     model = Recorder()
     with ImageBatcher(model, transform=TRANSFORM, normalize=NORMALIZE, num_workers=1, max_batch_size=4,
-                      max_delay_ms=50) as batcher:
+                      max_delay_ms=50, max_concurrent_batches=1) as batcher:
         assert batcher.mp_context == "forkserver"
         futures = [batcher.submit(Path(p).read_bytes()) for p in paths]
         outputs = [f.result(timeout=90) for f in futures]
         pids = batcher.worker_pids
+    # One model thread: batches reach the model in submission order, rows in request order.
     received = torch.cat(model.batches)
     assert received.dtype == torch.float32 and received.shape == loader_images.shape
-    # Rows arrive in submission order (batches are formed oldest first, one model thread at a time
-    # may finish first: sort by content instead of relying on it).
-    order = {bytes(row.numpy().tobytes()): i for i, row in enumerate(received)}
-    for i, row in enumerate(loader_images):
-        assert row.numpy().tobytes() in order, f"loader row {i} ({paths[i]}) never reached the model"
+    for i in range(len(paths)):
+        assert torch.equal(received[i], loader_images[i]), f"request {i} ({paths[i]}) differs from the loader's row"
     for i, out in enumerate(outputs):
-        expected = model.net(loader_images[i : i + 1])[0]
-        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(out, model.net(loader_images[i : i + 1])[0])
     _assert_nothing_left(pids)
 
 
