@@ -203,7 +203,7 @@ def _slow_pngs(n: int) -> list[bytes]:
 
 @pytest.mark.timeout(150)
 def test_sigkill_of_a_worker_mid_stream_every_request_is_answered():
-    data = _slow_pngs(12)
+    data = _slow_pngs(6)
     model = Recorder()
     with _batcher(model, max_batch_size=3, max_delay_ms=1, max_concurrent_batches=2) as batcher:
         first_pids = list(batcher.worker_pids)
@@ -330,3 +330,35 @@ def test_close_without_drain_cancels_what_is_queued_and_metrics_export(folder):
     assert registry.get_sample_value("gpufeed_serve_completed_total", {"batcher": "imgs"}) == 1
     assert registry.get_sample_value("gpufeed_serve_cancelled_total", {"batcher": "imgs"}) == 2
     _assert_nothing_left(pids)
+
+
+@pytest.mark.timeout(120)
+def test_interpreter_exit_with_a_live_batcher_stops_its_workers(folder):
+    """As tests/faults/test_leaks.py does for loaders: a fresh interpreter exits with the batcher
+    open; its workers go, and the exit is clean."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import torch
+        from gpufeed.serve import ImageBatcher
+        from gpufeed.transforms import ResizeCenterCrop
+        if __name__ == "__main__":
+            b = ImageBatcher(lambda x: x.float().mean(dim=(1, 2, 3)), transform=ResizeCenterCrop(48, 56),
+                             num_workers=2, max_delay_ms=0, mp_context="fork")
+            b.submit(open({str(_files(folder)[0])!r}, "rb").read()).result(timeout=90)
+            print(*b.worker_pids, flush=True)
+            # exit with the batcher, its threads and its workers alive
+    """)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=110,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"workers {pids} outlived their interpreter"
+        time.sleep(0.05)
