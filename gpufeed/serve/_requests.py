@@ -31,6 +31,7 @@ from gpufeed._image.fill import ImageFiller, ImagePlan, ImageTask
 from gpufeed.errors import WorkerError
 
 POLL_S = 0.002  # one turn of polling the engine while another thread may want to submit (s)
+IDLE_WAIT_S = 0.05  # a thread not holding the turn re-checks at least this often (s)
 
 
 class RequestSource:
@@ -103,7 +104,8 @@ class EngineDriver:
 
     The engine is used by one thread at a time: whoever holds ``_turn`` submits the tasks waiting
     to be submitted, polls for ``POLL_S`` and files the replies, waking their owners; the others
-    wait on their own event (at most ``POLL_S``) and then try to take the turn themselves.
+    sleep on their own event. A thread that leaves (its reply came, or it gave up) wakes one
+    other waiter, which takes the turn; nobody waits more than ``IDLE_WAIT_S`` without looking.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -123,21 +125,32 @@ class EngineDriver:
             self._unsent.append(waiter)
         deadline = time.monotonic() + timeout_s
         while True:
+            waiter.event.clear()  # (a set after this is seen by the wait below)
             with self._mutex:
                 if waiter.reply is not None:
                     assert waiter.record is not None
+                    self._pass_turn(waiter)
                     return waiter.record, waiter.reply
                 if self._error is not None:
                     raise WorkerError(f"gpufeed.serve: the decode workers are gone: {self._error}") from self._error
-                if time.monotonic() >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._pass_turn(waiter)
                     raise self._abandon(waiter, timeout_s)
             if self._turn.acquire(blocking=False):
                 try:
                     self._take_turn()
                 finally:
                     self._turn.release()
-            else:
-                waiter.event.wait(POLL_S)
+            else:  # the holder files our reply (and submits our task), or passes us the turn
+                waiter.event.wait(min(IDLE_WAIT_S, remaining))
+
+    def _pass_turn(self, leaving: _Waiter) -> None:
+        """(mutex held) ``leaving`` stops polling: wake one other waiter to take the turn."""
+        for other in (*self._unsent, *self._waiting.values()):
+            if other is not leaving and not other.abandoned:
+                other.event.set()
+                return
 
     def close(self, timeout_s: float) -> None:
         """Stop the engine once no thread is using it (waits up to ``timeout_s`` for the turn);
