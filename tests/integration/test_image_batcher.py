@@ -362,3 +362,23 @@ def test_interpreter_exit_with_a_live_batcher_stops_its_workers(folder):
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.monotonic() < deadline, f"workers {pids} outlived their interpreter"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(90)
+def test_preferred_batch_sizes_pad_the_decoded_batch(folder):
+    data = [p.read_bytes() for p in _files(folder)[:3]]
+    clock = ManualClock()
+    model = Recorder()
+    with _batcher(model, max_batch_size=8, max_delay_ms=10, preferred_batch_sizes=(4, 8), clock=clock) as batcher:
+        futures = [batcher.submit(d) for d in data]
+        clock.wait_idle()
+        clock.advance(0.01)
+        outputs = [f.result(timeout=60) for f in futures]
+        stats = batcher.stats()
+    assert [len(b) for b in model.batches] == [4]  # padded by repeating the last request
+    rows = model.batches[0]
+    for i, d in enumerate(data):
+        assert torch.equal(rows[i], _expected(d))
+        torch.testing.assert_close(outputs[i], model.net(rows[i : i + 1].float())[0])
+    assert torch.equal(rows[3], rows[2])
+    assert stats["completed"] == 3 and stats["batch_size_hist"]["sum"] == 3
