@@ -115,7 +115,7 @@ def _trained_up_to_checkpoint(out: Path) -> dict[int, list[tuple[int, list[int]]
     for path in out.glob("trained-*.txt"):
         rank = int(path.stem.split("-")[1])
         rows = _trained(out, rank)
-        assert rows[-1][0] > saved_at - 1  # it trained past the checkpoint: those steps are redone
+        assert rows[-1][0] >= saved_at  # it trained past its last checkpoint: those steps are redone
         kept[rank] = [row for row in rows if row[0] < saved_at]
         path.unlink()
     return kept
