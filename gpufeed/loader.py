@@ -18,7 +18,17 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._resume import STATE_VERSION, SUPPORTED, Pass, PositionedIndices, base_sampler, sampler_kind
+from gpufeed._resume import (
+    STATE_VERSION,
+    SUPPORTED,
+    Pass,
+    PositionedIndices,
+    apply_next_pass,
+    base_sampler,
+    next_pass_state,
+    pass_received,
+    sampler_kind,
+)
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
@@ -84,10 +94,13 @@ class FastLoader(DataLoader[T_co]):
     the batches received so far, computed, never replayed; a loaded state applies to the next
     ``iter()``, which yields exactly the rest of that epoch (byte-identical on the image path and
     for deterministic datasets, with any ``num_workers``; with ``gpufeed.DistributedSampler``, on
-    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``
+    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
+    torch's ``DistributedSampler`` (the one Lightning injects; rank 0's state resumes every rank)
     or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``) and ``in_order=True``; an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise (``in_order=False`` included).
+    A state taken after a pass's last batch carries the next pass's order (the sampler's epoch or
+    generator), set at ``load_state_dict()``: frameworks may ``iter()`` before ``set_epoch()``.
     """
 
     def __init__(
@@ -420,11 +433,14 @@ class FastLoader(DataLoader[T_co]):
         if self._pass is not None:
             self._pass.aug_epoch = aug_epoch
 
+    def _pass_received(self, p: Pass) -> bool:
+        return pass_received(p, super()._index_sampler)
+
     def _pass_in_progress(self) -> bool:
         """An iterator of this loader is alive and partway through its epoch."""
         p = self._pass
         alive = self._user_iter is not None and self._user_iter() is not None
-        return alive and p is not None and not p.done
+        return alive and p is not None and not self._pass_received(p)
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
@@ -432,8 +448,8 @@ class FastLoader(DataLoader[T_co]):
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
-        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``
-        or a ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
+        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``,
+        torch's or gpufeed's ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
         ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
         """
@@ -462,13 +478,20 @@ class FastLoader(DataLoader[T_co]):
         if self._resume is not None:  # loaded, not applied yet
             return dict(self._resume)
         p = self._pass
-        if p is None or p.done or not p.started:
+        if p is None or not p.started or self._pass_received(p):
+            # No pass in progress: the next iter() starts a fresh epoch, drawing its order from
+            # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
             state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
                          sampler=None)
+            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            if next_sampler is not None:
+                state["next_sampler"] = next_sampler
             return state
         if p.unsupported is not None:
             raise NotImplementedError(
-                f"state_dict() supports a {SUPPORTED}. This loader's is {p.unsupported}."
+                f"state_dict() mid-epoch supports a {SUPPORTED}. This loader's is {p.unsupported}. "
+                "(Frameworks that save loader states with every checkpoint, as Lightning does: "
+                "checkpoint at epoch ends, where no sampler position is needed, or use one of these.)"
             )
         received = p.batches_received
         samples = sum(p.lengths[:received])
@@ -527,6 +550,9 @@ class FastLoader(DataLoader[T_co]):
                     f"{kind or type(base_sampler(super()._index_sampler)).__name__!r}. Build it with the "
                     f"sampler of the checkpointed run ({SUPPORTED})."
                 )
+        next_sampler = state_dict.get("next_sampler")
+        if sampler is None and next_sampler is not None:
+            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
         self._epoch = int(state_dict["epoch"])
         self._resume = dict(state_dict) if sampler is not None else None
         self._pass = None
