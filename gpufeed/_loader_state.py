@@ -67,8 +67,9 @@ class ResumableLoader(DataLoader):
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
-        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``,
-        torch's or gpufeed's ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
+        rest of the epoch. Map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
+        ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
+        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
         ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
         """

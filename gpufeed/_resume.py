@@ -19,6 +19,9 @@ State, version 1 (a JSON-serialisable dict)::
                          it drew from torch's global RNG)
                      {"kind": "random", "generator_state": base64}  (the state of its generator
                          before the epoch's draw)
+                     {"kind": "weighted_random" or "subset_random", "generator_state": base64}
+                         (WeightedRandomSampler, SubsetRandomSampler: the state of the generator
+                         the epoch's order was drawn from, theirs or torch's global one)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
                      {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
                          "drop_last": bool, "num_replicas": int, "dataset_len": int}
@@ -28,7 +31,8 @@ State, version 1 (a JSON-serialisable dict)::
     next_sampler     only with sampler None (taken between passes, or once every batch of the pass
                      was received), where the next pass's order comes from, applied by
                      load_state_dict() at once (a framework may iter() before its set_epoch()):
-                     {"kind": "random", "generator_state": base64}  (the sampler's generator now)
+                     {"kind": "random", "weighted_random" or "subset_random", "generator_state":
+                         base64}  (the sampler's own generator now)
                      {"kind": "torch_distributed" or "gpufeed_distributed", "epoch": int}  (the
                          epoch of the last pass + 1, as a set_epoch(epoch) loop counts)
     dataset          IterableDataset only: its own ``state_dict()``
@@ -44,13 +48,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 STATE_VERSION = 1
 
 SUPPORTED = (
-    "SequentialSampler, RandomSampler, torch's or gpufeed's DistributedSampler (alone or in a torch BatchSampler)"
+    "SequentialSampler, RandomSampler, WeightedRandomSampler, SubsetRandomSampler, torch's or gpufeed's "
+    "DistributedSampler (alone or in a torch BatchSampler)"
 )
 
 # What torch's DistributedSampler's order is a function of (with the epoch), checked on resume.
@@ -102,6 +113,11 @@ def is_batch_shard(index_sampler: Any) -> bool:
     )
 
 
+# Samplers whose order is one draw from their generator (or, without one, from torch's global RNG)
+# at the first index: their position is the generator's state before the draw.
+_DRAWING: dict[type, str] = {WeightedRandomSampler: "weighted_random", SubsetRandomSampler: "subset_random"}
+
+
 def sampler_kind(sampler: Any) -> str | None:
     from gpufeed.sampler import DistributedSampler
 
@@ -111,6 +127,8 @@ def sampler_kind(sampler: Any) -> str | None:
         return "torch_distributed"
     if type(sampler) is RandomSampler:
         return "random"
+    if type(sampler) in _DRAWING:
+        return _DRAWING[type(sampler)]
     if type(sampler) is SequentialSampler:
         return "sequential"
     return None
@@ -183,6 +201,18 @@ class PositionedIndices:
                 p.sampler_state = {"kind": "random", "seed": seed}
             else:
                 p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
+        elif kind in _DRAWING.values():
+            if loaded is not None:
+                generator = torch.Generator()
+                generator.set_state(_decode(loaded["generator_state"]))
+                if sampler.generator is None:
+                    sampler.generator, restore_generator = generator, True
+                else:
+                    sampler.generator.set_state(generator.get_state())
+                p.sampler_state = dict(loaded)
+            else:
+                drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
+                p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
         elif kind == "sequential":
             p.sampler_state = {"kind": "sequential"}
         elif kind == "gpufeed_distributed":
@@ -225,8 +255,8 @@ def pass_received(p: Pass, index_sampler: Any) -> bool:
 def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
     """Between passes: where the next pass's order comes from (``next_sampler``), or None."""
     kind = sampler_kind(sampler)
-    if kind == "random" and sampler.generator is not None:
-        return {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
+    if kind in ("random", *_DRAWING.values()) and sampler.generator is not None:
+        return {"kind": kind, "generator_state": _encode(sampler.generator.get_state())}
     if kind in ("torch_distributed", "gpufeed_distributed"):
         last = (p.sampler_state or {}).get("epoch") if p is not None and p.started else None
         return {"kind": kind, "epoch": int(sampler.epoch) if last is None else int(last) + 1}
@@ -241,7 +271,7 @@ def apply_next_pass(sampler: Any, state: dict[str, Any]) -> None:
             f"the loaded state was taken with a {state.get('kind')!r} sampler; this loader's is "
             f"{kind or type(sampler).__name__!r}. Resume with the sampler of the checkpointed run ({SUPPORTED})."
         )
-    if kind == "random":
+    if kind in ("random", *_DRAWING.values()):
         if sampler.generator is not None:
             sampler.generator.set_state(_decode(state["generator_state"]))
     else:

@@ -85,7 +85,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     ``iter()``, which yields exactly the rest of that epoch (byte-identical on the image path and
     for deterministic datasets, with any ``num_workers``; with ``gpufeed.DistributedSampler``, on
     any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
-    torch's ``DistributedSampler`` (the one Lightning injects; rank 0's state resumes every rank)
+    ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's ``DistributedSampler`` (the one
+    Lightning injects; rank 0's state resumes every rank)
     or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``) and ``in_order=True``; an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise (``in_order=False`` included).
