@@ -82,16 +82,22 @@ def share(values: Any) -> SharedArray:
         finally:
             m.close()
         _seal(fd)
-        return _map(fd, arr.dtype, arr.shape)
+        return _map(fd, arr.dtype, arr.shape, populate=True)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _map(fd: int, dtype: np.dtype, shape: tuple[int, ...]) -> SharedArray:
-    """A read-only array over the whole of ``fd``; it owns ``fd`` (closed when it dies)."""
+def _map(fd: int, dtype: np.dtype, shape: tuple[int, ...], populate: bool = False) -> SharedArray:
+    """A read-only array over the whole of ``fd``; it owns ``fd`` (closed when it dies).
+
+    ``populate``: map every page now (the creator does). Pages of a shared file count as private
+    memory (USS) of each process that maps them alone; mapped in the creator from the start,
+    they count there, once, and as shared in every worker that reads them.
+    """
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    m = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    m = mmap.mmap(fd, nbytes, flags, mmap.PROT_READ)
     out = np.frombuffer(m, dtype=dtype).reshape(shape).view(SharedArray)
     out.shared_fd = fd
     weakref.finalize(out, os.close, fd)
