@@ -30,18 +30,27 @@ DEFAULT_SCAN_THREADS = 16
 
 @dataclass(frozen=True)
 class ClassListing:
-    """One class folder walked: every directory (sorted by path) with its non-directory entries
-    (sorted names), and, when stat'ed, a digest of the subtree (hex)."""
+    """One class folder walked: every directory, sorted by path, as ``(path, sorted names of its
+    non-directory entries, st_mtime_ns, digest of all its entry names)``, and, when files were
+    stat'ed, a digest of the subtree (hex)."""
 
-    dirs: tuple[tuple[str, tuple[str, ...]], ...]
+    dirs: tuple[tuple[str, tuple[str, ...], int, bytes], ...]
     digest: str | None
+
+
+def names_digest(names: list[str]) -> bytes:
+    """16-byte digest of a directory's entry names (any order)."""
+    joined = "\0".join(sorted(names)).encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(joined, digest_size=16).digest()
 
 
 def walk_class(folder: str, stat: bool = False) -> ClassListing:
     """List ``folder`` recursively as ``os.walk(folder, followlinks=True)`` would, sorted as
-    torchvision sorts it; with ``stat``, also digest every directory's mtime and entry count and
-    every file's name, size and mtime (all in ns)."""
-    found: list[tuple[str, tuple[str, ...], bytes]] = []
+    torchvision sorts it, with each directory's ``st_mtime_ns`` (taken before it is listed, so
+    a change made meanwhile shows as a newer time later) and a digest of its entry names; with
+    ``stat``, also digest every directory's mtime and entry count and every file's name, size
+    and mtime (all in ns)."""
+    found: list[tuple[str, tuple[str, ...], int, bytes, bytes]] = []
     stack = [folder]
     while stack:
         top = stack.pop()
@@ -49,6 +58,7 @@ def walk_class(folder: str, stat: bool = False) -> ClassListing:
         files: list[str] = []
         sig: list[str] = []
         try:
+            dir_mtime = os.stat(top).st_mtime_ns
             with os.scandir(top) as it:
                 for entry in it:
                     try:
@@ -65,27 +75,25 @@ def walk_class(folder: str, stat: bool = False) -> ClassListing:
                             sig.append(f"{entry.name}\0{st.st_size}\0{st.st_mtime_ns}")
                         except OSError:  # a broken link: it is listed, and stays broken
                             sig.append(f"{entry.name}\0-1\0-1")
-            if stat:
-                dir_mtime = os.stat(top).st_mtime_ns
         except OSError:
             continue  # os.walk(onerror=None) skips a directory it cannot list
-        files.sort()
         record = b""
         if stat:
             sig.sort()
             head = f"{top}\0{dir_mtime}\0{len(dirs) + len(files)}\n"
             record = (head + "\n".join(sig)).encode("utf-8", "surrogateescape")
-        found.append((top, tuple(files), record))
+        found.append((top, tuple(sorted(files)), dir_mtime, names_digest(dirs + files), record))
         stack.extend(os.path.join(top, d) for d in dirs)
     found.sort(key=lambda item: item[0])
     digest = None
     if stat:
         h = hashlib.blake2b(digest_size=16)
-        for _, _, record in found:
+        for *_, record in found:
             h.update(record)
             h.update(b"\n\n")
         digest = h.hexdigest()
-    return ClassListing(tuple((top, files) for top, files, _ in found), digest)
+    return ClassListing(tuple((top, files, mtime, names) for top, files, mtime, names, _ in found),
+                        digest)
 
 
 def walk_classes(root: str, classes: list[str], stat: bool = False,
@@ -113,7 +121,7 @@ def select(root: str, class_to_idx: dict[str, int], listings: list[ClassListing]
     names = sorted(class_to_idx, key=class_to_idx.__getitem__)
     for name, listing in zip(names, listings):
         before = len(paths)
-        for top, files in listing.dirs:
+        for top, files, _, _ in listing.dirs:
             rel = os.path.join(top, "")[prefix_len:]
             if is_valid_file is None:
                 paths.extend(rel + f for f in files if f.lower().endswith(extensions))

@@ -85,9 +85,11 @@ class ImageFolder(ImageSource):
 
     Class folders are listed on threads (the order stays torchvision's). ``index_cache``: a file
     path where the index is kept between runs (a plain ``.npz``, not a pickle), reused while
-    the tree is unchanged (every directory's mtime and entry count and every file's name, size
-    and mtime are checked), rewritten otherwise; see the "Million-sample datasets" page of the
-    docs for what it saves.
+    the tree is unchanged, rewritten otherwise. ``index_check``: how "unchanged" is decided:
+    ``"directories"`` stats every directory (their modification times change whenever an entry
+    is added, removed or renamed; recently modified ones are listed again), ``"files"`` also
+    lists every directory and stats every file (sizes and times; slower than a scan on local
+    disks). See the "Million-sample datasets" page of the docs.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Any | None = None,
@@ -97,7 +99,8 @@ class ImageFolder(ImageSource):
                  allow_empty: bool = False, *,
                  read_concurrency: int = DEFAULT_READ_CONCURRENCY,
                  read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
-                 index_cache: str | os.PathLike | None = None) -> None:
+                 index_cache: str | os.PathLike | None = None,
+                 index_check: str = "directories") -> None:
         for name, value in (("target_transform", target_transform), ("loader", loader),
                             ("is_valid_file", is_valid_file)):
             if value is not None and not callable(value):
@@ -111,8 +114,10 @@ class ImageFolder(ImageSource):
         self.target_transform = target_transform
         self.classes, self.class_to_idx = find_classes(self.root)
         self.index_cache = None if index_cache is None else os.fspath(index_cache)
+        self.index_check = index_check
         self._paths, self._labels = build_index(self.root, self.class_to_idx, IMG_EXTENSIONS,
-                                                is_valid_file, bool(allow_empty), self.index_cache)
+                                                is_valid_file, bool(allow_empty), self.index_cache,
+                                                index_check)
 
     def __len__(self) -> int:
         return len(self._labels)

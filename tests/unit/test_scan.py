@@ -106,4 +106,4 @@ def test_unreadable_directory_is_skipped_as_os_walk_skips_it(tmp_path):
         walked = sorted((top, tuple(sorted(files))) for top, _, files in os.walk(tmp_path / "c"))
     finally:
         os.chmod(tmp_path / "c" / "locked", 0o755)
-    assert list(listing.dirs) == walked == [(str(tmp_path / "c"), ("seen.jpg",))]
+    assert [(top, files) for top, files, _, _ in listing.dirs] == walked == [(str(tmp_path / "c"), ("seen.jpg",))]
