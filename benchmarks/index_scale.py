@@ -7,10 +7,10 @@ Tree part: builds a synthetic ImageFolder tree of ``--tree-files`` empty ``.JPEG
 2M; creating them takes a while and is timed separately) under ``--tmp-dir``, then times, in
 alternating rounds (median reported): the sequential scan (``gpufeed.sources.folder.scan``,
 torchvision's ``make_dataset`` algorithm), the parallel scan at 1 and 16 threads, and
-``ImageFolder`` without a cache, writing its index cache (a miss), and reading it (a hit).
-The file system's dentry and inode caches stay warm (dropping them needs root and a host
-without other tenants), so this is the best case for scanning; a cold or network file system
-spends much longer in ``scandir``/``stat``, which threads overlap.
+``ImageFolder`` without a cache, writing its index cache (a miss), and reading it (a hit, with
+either check). The file system's dentry and inode caches stay warm, the best case for
+scanning; ``--drop-caches`` (root) also times cold scans, each after dropping those caches,
+where ``scandir`` waits on the disk and threads overlap the waits.
 
 List part: ``--list`` torchvision-style ``(path, label)`` pairs with ImageNet-length paths.
 Reports the parent's bytes per sample (USS growth from building, with freed heap trimmed), the
@@ -86,6 +86,7 @@ def tree_part(args: argparse.Namespace) -> None:
     os.mkdir(root)
     try:
         made_s = make_tree(root, args.tree_files, args.classes)
+        made_at = time.perf_counter()
         _, class_to_idx = find_classes(root)
         n = len(scan(root, class_to_idx)[0])
         methods: dict[str, Callable[[], Any]] = {
@@ -93,20 +94,39 @@ def tree_part(args: argparse.Namespace) -> None:
             "parallel scan, 1 thread": lambda: scan_parallel(root, class_to_idx, IMG_EXTENSIONS, threads=1),
             "parallel scan, 16 threads": lambda: scan_parallel(root, class_to_idx, IMG_EXTENSIONS, threads=16),
             "ImageFolder, no index cache": lambda: ImageFolder(root),
-            "ImageFolder, cache miss (stat all, write)": lambda: (_remove(cache), ImageFolder(root, index_cache=cache)),
-            "ImageFolder, cache hit (stat all, read)": lambda: ImageFolder(root, index_cache=cache),
+            "ImageFolder, cache miss (scan, write)": lambda: (_remove(cache), ImageFolder(root, index_cache=cache)),
+            "ImageFolder, cache hit, check directories": lambda: ImageFolder(root, index_cache=cache),
+            "ImageFolder, cache hit, check files (stat all)": lambda: ImageFolder(
+                root, index_cache=files_cache, index_check="files"),
         }
         times: dict[str, list[float]] = {k: [] for k in methods}
-        ImageFolder(root, index_cache=cache)  # warm-up round, uncounted (and the first cache)
+        files_cache = os.path.join(base, "index-files.npz")
+        # warm-up, uncounted; past the 2 s window in which recently modified directories are
+        # listed again, the directories cache is rewritten once and then only stats them
+        ImageFolder(root, index_cache=files_cache, index_check="files")
+        time.sleep(max(0.0, 2.5 - (time.perf_counter() - made_at)))
+        ImageFolder(root, index_cache=cache)
+        ImageFolder(root, index_cache=cache)
         for _ in range(args.rounds):
             for name, fn in methods.items():
                 gc.collect()
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
+        if args.drop_caches:
+            cold = {k: [] for k in (
+                "sequential scan (torchvision's algorithm)", "parallel scan, 1 thread",
+                "parallel scan, 16 threads", "ImageFolder, cache hit, check directories")}
+            for _ in range(args.rounds):
+                for name in cold:
+                    drop_caches()
+                    start = time.perf_counter()
+                    methods[name]()
+                    cold[name].append(time.perf_counter() - start)
+            times.update({f"{k} [cold]": v for k, v in cold.items()})
         cache_mb = os.path.getsize(cache) / 1e6
         print(f"\nindex of a tree of {n} files in {args.classes} classes (created in {made_s:.1f} s; "
-              f"warm dentry cache; median of {args.rounds} alternating rounds; cache file {cache_mb:.1f} MB)")
+              f"warm dentry cache unless [cold]; median of {args.rounds} alternating rounds; cache file {cache_mb:.1f} MB)")
         ref = statistics.median(times["sequential scan (torchvision's algorithm)"])
         print(f"  {'method':44s} {'seconds':>8s} {'min..max':>13s} {'us/file':>8s} {'speed x':>8s}")
         for name, ts in times.items():
@@ -116,6 +136,13 @@ def tree_part(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         shutil.rmtree(base, ignore_errors=True)
         print(f"  (tree removed in {time.perf_counter() - start:.1f} s)")
+
+
+def drop_caches() -> None:
+    """Empty the kernel's dentry and inode caches (root only): the next scan reads the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")
 
 
 def _remove(path: str) -> None:
@@ -219,6 +246,9 @@ def main() -> None:
     p.add_argument("--list", type=int, default=1_000_000, help="entries of the in-memory list (<= 2M)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tmp-dir", default=None, help="where the tree is built (default: the temp dir)")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="also time cold scans, dropping the dentry/inode caches first (root; "
+                        "slows every other process on the machine for a moment)")
     p.add_argument("--skip-tree", action="store_true")
     p.add_argument("--skip-list", action="store_true")
     args = p.parse_args()
