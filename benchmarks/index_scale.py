@@ -126,12 +126,13 @@ def tree_part(args: argparse.Namespace) -> None:
             times.update({f"{k} [cold]": v for k, v in cold.items()})
         cache_mb = os.path.getsize(cache) / 1e6
         print(f"\nindex of a tree of {n} files in {args.classes} classes (created in {made_s:.1f} s; "
-              f"warm dentry cache unless [cold]; median of {args.rounds} alternating rounds; cache file {cache_mb:.1f} MB)")
+              f"warm dentry cache unless [cold]; median of {args.rounds} alternating rounds; "
+              f"cache file {cache_mb:.1f} MB)")
         ref = statistics.median(times["sequential scan (torchvision's algorithm)"])
-        print(f"  {'method':44s} {'seconds':>8s} {'min..max':>13s} {'us/file':>8s} {'speed x':>8s}")
+        print(f"  {'method':50s} {'seconds':>8s} {'min..max':>13s} {'us/file':>8s} {'speed x':>8s}")
         for name, ts in times.items():
             med = statistics.median(ts)
-            print(f"  {name:44s} {med:8.3f} {min(ts):6.3f}..{max(ts):<6.3f} {med / n * 1e6:8.2f} {ref / med:8.2f}")
+            print(f"  {name:50s} {med:8.3f} {min(ts):6.3f}..{max(ts):<6.3f} {med / n * 1e6:8.2f} {ref / med:8.2f}")
     finally:
         start = time.perf_counter()
         shutil.rmtree(base, ignore_errors=True)
