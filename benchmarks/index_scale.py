@@ -18,6 +18,10 @@ growth of one worker's USS over a full pass that reads every path and label (no 
 the bytes pickled for a spawn/forkserver worker, for: torch's DataLoader over the list (the
 copy-on-access failure: refcount writes dirty every page the list's objects live on), and
 FastLoader over ``ImageDataset(pairs)``.
+
+Pack part (``--pack N``): ``gpufeed pack`` of N real JPEGs with 1 thread and
+``--pack-workers`` threads, storing the bytes or re-encoding them, and random-order reads of
+every sample from the folder and from the packed LMDB.
 """
 
 from __future__ import annotations
@@ -240,6 +244,64 @@ def list_part(args: argparse.Namespace) -> None:
     del ds, pairs
 
 
+# -- pack ---------------------------------------------------------------------------------------
+
+
+def pack_part(args: argparse.Namespace) -> None:
+    """Pack throughput (1 thread vs ``--pack-workers``, stored vs re-encoded) and random-order
+    read throughput of the packed LMDB against the folder, in alternating rounds."""
+    import random
+
+    from gpufeed.sources import LMDBDataset, pack
+    from gpufeed.synth import make_image_folder
+
+    base = tempfile.mkdtemp(prefix="gpufeed-pack-bench-", dir=args.tmp_dir)
+    try:
+        src = os.path.join(base, "src")
+        per_class = -(-args.pack // 10)
+        make_image_folder(src, num_classes=10, per_class=per_class, size=((180, 400), (180, 500)))
+        folder = ImageFolder(src)
+        n = len(folder)
+        mb = sum(os.path.getsize(folder.path(i)) for i in range(n)) / 1e6
+        runs: dict[str, list[float]] = {}
+        k = 0
+        for _ in range(args.rounds):
+            for workers in (1, args.pack_workers):
+                for quality in (None, 90):
+                    k += 1
+                    start = time.perf_counter()
+                    pack(src, os.path.join(base, f"p{k}.lmdb"), progress=False, workers=workers,
+                         quality=quality)
+                    name = f"pack, {workers} thread(s), {'re-encode q90' if quality else 'store'}"
+                    runs.setdefault(name, []).append(time.perf_counter() - start)
+                    if k > 1:
+                        shutil.rmtree(os.path.join(base, f"p{k}.lmdb"))
+        packed = LMDBDataset(os.path.join(base, "p1.lmdb"))
+        order = list(range(n))
+        random.Random(0).shuffle(order)
+        reads: dict[str, list[float]] = {"read folder (files)": [], "read packed (LMDB)": []}
+        for _ in range(args.rounds):
+            for name, ds in (("read folder (files)", folder), ("read packed (LMDB)", packed)):
+                start = time.perf_counter()
+                for i in order:
+                    ds.read(i)
+                reads[name].append(time.perf_counter() - start)
+        print(f"\npack: {n} JPEGs, {mb:.1f} MB (180-400 x 180-500 px), median of {args.rounds} "
+              f"alternating rounds")
+        ref = statistics.median(next(iter(runs.values())))
+        print(f"  {'what':40s} {'seconds':>8s} {'images/s':>9s} {'MB/s':>7s} {'speed x':>8s}")
+        for name, ts in runs.items():
+            med = statistics.median(ts)
+            print(f"  {name:40s} {med:8.2f} {n / med:9.0f} {mb / med:7.1f} {ref / med:8.2f}")
+        ref = statistics.median(reads["read folder (files)"])
+        print("  random-order reads, warm page cache:")
+        for name, ts in reads.items():
+            med = statistics.median(ts)
+            print(f"  {name:40s} {med:8.3f} {n / med:9.0f} {mb / med:7.1f} {ref / med:8.2f}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tree-files", type=int, default=100_000, help="files in the synthetic tree (<= 2M)")
@@ -250,6 +312,9 @@ def main() -> None:
     p.add_argument("--drop-caches", action="store_true",
                    help="also time cold scans, dropping the dentry/inode caches first (root; "
                         "slows every other process on the machine for a moment)")
+    p.add_argument("--pack", type=int, default=0, metavar="N",
+                   help="also time `gpufeed pack` and reads from its LMDB on N real JPEGs")
+    p.add_argument("--pack-workers", type=int, default=8)
     p.add_argument("--skip-tree", action="store_true")
     p.add_argument("--skip-list", action="store_true")
     args = p.parse_args()
@@ -261,6 +326,8 @@ def main() -> None:
         tree_part(args)
     if not args.skip_list:
         list_part(args)
+    if args.pack:
+        pack_part(args)
 
 
 if __name__ == "__main__":

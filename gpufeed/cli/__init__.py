@@ -25,9 +25,8 @@ Command = Callable[[argparse.Namespace], int]
 def _pack(args: argparse.Namespace) -> int:
     from gpufeed.sources import pack
 
-    more = {} if args.workers is None else {"workers": args.workers}
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
-                  progress=not args.no_progress, **more)
+                  progress=not args.no_progress, workers=args.workers)
     resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
     sys.stdout.write(f"packed {result.count} images in {len(result.classes)} classes into "
                      f"{result.path} ({result.bytes_read / 1e6:.1f} MB -> "
@@ -65,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="re-encode every image as JPEG at quality Q (1-100)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="threads reading and re-encoding images (default: pack()'s, 8)")
+                   help="threads reading and re-encoding images (default: the CPU count, at most 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

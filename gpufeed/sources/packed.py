@@ -200,12 +200,14 @@ class PackResult:
 
 
 JOB_FILE = "gpufeed-pack-job.json"  # inside the partial LMDB directory, removed when complete
-DEFAULT_PACK_WORKERS = 8
+#: Most threads a pack uses by default (fewer on a machine with fewer cores): reads wait on
+#: storage, but re-encoding is CPU-bound (on 2 busy cores 8 threads re-encoded no faster than 1).
+MAX_DEFAULT_PACK_WORKERS = 8
 
 
 def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
          max_side: int | None = None, quality: int | None = None, progress: bool = True,
-         txn_bytes: int = 64 << 20, workers: int = DEFAULT_PACK_WORKERS) -> PackResult:
+         txn_bytes: int = 64 << 20, workers: int | None = None) -> PackResult:
     """Pack an image folder (torchvision ``ImageFolder`` layout and order) into a new LMDB.
 
     ``max_side`` (pixels): images whose longer side exceeds it are downscaled to it (DCT-scaled
@@ -214,7 +216,8 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     stored unchanged, after a header check that rejects empty and non-image files
     (:class:`~gpufeed.errors.DecodeError` naming the file). ``txn_bytes`` bounds one write
     transaction. ``workers``: threads reading and preparing images ahead of the writer (file
-    reads, libjpeg and OpenCV release the GIL); samples are written in order.
+    reads, libjpeg and OpenCV release the GIL; default: the CPU count, at most 8); samples are
+    written in order.
     ``progress``: a tqdm bar if tqdm is installed, else a log line every 5 s.
 
     The LMDB is written as ``DST.partial`` and renamed to ``dst_lmdb`` when complete. A pack
@@ -235,6 +238,8 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
         raise ValueError(f"`quality` must be None or an int in 1..100. Found: {shorten(quality)}.")
     if txn_bytes <= 0:
         raise ValueError(f"`txn_bytes` must be > 0. Found: {shorten(txn_bytes)}.")
+    if workers is None:
+        workers = min(MAX_DEFAULT_PACK_WORKERS, os.cpu_count() or 1)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`workers` must be an int >= 1. Found: {shorten(workers)}.")
     dst = os.fspath(dst_lmdb)
