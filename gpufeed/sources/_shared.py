@@ -67,7 +67,7 @@ def share(values: Any) -> SharedArray:
     if arr.dtype.hasobject:
         raise TypeError(f"cannot share an array of Python objects (dtype {arr.dtype}); "
                         f"shared tables hold numbers and bytes only")
-    if arr.nbytes < SHARE_MIN_BYTES:
+    if arr.nbytes < SHARE_MIN_BYTES or arr.nbytes == 0:
         out = arr.copy().view(SharedArray)
         out.setflags(write=False)
         return out
