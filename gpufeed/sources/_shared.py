@@ -20,7 +20,8 @@ would mean nothing in another process or a later session.
 The file lives as long as the array that created it: the descriptor is closed by
 ``weakref.finalize`` when that array is collected (views of it keep the mapping, not the
 descriptor; pickling such a view copies it). Nothing has a name in any filesystem, so a killed
-process leaks nothing.
+process leaks nothing. Each shared array holds two descriptors (its own, and the duplicate
+Python's ``mmap`` keeps), hence the size threshold.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class SharedArray(np.ndarray):
     """
 
     shared_fd: int | None = None
+
+    def __array_wrap__(self, obj: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        # arithmetic and reductions give plain arrays and scalars, as on any ndarray
+        out = np.asarray(obj)
+        return out[()] if return_scalar else out
 
     def __reduce__(self) -> tuple[Any, ...]:
         # plain pickle: the data itself, shared again (if large) when loaded
