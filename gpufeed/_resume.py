@@ -21,6 +21,8 @@ State, version 1 (a JSON-serialisable dict)::
                          before the epoch's draw)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
     dataset          IterableDataset only: its own ``state_dict()``
+    accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
+                     "iteration"} (Accelerate's sharding: resume on the same number of processes)
 """
 
 from __future__ import annotations
@@ -63,8 +65,24 @@ class Pass:
 
 
 def base_sampler(index_sampler: Any) -> Any:
-    """The per-sample sampler of an index sampler (``BatchSampler.sampler``, or itself)."""
+    """The per-sample sampler of an index sampler (``BatchSampler.sampler``, also through
+    Accelerate's ``BatchSamplerShard``; or itself)."""
+    if is_batch_shard(index_sampler):
+        index_sampler = index_sampler.batch_sampler
     return index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+
+
+def is_batch_shard(index_sampler: Any) -> bool:
+    """Accelerate's ``BatchSamplerShard`` over a torch ``BatchSampler`` (found by name: gpufeed
+    never imports accelerate). Its batches are a fixed function of the inner ones (this rank's
+    share), so its position is the inner sampler's state plus the batches taken, for the same
+    number of processes (``gpufeed.integrations.accelerate`` records and checks it)."""
+    cls = type(index_sampler)
+    return (
+        cls.__name__ == "BatchSamplerShard"
+        and cls.__module__ == "accelerate.data_loader"
+        and type(getattr(index_sampler, "batch_sampler", None)) is BatchSampler
+    )
 
 
 def sampler_kind(sampler: Any) -> str | None:
@@ -101,7 +119,10 @@ class PositionedIndices:
         resume = self._loader._take_resume()
         p.started = True
         sampler = base_sampler(self.inner)
-        kind = sampler_kind(sampler) if sampler is self.inner or type(self.inner) is BatchSampler else None
+        plain = sampler is self.inner or type(self.inner) is BatchSampler
+        kind = sampler_kind(sampler) if plain or is_batch_shard(self.inner) else None
+        if kind == "gpufeed_distributed" and not plain:
+            kind = None  # sharded twice: the sampler's position no longer names the batches
         if kind is None:
             p.unsupported = f"{type(self.inner).__name__} over {type(sampler).__name__}"
         loaded = resume["sampler"] if resume is not None else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -202,6 +203,10 @@ class FastLoader(DataLoader[T_co]):
 
         Samplers are shared with this loader, as a framework rebuilding it would share them.
         """
+        return type(self)(**self._replace_kwargs(overrides))
+
+    def _replace_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The constructor arguments of ``replace(**overrides)``."""
         kwargs = self._init_kwargs()
         if "shuffle" in overrides or "sampler" in overrides or "batch_sampler" in overrides:
             kwargs.pop("sampler", None)
@@ -216,7 +221,7 @@ class FastLoader(DataLoader[T_co]):
         if overrides.get("num_workers", 1) == 0 and "prefetch_factor" not in overrides:
             kwargs["prefetch_factor"] = None  # torch refuses one without workers
         kwargs.update(overrides)
-        return type(self)(**kwargs)
+        return kwargs
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A loader pickles to its arguments, never its live state (workers, arena, streams).
@@ -225,6 +230,21 @@ class FastLoader(DataLoader[T_co]):
         if context is not None and hasattr(context, "get_start_method"):
             kwargs["multiprocessing_context"] = context.get_start_method()
         return (_rebuild, (type(self), kwargs))
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        # Accelerate's prepare_data_loader / skip_first_batches read the loader's attributes to
+        # build a plain torch DataLoader: say so (once) instead of losing the engine silently.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("accelerate.") and not self.__dict__.get("_rebuild_expected", False):
+            from gpufeed.integrations._rebuilds import warn_rebuilt_by_accelerate
+
+            warn_rebuilt_by_accelerate(self)
+        return DataLoader.multiprocessing_context.fget(self)  # type: ignore[attr-defined]
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value: Any) -> None:
+        DataLoader.multiprocessing_context.fset(self, value)  # type: ignore[attr-defined]
 
     # -- the state of the process that iterates -----------------------------------------------------
 

@@ -14,7 +14,9 @@ from gpufeed.sources._base import (
     ImageSource,
 )
 from gpufeed.sources._index_cache import build_index
+from gpufeed.sources._paths import PathTable, labels_array
 from gpufeed.sources._scan import empty_classes_error
+from gpufeed.sources.remote import RemoteOptions, RemoteReader, read_concurrency_for, remote_root
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -81,24 +83,37 @@ class ImageFolder(ImageSource):
     gpufeed's decode in ``__getitem__`` and needs a callable ``transform`` or none.
     ``is_valid_file(path)``, if given, replaces the extension check. ``allow_empty=True`` keeps
     class folders without images (their class index stays assigned). ``read_concurrency`` and
-    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource`.
+    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource` (default: 1 for
+    a local root, 16 for a URL).
 
-    Class folders are listed on threads (the order stays torchvision's). ``index_cache``: a file
-    path where the index is kept between runs (a plain ``.npz``, not a pickle), reused while
-    the tree is unchanged, rewritten otherwise. ``index_check``: how "unchanged" is decided:
-    ``"directories"`` stats every directory (their modification times change whenever an entry
-    is added, removed or renamed; recently modified ones are listed again), ``"files"`` also
-    lists every directory and stats every file (sizes and times; slower than a scan on local
-    disks). See the "Million-sample datasets" page of the docs.
+    ``root`` may be a URL (``s3://bucket/train``, ``gs://...``, ``http(s)://...``, any fsspec
+    protocol; ``pip install gpufeed[remote]``): the tree is listed and read through fsspec, with
+    ``storage_options`` (fsspec's filesystem options: credentials, endpoint...) and
+    ``remote_options`` (:class:`RemoteOptions`: timeout, retries); see
+    :mod:`gpufeed.sources.remote`.
+
+    A local tree's class folders are listed on threads (the order stays torchvision's).
+    ``index_cache``: a file path where a local tree's index is kept between runs (a plain
+    ``.npz``, not a pickle), reused while the tree is unchanged, rewritten otherwise.
+    ``index_check``: how "unchanged" is decided: ``"directories"`` stats every directory (their
+    modification times change whenever an entry is added, removed or renamed; recently modified
+    ones are listed again), ``"files"`` also lists every directory and stats every file (sizes
+    and times; slower than a scan on local disks). See the "Million-sample datasets" page of
+    the docs.
     """
+
+    #: The reader of a URL root (fsspec); None for a local root.
+    remote: RemoteReader | None = None
 
     def __init__(self, root: str | os.PathLike, transform: Any | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  loader: Callable[[str], Any] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *,
-                 read_concurrency: int = DEFAULT_READ_CONCURRENCY,
+                 read_concurrency: int | None = None,
                  read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
+                 storage_options: dict[str, Any] | None = None,
+                 remote_options: RemoteOptions | None = None,
                  index_cache: str | os.PathLike | None = None,
                  index_check: str = "directories") -> None:
         for name, value in (("target_transform", target_transform), ("loader", loader),
@@ -106,18 +121,29 @@ class ImageFolder(ImageSource):
             if value is not None and not callable(value):
                 raise TypeError(f"`{name}` must be a callable or None. Found: "
                                 f"{type(value).__name__} {value!r:.80}.")
-        self.set_read_options(read_concurrency, read_budget_bytes)
         self.root = os.fspath(root)
+        self.remote = remote_root(self.root, storage_options, remote_options, loader)
+        self.set_read_options(read_concurrency_for(self.remote is not None, read_concurrency,
+                                                   DEFAULT_READ_CONCURRENCY), read_budget_bytes)
         self._prefix = os.path.join(self.root, "")
         self.loader = loader  # before transform, which is checked against it
         self.transform = transform
         self.target_transform = target_transform
-        self.classes, self.class_to_idx = find_classes(self.root)
         self.index_cache = None if index_cache is None else os.fspath(index_cache)
         self.index_check = index_check
-        self._paths, self._labels = build_index(self.root, self.class_to_idx, IMG_EXTENSIONS,
-                                                is_valid_file, bool(allow_empty), self.index_cache,
-                                                index_check)
+        if self.remote is not None:
+            if self.index_cache is not None:
+                raise ValueError(f"`index_cache` keeps the index of a local tree; {self.root!r} "
+                                 f"is a URL. Drop index_cache, or copy the tree locally.")
+            self.classes, paths, labels = self.remote.scan_folder(
+                self.root, IMG_EXTENSIONS, is_valid_file, bool(allow_empty))
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+            self._paths, self._labels = PathTable(paths), labels_array(labels)
+        else:
+            self.classes, self.class_to_idx = find_classes(self.root)
+            self._paths, self._labels = build_index(
+                self.root, self.class_to_idx, IMG_EXTENSIONS, is_valid_file, bool(allow_empty),
+                self.index_cache, index_check)
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -127,6 +153,8 @@ class ImageFolder(ImageSource):
         return self._prefix + self._paths[index]
 
     def read(self, index: int) -> bytes:
+        if self.remote is not None:
+            return self.remote.read(self.path(index), index)
         with open(self.path(index), "rb") as f:
             return f.read()
 
