@@ -107,6 +107,9 @@ def _map(fd: int, dtype: np.dtype, shape: tuple[int, ...], populate: bool = Fals
     out = np.frombuffer(m, dtype=dtype).reshape(shape).view(SharedArray)
     out.shared_fd = fd
     weakref.finalize(out, os.close, fd)
+    # Registered with the first shared array, not at import (no import-time side effects): only
+    # arrays made here own a descriptor, and the entry is one dict item, set again harmlessly.
+    reduction.ForkingPickler.register(SharedArray, _reduce_for_process)
     return out
 
 
@@ -121,8 +124,6 @@ def _attach(dup: Any, dtype: str, shape: tuple[int, ...]) -> SharedArray:
     """Worker side: map the parent's file (``dup.detach()`` gives its descriptor here)."""
     return _map(dup.detach(), np.dtype(dtype), tuple(shape))
 
-
-reduction.ForkingPickler.register(SharedArray, _reduce_for_process)
 
 
 def _create_fd(name: str) -> int:
