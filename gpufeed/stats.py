@@ -40,6 +40,7 @@ class Stats:
     queue_depth: int = 0  # ready batches at the last __next__
     errors: int = 0  # exceptions raised by dataset/collate code in workers
     worker_restarts: int = 0
+    parent_batches: int = 0  # batches completed in the main process, no worker (all cache hits)
     overflow_bytes: int = 0  # payload bytes that did not fit a slot and were pickled
     first_wait_at: float | None = field(default=None, repr=False)
 

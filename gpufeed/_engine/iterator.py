@@ -107,6 +107,12 @@ class FastIter(_BaseDataLoaderIter):
         return self._engine.pids
 
     @property
+    def workers_started(self) -> int:
+        """Worker processes this iterator started (replacements included); with the image
+        path they start lazily, so a fully cached epoch starts none."""
+        return self._engine.workers_started
+
+    @property
     def worker_restarts(self) -> int:
         return self._engine.restarts
 

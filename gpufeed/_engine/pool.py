@@ -5,6 +5,10 @@ middle of a write corrupts nothing shared: the parent sees EOF on that worker's 
 sentinel, and nobody else is blocked on a lock the dead process held. The parent waits on all
 result pipes *and* all process sentinels at once, so a death is noticed as soon as it happens.
 
+Workers start in the constructor, or with ``lazy=True`` one at a time, the first time a task is
+sent to them (``ensure``): same id, same seed, only later (docs/design/engine-lifecycle.md, "Lazy
+workers").
+
 Teardown order (``shutdown``): send ``Exit``, join within ``shutdown_timeout_s``,
 SIGTERM, join 1 s, SIGKILL, join; then close the parent's pipe ends. The caller releases the
 arena slots of unfinished tasks only after this returns (no writer is left).
@@ -71,6 +75,7 @@ class WorkerPool:
     """The worker processes of one engine, indexed by worker id.
 
     ``fork_guard`` is entered around each ``Process.start()`` under the fork start method.
+    ``lazy``: start no worker now; ``ensure(worker_id)`` starts one when it is first needed.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class WorkerPool:
         num_workers: int,
         shutdown_timeout_s: float,
         fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        lazy: bool = False,
     ) -> None:
         self._ctx = ctx
         self._stopping = ctx.RawValue("b", 0)  # tells workers to skip their queued tasks
@@ -90,6 +96,9 @@ class WorkerPool:
         self._owner_pid = os.getpid()
         self._workers: list[_Worker | None] = [None] * num_workers
         self.closed = False
+        self.started = 0  # processes started so far, replacements included
+        if lazy:
+            return
         try:
             for worker_id in range(num_workers):
                 self._start(worker_id)
@@ -110,6 +119,16 @@ class WorkerPool:
         w = self._workers[worker_id]
         return -1 if w is None else _pid(w)
 
+    def is_started(self, worker_id: int) -> bool:
+        return self._workers[worker_id] is not None
+
+    def ensure(self, worker_id: int) -> None:
+        """Start ``worker_id`` if it is not running yet (a lazy pool's first task for it)."""
+        if self._workers[worker_id] is None:
+            if self.closed:
+                raise RuntimeError("gpufeed: the workers were shut down (close(), or the loader was closed)")
+            self._start(worker_id)
+
     def _parent_fds(self) -> tuple[int, ...]:
         return tuple(
             fd for w in self._workers if w is not None for fd in (w.tasks.fileno(), w.results.fileno())
@@ -129,10 +148,15 @@ class WorkerPool:
         try:
             with self._fork_guard() if self._fork else contextlib.nullcontext():
                 proc.start()
+        except BaseException:
+            task_w.close()
+            res_r.close()
+            raise
         finally:
             task_r.close()
             res_w.close()
         self._workers[worker_id] = _Worker(proc, task_w, res_r)
+        self.started += 1
 
     def send(self, worker_id: int, msg: ToWorker) -> None:
         w = self._workers[worker_id]
