@@ -203,7 +203,7 @@ def test_resume_is_exact_with_cache_hits(image_root):
 _SHUTDOWN = textwrap.dedent("""
     import gc, json, sys
     from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-    from tests._procs import live_children
+    from tests._procs import gpufeed_memfds, live_children
     from tests.integration.test_cache_epochs import ReverseOddEpochs
     ds = ImageFolder(sys.argv[1], transform=ResizeCenterCrop(40, 48))
     out = {}
