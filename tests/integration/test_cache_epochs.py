@@ -97,6 +97,18 @@ def test_fully_cached_epoch_starts_no_worker_and_is_byte_identical(image_root, o
     loader.close()
 
 
+@pytest.mark.parametrize(("output", "in_parent"), [({}, True), ({"normalize": (MEAN, STD)}, False)])
+def test_persistent_workers_take_float_batches_and_leave_uint8_ones(image_root, output, in_parent):
+    # a running worker runs a float batch's normalize pass in parallel with the others; a uint8
+    # batch only needs its labels, which the main process writes faster than a round trip
+    loader = FastLoader(folder(image_root), batch_size=BATCH, num_workers=2, cache_bytes="16MB",
+                        persistent_workers=True, **output)
+    cold = batches(loader)
+    assert_same(batches(loader), cold)
+    assert loader.stats()["parent_batches"] == (len(cold) if in_parent else 0)
+    loader.close()
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_mixed_epochs_match_an_uncached_loader_in_order(image_root, persistent):
     ds = folder(image_root)
