@@ -85,7 +85,8 @@ def main() -> None:
             make_image_folder(root, num_classes=10, per_class=per_class, size=((lo, hi), (lo, hi)), seed=0)
         dataset = ImageFolder(root, transform=ResizeCenterCrop(224, 256))
         out = sys.stdout
-        out.write(f"gpufeed {gpufeed.__file__} | torch {torch.__version__} | {platform.processor() or platform.machine()} "
+        cpu = platform.processor() or platform.machine()
+        out.write(f"gpufeed {gpufeed.__file__} | torch {torch.__version__} | {cpu} "
                   f"| {os.cpu_count()} cpus | {len(dataset)} images | batch {args.batch_size} | "
                   f"{args.workers} workers | persistent_workers=False\n")
         memcpy = [memcpy_bytes_per_s()]
@@ -106,7 +107,9 @@ def main() -> None:
                 f"{', '.join(f'{c[0]:.4f}' for c in cached)}) | cached/cold {cold_s / warm_s:.1f}x "
                 f"(goal >= 10x)\n"
                 f"{'':8s} cached batch data {rate / 1e9:.2f} GB/s = {rate / bw:.0%} of single-thread memcpy "
-                f"{bw / 1e9:.2f} GB/s" + (" (goal >= 50%)" if name == "uint8" else "") + "\n"
+                f"{bw / 1e9:.2f} GB/s" + (" (goal >= 50%)" if name == "uint8" else "") +
+                f"; per main-process CPU second {nbytes / warm_cpu / 1e9:.2f} GB/s = "
+                f"{nbytes / warm_cpu / bw:.0%} (wall includes time the main process did not get a core)\n"
                 f"{'':8s} main-process CPU per batch: cold {cold_cpu / batches * 1e3:.2f} ms, cached "
                 f"{warm_cpu / batches * 1e3:.2f} ms ({nbytes / batches / 1e6:.1f} MB/batch); "
                 f"parent_batches {stats.get('parent_batches', 0)} of {batches * (1 + args.epochs)}; "

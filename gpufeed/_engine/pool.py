@@ -172,6 +172,8 @@ class WorkerPool:
         Returns (messages as (worker id, message) in arrival order per worker, dead worker ids).
         A dead worker's complete messages are drained before it is reported dead.
         """
+        if timeout_s <= 0 and all(w is None for w in self._workers):
+            return [], []  # a lazy pool with no worker yet: nothing to wait on (a full-hit epoch)
         by_obj: dict[Any, tuple[int, str]] = {}  # a result pipe or a process sentinel
         for i, w in enumerate(self._workers):
             if w is not None:
