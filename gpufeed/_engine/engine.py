@@ -244,6 +244,7 @@ class Engine:
         record = self._records[key] = TaskRecord(
             self.epoch, idx, worker_id, slot, index, None, tag, swap=not self.parent_binds)
         self._next_idx += 1
+        t0 = time.perf_counter()
         try:
             slot_view = None if self._plugin is None else self._arena.slot_tensor(slot)
             record.extra = self._prepare(record, count=True, slot_view=slot_view)
@@ -256,6 +257,8 @@ class Engine:
         if done is None:
             self._send(record)
         else:  # answered already: no worker owes it, a death never re-runs it
+            samples = done.report.samples if done.report is not None else _num_samples(index)
+            self._stats.add_parent_batch(samples=samples, seconds=time.perf_counter() - t0)
             self._ledger.answered(key, worker_id)
             del self._records[key]
             self._completed.append((record, done))
@@ -271,9 +274,6 @@ class Engine:
         t0 = time.perf_counter()
         skeleton, used, overflow = pack_views(data, slot_view)
         pack_s = time.perf_counter() - t0
-        samples = report.samples if report is not None else _num_samples(record.index)
-        self._stats.add_batch(samples=samples, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
-        self._stats.parent_batches += 1
         return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
                     overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
 

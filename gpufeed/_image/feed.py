@@ -141,7 +141,6 @@ class ImageFeed:
         self.images = 0
         self.skipped = 0
         self._logged: set[str] = set()
-        self._prepare_s = 0.0  # seconds the last prepare took (the cache copy of its hits)
 
     @property
     def parent_binds(self) -> bool:
@@ -157,7 +156,6 @@ class ImageFeed:
         task = ImageTask(epoch)
         if self.cache is None or buf is None:
             return task
-        t0 = time.perf_counter()
         n = len(indices)
         _, _, staging = self.plan.offsets(n)
         if self.plan.cache == "decoded":
@@ -171,7 +169,6 @@ class ImageFeed:
                     rows[pos * row_bytes : (pos + 1) * row_bytes] = np.frombuffer(hit, np.uint8)
                     done.append(pos)
             task.done = tuple(done)
-            self._prepare_s = time.perf_counter() - t0
         else:
             given, cursor = [], staging
             for pos, index in enumerate(indices):
@@ -209,7 +206,8 @@ class ImageFeed:
             images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
         if plan.dtype != torch.uint8:
             images = _to_float(plan, images, buf, off_floats)
-        report = FillReport(kept=list(range(n)), read_s=self._prepare_s, post_s=time.perf_counter() - t0)
+        # (its seconds are the main process's: the engine counts them as stats' parent_s)
+        report = FillReport(kept=list(range(n)), post_s=time.perf_counter() - t0)
         return (images, labels), report
 
     def absorb(self, indices: list[int], task: ImageTask, report: FillReport, buf: torch.Tensor) -> None:

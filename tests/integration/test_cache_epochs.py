@@ -92,6 +92,7 @@ def test_fully_cached_epoch_starts_no_worker_and_is_byte_identical(image_root, o
     assert_same(warm, cold)
     stats = loader.stats()
     assert stats["parent_batches"] == len(cold)  # counted as batches no worker touched
+    assert stats["parent_s"] > 0
     assert stats["batches"] == 2 * len(cold) and stats["samples"] == 2 * NUM_IMAGES
     assert stats["cache_hits"] == NUM_IMAGES and stats["images"] == 2 * NUM_IMAGES
     loader.close()
@@ -255,3 +256,15 @@ def test_shutdown_leaves_no_process_or_memfd(image_root):
         assert left["children"] == 0 and left["memfds"] == 0, scenario
         # a break among the full hits started no worker; past them, workers were started
         assert (left["started"] == 0) == (scenario == "break_cached"), scenario
+
+
+def test_doctor_counts_the_batches_the_main_process_made(image_root):
+    from gpufeed.doctor import diagnose
+
+    with FastLoader(folder(image_root), batch_size=4, num_workers=2, cache_bytes="16MB") as loader:
+        batches(loader)  # cold: fills the cache
+        report = diagnose(loader, batches=6, warmup_batches=1, replay_batches=2, sample_interval_s=0.02)
+    # counted when made (at dispatch, prefetch ahead), as worker batches are when they arrive
+    assert 4 <= report.evidence.parent_batches <= 6 + 4 and report.evidence.parent_s > 0
+    assert report.evidence.samples == 4 * report.evidence.parent_batches  # no worker batch
+    assert "made by the main process from the cache" in str(report)
