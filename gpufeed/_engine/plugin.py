@@ -15,7 +15,8 @@ A plug-in has two halves:
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
   still readable (to fill a cache). ``complete()`` runs right after ``prepare()`` at
   submission (never for a re-sent task): it may build the whole batch in the slot itself (the
-  image path, when the cache held every row) and return it, and then no worker is involved;
+  image path, when the cache held every row) and return it, and then no worker is involved
+  (optional: the engine treats a plug-in without ``complete`` as one that never completes);
   with a plug-in, workers start lazily, at their first task. ``parent_binds`` says whether ``prepare`` writes slots: a
   task's slot is then bound at submission and workers do not swap it for a warm one.
 
