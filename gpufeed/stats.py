@@ -41,7 +41,7 @@ class Stats:
     errors: int = 0  # exceptions raised by dataset/collate code in workers
     worker_restarts: int = 0
     parent_batches: int = 0  # batches completed in the main process, no worker (all cache hits)
-    parent_s: float = 0.0  # main-process seconds making those (cache copies, labels, dtype pass)
+    parent_s: float = 0.0  # main-process seconds making those (cache copies, labels)
     overflow_bytes: int = 0  # payload bytes that did not fit a slot and were pickled
     first_wait_at: float | None = field(default=None, repr=False)
 

@@ -270,7 +270,7 @@ class Engine:
         complete = getattr(self._plugin, "complete", None)
         if complete is None:
             return None
-        made = complete(record.index, record.extra, slot_view, self._pool.is_started(record.worker_id))
+        made = complete(record.index, record.extra, slot_view)
         if made is None:
             return None
         data, report = made

@@ -86,13 +86,10 @@ class FillPlugin(Protocol):
         the augmentation epoch). ``count`` is False when a task is prepared again for a
         replacement worker."""
 
-    def complete(self, index: Any, extra: Any, slot: torch.Tensor, worker_running: bool, /,
-                 ) -> tuple[Any, FillReport] | None:
+    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> tuple[Any, FillReport] | None:
         """(batch, report) when the plug-in made the whole batch of ``index`` in ``slot`` (the
         whole slot as uint8, after ``prepare`` returned ``extra``): the batch's tensors are
-        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it.
-        ``worker_running``: the worker the task would go to is already started (so sending it
-        there costs no process start, and work left for the batch could run in parallel)."""
+        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it."""
 
     def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
         """A batch is handed out; ``slot`` holds what the worker wrote."""
