@@ -3,7 +3,7 @@
 It knows nothing of samplers, DataLoader or images. A driver submits tasks (``submit``) and
 takes in their replies (``poll`` / ``wait``), in arrival order; the engine does the rest:
 
-* starts the workers (``WorkerPool``; with a plug-in lazily, each at its first task) and sends
+* starts the workers (``WorkerPool``; with ``lazy_workers``, each at its first task) and sends
   each task, with a cold fallback slot from the ``SlotLedger`` (or a slot the plug-in wrote
   into, when it binds slots);
 * lets the plug-in complete a task in the parent (``FillPlugin.complete``: no worker involved);
@@ -130,7 +130,9 @@ class Engine:
     ``spec`` says what workers run (dataset, collate, seeds, worker_init_fn); the engine fills
     in the arena, the plug-in's filler, CPU pinning and the log directory from ``context``.
     ``tasks_in_flight``: how many tasks the driver keeps submitted at most (sizes the arena's
-    warm-slot cap when the plug-in binds slots).
+    warm-slot cap when the plug-in binds slots). ``lazy_workers``: start each worker at its first
+    task instead of now (a driver whose plug-in may complete every task in the parent, so that
+    a pass that needs no worker starts none; a latency-bound driver keeps them eager).
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class Engine:
         *,
         mp_context: BaseContext | None = None,
         tasks_in_flight: int = 0,
+        lazy_workers: bool = False,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
@@ -180,10 +183,7 @@ class Engine:
                 num_workers,
                 self._config.shutdown_timeout_s,
                 fork_guard=context.fork_guard,
-                # With a plug-in, a worker starts at its first task: a batch path that completes
-                # tasks in the parent (all cache hits) may need none. Generic datasets start
-                # every worker now, as torch does (worker_init_fn runs even for an idle worker).
-                lazy=self._plugin is not None,
+                lazy=lazy_workers,
             )
         except BaseException:
             self._arena.detach()

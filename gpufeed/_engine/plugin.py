@@ -17,8 +17,9 @@ A plug-in has two halves:
   submission (never for a re-sent task): it may build the whole batch in the slot itself (the
   image path, when the cache held every row) and return it, and then no worker is involved
   (optional: the engine treats a plug-in without ``complete`` as one that never completes);
-  with a plug-in, workers start lazily, at their first task. ``parent_binds`` says whether ``prepare`` writes slots: a
-  task's slot is then bound at submission and workers do not swap it for a warm one.
+  ``FastIter`` then starts workers lazily, each at its first task. ``parent_binds`` says
+  whether ``prepare`` writes slots: a task's slot is then bound at submission and workers do
+  not swap it for a warm one.
 
 The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
 the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
