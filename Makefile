@@ -6,6 +6,12 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
+# A second venv for tests/torchvision: PyPI's torchvision does not import beside the pinned CPU
+# torch, so these tests run on torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.5 GB, that
+# runs on the CPU; about 75 s to install here from local files). See README, "Coming from torchvision".
+TV_VENV  ?= .venv-tv
+TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
+TV_STAMP := $(TV_VENV)/.gpufeed-installed
 
 .PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels
 
@@ -13,6 +19,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+$(TV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TV_VENV)
+	$(TV_VENV)/bin/python -m pip install -q $(TV_TORCH)
+	$(TV_VENV)/bin/python -m pip install -q -e ".[tvtest]"
 	touch $@
 
 # libturbojpeg is a system library; without it gpufeed decodes with OpenCV (and says so once).
@@ -36,8 +48,11 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
 
-test: sysdeps $(STAMP) lint docs
+# The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
+# with real torchvision in .venv-tv.
+test: sysdeps $(STAMP) $(TV_STAMP) lint docs
 	$(BIN)/python -m pytest tests
+	$(TV_VENV)/bin/python -m pytest tests/torchvision
 
 # The pytest-benchmark suites, then the tests marked perf (speed ratios, memory figures), which
 # the default test run leaves out; -raP prints the figures they measured. Ends with a short
@@ -59,4 +74,4 @@ gpu-wheels:
 	PYTHON="$(PYTHON)" bash scripts/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) build site *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) $(TV_VENV) build site *.egg-info .pytest_cache .benchmarks

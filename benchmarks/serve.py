@@ -1,30 +1,39 @@
-"""Serving: batch-1 handlers vs DynamicBatcher under open-loop Poisson load (issue 12).
+"""Serving: batch-1 handlers vs DynamicBatcher vs ImageBatcher, open-loop and closed-loop (issue 12).
 
-For each model (ResNet-18 at 224x224, a small CNN at 96x96) and each offered rate, an open-loop
-generator (Poisson arrivals, bounded by ``--duration`` seconds and ``--max-requests``) sends JPEG
-requests from a synthetic image folder to
+For each model (ResNet-18 at 224x224, a small CNN at 96x96), JPEG requests from a synthetic
+image folder go to
 
 * **batch-1**: ``--cores`` handler threads; each takes a request from an unbounded queue,
   decodes + resizes/crops it (``ResizeCenterCrop.apply``) and calls the model on a batch of 1.
   torch gets 1 intra-op thread, so the model uses ``--cores`` threads in all.
-* **batcher**: the generator submits the JPEG bytes at once (``DynamicBatcher.submit``); the
+* **batcher**: the JPEG bytes are submitted at once (``DynamicBatcher.submit``); the
   batcher's ``fn`` decodes + resizes/crops each request of the batch and calls the model once,
   in ``max_concurrent_batches`` model threads (default 2) with ``cores //
   max_concurrent_batches`` torch threads each, so again ``--cores`` threads in all.
-  A full queue (``--max-queue``) refuses the request at once (``Overloaded``).
+* **images**: ``ImageBatcher``: the bytes are submitted at once; ``--image-workers`` gpufeed
+  worker processes decode + crop + normalize each batch into a shared-memory slot; the model
+  threads (as for batcher, ``--image-torch-threads`` torch threads) only run the model.
 
-Latency is exact per request: scheduled arrival to result. Requests not answered within the
-drain window after the last arrival (``max(2 s, 4 x SLO)``) count as unanswered. A rate is
-*sustained* when >= 97% of offered requests are answered, < 1% refused and p99 < SLO.
-Offered rates are multiples (``--rates``) of batch-1's capacity estimated at start-up
-(``cores / seconds per batch-1 call``, preprocessing included).
+A full queue (``--max-queue``) refuses a request at once (``Overloaded``).
 
-    python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.8 1 1.2 1.5 2]
+Open loop (``--rates``): Poisson arrivals, bounded by ``--duration`` seconds and
+``--max-requests``, at offered rates that are multiples of batch-1's capacity measured at
+start-up (batch-1 saturated by ``2 x cores`` closed-loop clients for ``--calibrate-s``).
+Latency is exact per request: scheduled arrival to result. Requests not answered within the drain window after the
+last arrival (``max(2 s, 4 x SLO)``) count as unanswered. A rate is *sustained* when >= 97% of
+offered requests are answered, < 1% refused and p99 < SLO.
+
+Closed loop (``--clients N``): N client threads each send a JPEG, wait for its answer and send
+the next, for ``--duration`` seconds per mode: QPS, p50/p99 and CPU milliseconds per answered
+request (this process and its children), as ratios against batch-1 measured in the same run.
+
+    python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
-                               [--slo-ms-smallcnn 50] [--json OUT]
+                               [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
+                               [--image-workers 1] [--clients 16] [--json OUT]
 
 Goals (2 cores): sustained rate at the SLO >= 1.2x batch-1's for the small CNN and >= 1.0x for
-ResNet-18; at 1.5x batch-1's capacity the batcher's p99 of answered requests stays under the SLO.
+ResNet-18; at 1.5x batch-1's capacity the batchers' p99 of answered requests stays under the SLO.
 ResNet-18 is torchvision's when it imports, else the standard BasicBlock network defined here
 (random weights either way).
 """
@@ -34,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import queue
 import sys
@@ -50,12 +60,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpufeed.serve import DynamicBatcher, Overloaded
+from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
 from gpufeed.synth import make_image_folder
 from gpufeed.transforms import ResizeCenterCrop
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
-STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # 0-1 scale, as ImageBatcher/FastLoader take it
+MEAN = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1) * 255
+STD = torch.tensor(NORMALIZE[1]).view(1, 3, 1, 1) * 255
 
 
 # -- models ---------------------------------------------------------------------------------------
@@ -162,6 +173,7 @@ class Result:
     p99_ms: float = math.nan
     mean_batch: float = 1.0
     sustained: bool = False
+    cpu_ms_per_request: float = math.nan  # closed loop: CPU of this process and its children per answer
     latencies_s: list[float] = field(default_factory=list, repr=False)
 
 
@@ -194,8 +206,8 @@ class Server:
             t.join(60.0)
 
 
-def open_loop(send: Callable[..., None], stop: Callable[[], None], jpegs: list[bytes], rate: float, duration_s: float, max_requests: int,
-              drain_s: float, seed: int) -> tuple[int, list[float], int, int]:
+def open_loop(send: Callable[..., None], stop: Callable[[], None], jpegs: list[bytes], rate: float,
+              duration_s: float, max_requests: int, drain_s: float, seed: int) -> tuple[int, list[float], int, int]:
     """Poisson arrivals at ``rate`` for ``duration_s`` (at most ``max_requests``); returns
     (offered, latencies of answered requests, refused, failed)."""
     rng = np.random.default_rng(seed)
@@ -243,42 +255,58 @@ def open_loop(send: Callable[..., None], stop: Callable[[], None], jpegs: list[b
         return offered, list(latencies), counts["refused"], counts["failed"]
 
 
-def run_batch1(pipe: Pipeline, jpegs: list[bytes], rate: float, args: argparse.Namespace, slo_s: float,
-               seed: int) -> Result:
-    torch.set_num_threads(1)
-
-    def handle(arrival: float, data: bytes, done: Callable[[float, bool | None], None]) -> None:
-        try:
-            pipe.run([pipe.preprocess(data)])
-        except Exception:
-            done(arrival, False)
-        else:
-            done(arrival, True)
-
-    server = Server(handle, args.cores)
-    offered, lat, refused, failed = open_loop(server.inbox.put, server.close, jpegs, rate, args.duration, args.max_requests,
-                                              max(2.0, 4 * slo_s), seed)
-    return summarize("batch-1", rate, offered, lat, refused, failed, 1.0, slo_s, args.duration)
+Job = tuple[float, bytes, Callable[[float, "bool | None"], None]]  # (arrival, JPEG, done(arrival, ok))
 
 
-def run_batcher(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rate: float, args: argparse.Namespace,
-                slo_s: float, seed: int) -> Result:
-    mcb = args.max_concurrent_batches or spec.max_concurrent_batches
-    torch.set_num_threads(max(1, args.cores // mcb))
-    max_batch = args.max_batch_size or spec.max_batch_size
-    batcher = DynamicBatcher(
-        lambda items: pipe.run([pipe.preprocess(data) for data in items]),
-        max_batch_size=max_batch,
-        max_delay_ms=spec.max_delay_ms if args.max_delay_ms is None else args.max_delay_ms,
-        max_queue=args.max_queue or max_batch * mcb,
-        max_concurrent_batches=mcb,
-        name=f"bench-{spec.name}",
-    )
+class Service:
+    """One way of serving: ``send(job)`` at arrival (never blocks), ``close()`` at the end."""
 
-    def send(job: tuple[float, bytes, Callable[[float, bool | None], None]]) -> None:
+    mode = ""
+
+    def send(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def mean_batch(self) -> float:
+        return 1.0
+
+    def close(self) -> None:
+        pass
+
+
+class Batch1(Service):
+    """``--cores`` handler threads, each: decode + crop + model on a batch of one."""
+
+    mode = "batch-1"
+
+    def __init__(self, pipe: Pipeline, args: argparse.Namespace) -> None:
+        torch.set_num_threads(1)
+
+        def handle(arrival: float, data: bytes, done: Callable[[float, bool | None], None]) -> None:
+            try:
+                pipe.run([pipe.preprocess(data)])
+            except Exception:
+                done(arrival, False)
+            else:
+                done(arrival, True)
+
+        self.server = Server(handle, args.cores)
+
+    def send(self, job: Job) -> None:
+        self.server.inbox.put(job)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class _FutureService(Service):
+    """Submit at arrival; ``done`` when the future settles; ``Overloaded`` counts as refused."""
+
+    batcher: Any
+
+    def send(self, job: Job) -> None:
         arrival, data, done = job
         try:
-            future = batcher.submit(data)
+            future = self.batcher.submit(data)
         except Overloaded:
             done(arrival, None)
             return
@@ -288,13 +316,170 @@ def run_batcher(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rate: float
 
         future.add_done_callback(settle)
 
+    def mean_batch(self) -> float:
+        return float(self.batcher.stats()["batch_size_mean"])
+
+    def close(self) -> None:
+        self.batcher.close(drain=False)
+
+
+class Batcher(_FutureService):
+    """DynamicBatcher; its ``fn`` decodes + crops the batch in the model thread, then the model."""
+
+    mode = "batcher"
+
+    def __init__(self, pipe: Pipeline, spec: ModelSpec, args: argparse.Namespace) -> None:
+        mcb = args.max_concurrent_batches or spec.max_concurrent_batches
+        torch.set_num_threads(max(1, args.cores // mcb))
+        max_batch = args.max_batch_size or spec.max_batch_size
+        self.batcher = DynamicBatcher(
+            lambda items: pipe.run([pipe.preprocess(data) for data in items]),
+            max_batch_size=max_batch,
+            max_delay_ms=spec.max_delay_ms if args.max_delay_ms is None else args.max_delay_ms,
+            max_queue=args.max_queue or max_batch * mcb,
+            max_concurrent_batches=mcb,
+            name=f"bench-{spec.name}",
+        )
+
+
+class Images(_FutureService):
+    """ImageBatcher: decode + crop + normalize in ``--image-workers`` worker processes, straight
+    into the batch's arena slot; the model thread(s) only run the model."""
+
+    mode = "images"
+
+    def __init__(self, pipe: Pipeline, spec: ModelSpec, args: argparse.Namespace, warmup: list[bytes]) -> None:
+        mcb = args.max_concurrent_batches or spec.max_concurrent_batches
+        torch.set_num_threads(image_torch_threads(args))
+        max_batch = args.max_batch_size or spec.max_batch_size
+        model = pipe.model
+        self.batcher = ImageBatcher(
+            model,
+            transform=pipe.transform,
+            normalize=NORMALIZE,
+            num_workers=args.image_workers,
+            max_batch_size=max_batch,
+            max_delay_ms=spec.max_delay_ms if args.max_delay_ms is None else args.max_delay_ms,
+            max_queue=args.max_queue or max_batch * mcb,
+            max_concurrent_batches=mcb,
+            mp_context=args.mp_context,
+            name=f"bench-images-{spec.name}",
+        )
+        for f in [self.batcher.submit(d) for d in warmup]:  # workers started and warm before the clock
+            f.result(timeout=120)
+        self.base = self.batcher.stats()["batch_size_hist"]
+
+    def mean_batch(self) -> float:
+        h = self.batcher.stats()["batch_size_hist"]
+        count = h["count"] - self.base["count"]
+        return (h["sum"] - self.base["sum"]) / count if count else 0.0
+
+
+def image_torch_threads(args: argparse.Namespace) -> int:
+    return args.image_torch_threads or max(1, args.cores - args.image_workers)
+
+
+def make_service(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace,
+                 ) -> Service:
+    if mode == "batch-1":
+        return Batch1(pipe, args)
+    if mode == "batcher":
+        return Batcher(pipe, spec, args)
+    return Images(pipe, spec, args, jpegs[:8])
+
+
+def run_open(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rate: float, args: argparse.Namespace,
+             slo_s: float, seed: int) -> Result:
+    service = make_service(mode, pipe, spec, jpegs, args)
     try:
-        offered, lat, refused, failed = open_loop(send, lambda: None, jpegs, rate, args.duration, args.max_requests,
-                                                  max(2.0, 4 * slo_s), seed)
+        offered, lat, refused, failed = open_loop(service.send, service.close, jpegs, rate, args.duration,
+                                                  args.max_requests, max(2.0, 4 * slo_s), seed)
+        mean_batch = service.mean_batch()
     finally:
-        batcher.close(drain=False)
-    return summarize("batcher", rate, offered, lat, refused, failed, batcher.stats()["batch_size_mean"],
-                     slo_s, args.duration)
+        service.close()
+    return summarize(mode, rate, offered, lat, refused, failed, mean_batch, slo_s, args.duration)
+
+
+def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace,
+                clients: int | None = None, duration_s: float | None = None) -> Result:
+    """``clients`` (default ``--clients``) threads, each sending one JPEG and waiting for its
+    answer, again and again, for ``duration_s`` (default ``--duration``) seconds: achieved QPS and
+    exact per-request latencies."""
+    clients = args.clients if clients is None else clients
+    duration_s = args.duration if duration_s is None else duration_s
+    service = make_service(mode, pipe, spec, jpegs, args)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    counts = {"refused": 0, "failed": 0, "sent": 0}
+    stop_at = time.perf_counter() + duration_s
+
+    def client(k: int) -> None:
+        i = k
+        while time.perf_counter() < stop_at:
+            answered = threading.Event()
+            outcome: list[bool | None] = []
+
+            def done(arrival: float, ok: bool | None, outcome: list[bool | None] = outcome,
+                     answered: threading.Event = answered) -> None:
+                outcome.append(ok)
+                answered.set()
+
+            t0 = time.perf_counter()
+            service.send((t0, jpegs[i % len(jpegs)], done))
+            i += clients
+            if not answered.wait(60.0):
+                outcome.append(False)
+            t1 = time.perf_counter()
+            with lock:
+                counts["sent"] += 1
+                if outcome[0] is True:
+                    latencies.append(t1 - t0)
+                elif outcome[0] is None:
+                    counts["refused"] += 1
+                    time.sleep(0.001)  # a refused client backs off a little before retrying
+                else:
+                    counts["failed"] += 1
+
+    threads = [threading.Thread(target=client, args=(k,), name=f"bench-client-{k}") for k in range(clients)]
+    cpu0 = tree_cpu_s()
+    start = time.perf_counter()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120.0)
+        elapsed = time.perf_counter() - start
+        cpu_s = tree_cpu_s() - cpu0
+        mean_batch = service.mean_batch()
+    finally:
+        service.close()
+    r = summarize(mode, 0.0, counts["sent"], latencies, counts["refused"], counts["failed"], mean_batch,
+                  math.inf, elapsed)
+    r.cpu_ms_per_request = 1000 * cpu_s / max(1, r.answered)
+    return r
+
+
+def _ratios(r: Result, base: Result | None) -> tuple[float, float, float]:
+    """(QPS, p99, CPU per request) of ``r`` over ``base``'s; NaN without a base."""
+    if base is None or not base.achieved_qps:
+        return (math.nan, math.nan, math.nan)
+    return (r.achieved_qps / base.achieved_qps, r.p99_ms / base.p99_ms,
+            r.cpu_ms_per_request / base.cpu_ms_per_request)
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live children (the decode workers)."""
+    import psutil
+
+    total = 0.0
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def summarize(mode: str, rate: float, offered: int, lat: list[float], refused: int, failed: int,
@@ -312,39 +497,38 @@ def summarize(mode: str, rate: float, offered: int, lat: list[float], refused: i
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def calibrate(pipe: Pipeline, jpegs: list[bytes], cores: int) -> float:
-    """Batch-1 capacity estimate (requests/s): ``cores`` / median seconds of one request."""
+def calibrate(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> float:
+    """Batch-1 capacity (requests/s) on this machine now: batch-1 serving saturated by
+    ``2 x cores`` closed-loop clients for ``--calibrate-s`` seconds (on a shared machine the
+    latency of one call in isolation overestimates it several times)."""
     torch.set_num_threads(1)
     for data in jpegs[:3]:
         pipe.run([pipe.preprocess(data)])
-    times = []
-    for data in jpegs[:15]:
-        t0 = time.perf_counter()
-        pipe.run([pipe.preprocess(data)])
-        times.append(time.perf_counter() - t0)
-    return cores / float(np.median(times))
+    return closed_loop("batch-1", pipe, spec, jpegs, args, clients=2 * args.cores,
+                       duration_s=args.calibrate_s).achieved_qps
 
 
 def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     slo_ms = getattr(args, f"slo_ms_{spec.name}") or spec.slo_ms
     slo_s = slo_ms / 1000.0
     pipe = Pipeline(spec)
-    capacity = calibrate(pipe, jpegs, args.cores)
+    capacity = calibrate(pipe, spec, jpegs, args)
     mcb = args.max_concurrent_batches or spec.max_concurrent_batches
-    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity estimate "
+    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity (measured) "
           f"{capacity:.1f} req/s; batch-1: {args.cores} handlers x 1 torch thread; batcher: submit "
-          f"in the generator, preprocess + model in fn, {mcb} model thread(s) x {max(1, args.cores // mcb)} torch threads, "
-          f"max_batch_size={args.max_batch_size or spec.max_batch_size}")
+          f"in the generator, preprocess + model in fn, {mcb} model thread(s) x {max(1, args.cores // mcb)} "
+          f"torch threads, "
+          f"max_batch_size={args.max_batch_size or spec.max_batch_size}; images: ImageBatcher, "
+          f"{args.image_workers} decode worker(s) ({args.mp_context}), {mcb} model thread(s) x "
+          f"{image_torch_threads(args)} torch threads")
     print(f"{'offered/s':>9} {'mode':<8} {'offered':>7} {'answered':>8} {'refused':>7} {'QPS':>7} "
           f"{'p50 ms':>8} {'p99 ms':>8} {'batch':>6}  ok")
     rows: list[Result] = []
+    modes = args.modes
     for i, mult in enumerate(args.rates):
         rate = mult * capacity
-        for mode in ("batch-1", "batcher"):  # alternate, same rate and arrival seed
-            if mode == "batch-1":
-                r = run_batch1(pipe, jpegs, rate, args, slo_s, seed=i)
-            else:
-                r = run_batcher(pipe, spec, jpegs, rate, args, slo_s, seed=i)
+        for mode in modes:  # alternate, same rate and arrival seed
+            r = run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=i)
             rows.append(r)
             print(f"{rate:9.1f} {r.mode:<8} {r.offered:7d} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} "
                   f"{r.p50_ms:8.1f} {r.p99_ms:8.1f} {r.mean_batch:6.2f}  {'yes' if r.sustained else 'no'}")
@@ -353,34 +537,65 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     def best(mode: str) -> float:
         return max((r.offered_qps for r in rows if r.mode == mode and r.sustained), default=0.0)
 
-    b1, bb = best("batch-1"), best("batcher")
-    ratio = bb / b1 if b1 else math.inf if bb else math.nan
+    b1 = best("batch-1")
     goal = 1.2 if spec.name == "smallcnn" else 1.0
-    print(f"{spec.name}: highest sustained offered rate: batcher {bb:.1f}/s, batch-1 {b1:.1f}/s -> "
-          f"{ratio:.2f}x (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'})")
-    if b1:  # overload: 1.5x the highest rate batch-1 sustained, both sides
+    sustained: dict[str, float] = {"batch-1": b1}
+    for mode in modes:
+        if mode == "batch-1" or not args.rates:
+            continue
+        bb = sustained[mode] = best(mode)
+        ratio = bb / b1 if b1 else math.inf if bb else math.nan
+        sustained[f"{mode}/batch-1"] = ratio
+        print(f"{spec.name}: highest sustained offered rate: {mode} {bb:.1f}/s, batch-1 {b1:.1f}/s -> "
+              f"{ratio:.2f}x (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'})")
+    if b1 and args.overload:  # overload: 1.5x the highest rate batch-1 sustained, every mode
         rate = 1.5 * b1
-        by = {"batch-1": run_batch1(pipe, jpegs, rate, args, slo_s, seed=99),
-              "batcher": run_batcher(pipe, spec, jpegs, rate, args, slo_s, seed=99)}
+        by = {mode: run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=99) for mode in modes}
         rows += by.values()
-        ok = by["batcher"].p99_ms < slo_ms
-        print(f"{spec.name}: at 1.5x batch-1's sustained rate ({rate:.1f}/s): p99 batcher "
-              f"{by['batcher'].p99_ms:.0f} ms (refused {by['batcher'].refused}/{by['batcher'].offered}, "
-              f"QPS {by['batcher'].achieved_qps:.0f}), batch-1 {by['batch-1'].p99_ms:.0f} ms (answered "
-              f"{by['batch-1'].answered}/{by['batch-1'].offered}, QPS {by['batch-1'].achieved_qps:.0f}) "
-              f"(goal batcher p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})")
+        for mode, r in by.items():
+            ok = r.p99_ms < slo_ms
+            print(f"{spec.name}: at 1.5x batch-1's sustained rate ({rate:.1f}/s): {mode:<8} p99 {r.p99_ms:.0f} ms, "
+                  f"QPS {r.achieved_qps:.0f}, answered {r.answered}/{r.offered}, refused {r.refused}"
+                  + ("" if mode == "batch-1" else f" (goal p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})"))
+    clients: list[Result] = []
+    if args.clients:
+        print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s per mode and round, "
+              f"{args.rounds} rounds alternating the modes (each client sends a JPEG, waits for its answer, "
+              "sends the next); x: ratio to the batch-1 run of the same round")
+        print(f"{'round':>5} {'mode':<8} {'answered':>8} {'refused':>7} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'batch':>6} {'CPU ms/req':>10}  QPS x  p99 x  CPU x")
+        for k in range(args.rounds):
+            base: Result | None = None
+            for mode in modes:
+                r = closed_loop(mode, pipe, spec, jpegs, args)
+                clients.append(r)
+                if mode == "batch-1":
+                    base = r
+                x = _ratios(r, base)
+                print(f"{k:5d} {r.mode:<8} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} {r.p50_ms:8.1f} "
+                      f"{r.p99_ms:8.1f} {r.mean_batch:6.2f} {r.cpu_ms_per_request:10.2f}  "
+                      f"{x[0]:5.2f}  {x[1]:5.2f}  {x[2]:5.2f}")
+                sys.stdout.flush()
+        for mode in modes[1:] if modes[0] == "batch-1" else []:
+            per_round = [_ratios(r, b) for r, b in zip([c for c in clients if c.mode == mode],
+                                                       [c for c in clients if c.mode == "batch-1"])]
+            med = [float(np.median([x[i] for x in per_round])) for i in range(3)]
+            print(f"{spec.name}: closed loop, {mode} / batch-1, median of {len(per_round)} rounds: QPS {med[0]:.2f}x, "
+                  f"p99 {med[1]:.2f}x, CPU per request {med[2]:.2f}x")
     return {
         "model": spec.name, "slo_ms": slo_ms, "capacity_estimate": capacity,
         "rows": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in rows],
-        "sustained": {"batch-1": b1, "batcher": bb, "ratio": ratio},
+        "sustained": sustained,
+        "clients": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in clients],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["smallcnn", "resnet18"], choices=sorted(SPECS))
-    p.add_argument("--rates", nargs="+", type=float, default=[0.3, 0.45, 0.6, 0.75, 0.9, 1.1],
-                   help="offered rates as multiples of batch-1's capacity estimated in isolation (optimistic)")
+    p.add_argument("--rates", nargs="*", type=float, default=[0.5, 0.7, 0.85, 1.0, 1.2, 1.4],
+                   help="offered rates as multiples of batch-1's capacity measured at start-up (saturated)")
+    p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of arrivals per point")
     p.add_argument("--max-requests", type=int, default=5000, help="cap on arrivals per point")
     p.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1),
@@ -389,11 +604,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ms-smallcnn", type=float, default=None, help="default 50")
     p.add_argument("--max-batch-size", type=int, default=None, help="default per model (smallcnn 8, resnet18 4)")
     p.add_argument("--max-delay-ms", type=float, default=None, help="default per model (smallcnn 2, resnet18 10)")
-    p.add_argument("--max-concurrent-batches", type=int, default=None, help="default per model: 2 (one torch thread each, as batch-1)")
+    p.add_argument("--max-concurrent-batches", type=int, default=None,
+                   help="default per model: 2 (one torch thread each, as batch-1)")
     p.add_argument("--max-queue", type=int, default=None, help="default max_batch_size * max_concurrent_batches")
     p.add_argument("--images", type=int, default=64, help="distinct demo JPEGs (350x400)")
+    p.add_argument("--modes", nargs="+", default=["batch-1", "batcher", "images"],
+                   choices=["batch-1", "batcher", "images"], help="batch-1 first: ratios are against it")
+    p.add_argument("--image-workers", type=int, default=1, help="ImageBatcher decode processes")
+    p.add_argument("--image-torch-threads", type=int, default=None,
+                   help="torch threads with ImageBatcher (default: cores - image workers, at least 1)")
+    p.add_argument("--mp-context", default="forkserver", help="ImageBatcher workers' start method")
+    p.add_argument("--clients", type=int, default=16, help="closed-loop clients per mode (0: skip that part)")
+    p.add_argument("--rounds", type=int, default=3, help="closed-loop rounds (the modes alternate in each)")
+    p.add_argument("--no-overload", dest="overload", action="store_false", help="skip the 1.5x overload point")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.modes[0] != "batch-1" and "batch-1" in args.modes:
+        args.modes = ["batch-1", *[m for m in args.modes if m != "batch-1"]]
+    if "images" in args.modes and args.mp_context == "forkserver":
+        # The fork server imports torch and gpufeed's worker once; each worker is then a quick
+        # fork of it (a server application does the same at start-up).
+        multiprocessing.set_forkserver_preload(["gpufeed._engine.worker", "gpufeed._image.fill"])
     with tempfile.TemporaryDirectory(prefix="gpufeed-serve-bench-") as tmp:
         make_image_folder(tmp, num_classes=4, per_class=max(1, args.images // 4))
         jpegs = [f.read_bytes() for f in sorted(Path(tmp).rglob("*.jpg")) + sorted(Path(tmp).rglob("*.jpeg"))]
@@ -401,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no demo images were written", file=sys.stderr)
         return 1
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs visible, --cores {args.cores}, {len(jpegs)} JPEGs, "
-          f"{args.duration:g} s per point; preprocessing (decode + ResizeCenterCrop): batch-1 in its handler, batcher in fn")
+          f"{args.duration:g} s per point; preprocessing (decode + ResizeCenterCrop): batch-1 in its handler, "
+          f"batcher in fn, images in ImageBatcher's worker processes")
     out = [bench_model(SPECS[name], jpegs, args) for name in args.models]
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

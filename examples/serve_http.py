@@ -1,7 +1,8 @@
-"""An HTTP inference endpoint on a DynamicBatcher (Starlette + uvicorn).
+"""An HTTP inference endpoint on a DynamicBatcher or an ImageBatcher (Starlette + uvicorn).
 
     pip install 'gpufeed[serve]'
-    python examples/serve_http.py --port 8000
+    python examples/serve_http.py --port 8000            # DynamicBatcher, decode in the request
+    python examples/serve_http.py --port 8000 --images   # ImageBatcher, decode in worker processes
     curl --data-binary @cat.jpg http://127.0.0.1:8000/predict
 
 POST /predict takes JPEG bytes and answers ``{"class": i, "score": logit, "top5": [...]}``;
@@ -9,8 +10,11 @@ POST /predict takes JPEG bytes and answers ``{"class": i, "score": logit, "top5"
 when the request waited past its deadline (``TimeoutError``). GET /stats returns the
 batcher's counters and p50/p99 (seconds).
 
-Decoding + resize/crop runs in Starlette's thread pool, in the request's path; the batcher's
-model thread only stacks, normalizes and runs the model (a small CNN on 96x96, random weights).
+Default: decoding + resize/crop runs in Starlette's thread pool, in the request's path; the
+batcher's model thread only stacks, normalizes and runs the model (a small CNN on 96x96, random
+weights). With ``--images`` (``create_app(images=True)``) the handler submits the request's
+bytes as they came: an ImageBatcher decodes, crops and normalizes each batch in its worker
+processes (into shared memory) and its model threads only run the model.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gpufeed.errors import DecodeError
-from gpufeed.serve import DynamicBatcher, Overloaded
+from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
 from gpufeed.transforms import ResizeCenterCrop
 
 SIZE = 96
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
-STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+MEAN = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1) * 255
+STD = torch.tensor(NORMALIZE[1]).view(1, 3, 1, 1) * 255
 
 
 def small_cnn(num_classes: int = 10) -> torch.nn.Module:
@@ -56,8 +61,14 @@ def create_app(
     max_queue: int = 256,
     max_concurrent_batches: int = 1,
     timeout_s: float = 1.0,
+    images: bool = False,
+    num_workers: int = 2,
+    mp_context: str = "forkserver",
 ) -> Starlette:
-    """The app; its lifespan creates the batcher (``app.state.batcher``) and closes it."""
+    """The app; its lifespan creates the batcher (``app.state.batcher``) and closes it.
+
+    ``images``: an ImageBatcher with ``num_workers`` decode processes started by ``mp_context``.
+    """
     net = model if model is not None else small_cnn()
     transform = ResizeCenterCrop(size=SIZE, resize=110)
 
@@ -72,14 +83,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        batcher = DynamicBatcher(
-            run,
-            max_batch_size=max_batch_size,
-            max_delay_ms=max_delay_ms,
-            max_queue=max_queue,
-            max_concurrent_batches=max_concurrent_batches,
-            name="http",
-        )
+        options: dict[str, Any] = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
+                                       max_concurrent_batches=max_concurrent_batches, name="http")
+        batcher: DynamicBatcher | ImageBatcher
+        if images:  # started off the event loop: the workers take a moment
+            batcher = await run_in_threadpool(
+                lambda: ImageBatcher(net, transform=transform, normalize=NORMALIZE, num_workers=num_workers,
+                                     mp_context=mp_context, **options))
+        else:
+            batcher = DynamicBatcher(run, **options)
         app.state.batcher = batcher
         try:
             yield
@@ -89,11 +101,10 @@ def create_app(
     async def predict(request: Request) -> JSONResponse:
         data = await request.body()
         try:
-            x = await run_in_threadpool(preprocess, data)
+            x = data if images else await run_in_threadpool(preprocess, data)
+            logits = await request.app.state.batcher.infer(x, timeout_s=timeout_s)
         except DecodeError as exc:
             return JSONResponse({"error": f"not a decodable image: {exc}"}, status_code=400)
-        try:
-            logits = await request.app.state.batcher.infer(x, timeout_s=timeout_s)
         except Overloaded as exc:
             return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
         except TimeoutError as exc:
@@ -122,8 +133,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description="gpufeed.serve HTTP example")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--images", action="store_true", help="ImageBatcher: decode in worker processes")
+    p.add_argument("--workers", type=int, default=2, help="decode processes with --images")
     args = p.parse_args()
-    uvicorn.run(create_app(), host=args.host, port=args.port)
+    uvicorn.run(create_app(images=args.images, num_workers=args.workers), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from gpufeed.errors import (
 from gpufeed.loader import FastLoader
 from gpufeed.sampler import DistributedSampler
 from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
+from gpufeed.torchvision_compat import TorchvisionPipeline, explain, from_torchvision
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
 __all__ = [
@@ -40,10 +41,13 @@ __all__ = [
     "LoaderTimeoutError",
     "RandomResizedCrop",
     "ResizeCenterCrop",
+    "TorchvisionPipeline",
     "WorkerError",
     "backends",
     "decode",
     "diagnose",
+    "explain",
+    "from_torchvision",
     "pack",
     "parse_cache_bytes",
     "read_header",

@@ -19,8 +19,25 @@ State, version 1 (a JSON-serialisable dict)::
                          it drew from torch's global RNG)
                      {"kind": "random", "generator_state": base64}  (the state of its generator
                          before the epoch's draw)
+                     {"kind": "weighted_random" or "subset_random", "generator_state": base64}
+                         (WeightedRandomSampler, SubsetRandomSampler: the state of the generator
+                         the epoch's order was drawn from, theirs or torch's global one)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
+                     {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
+                         "drop_last": bool, "num_replicas": int, "dataset_len": int}
+                         (torch's DistributedSampler, e.g. the one Lightning injects: its order is a
+                         function of these; no rank, so rank 0's state, the one a framework
+                         checkpoints, is every rank's: all ranks take the same number of batches)
+    next_sampler     only with sampler None (taken between passes, or once every batch of the pass
+                     was received), where the next pass's order comes from, applied by
+                     load_state_dict() at once (a framework may iter() before its set_epoch()):
+                     {"kind": "random", "weighted_random" or "subset_random", "generator_state":
+                         base64}  (the sampler's own generator now)
+                     {"kind": "torch_distributed" or "gpufeed_distributed", "epoch": int}  (the
+                         epoch of the last pass + 1, as a set_epoch(epoch) loop counts)
     dataset          IterableDataset only: its own ``state_dict()``
+    accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
+                     "iteration"} (Accelerate's sharding: resume on the same number of processes)
 """
 
 from __future__ import annotations
@@ -31,11 +48,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 STATE_VERSION = 1
 
-SUPPORTED = "SequentialSampler, RandomSampler or gpufeed.DistributedSampler (alone or in a torch BatchSampler)"
+SUPPORTED = (
+    "SequentialSampler, RandomSampler, WeightedRandomSampler, SubsetRandomSampler, torch's or gpufeed's "
+    "DistributedSampler (alone or in a torch BatchSampler)"
+)
+
+# What torch's DistributedSampler's order is a function of (with the epoch), checked on resume.
+_TORCH_DISTRIBUTED_KEYS = ("seed", "shuffle", "drop_last", "num_replicas")
 
 
 @dataclass
@@ -63,8 +93,29 @@ class Pass:
 
 
 def base_sampler(index_sampler: Any) -> Any:
-    """The per-sample sampler of an index sampler (``BatchSampler.sampler``, or itself)."""
+    """The per-sample sampler of an index sampler (``BatchSampler.sampler``, also through
+    Accelerate's ``BatchSamplerShard``; or itself)."""
+    if is_batch_shard(index_sampler):
+        index_sampler = index_sampler.batch_sampler
     return index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+
+
+def is_batch_shard(index_sampler: Any) -> bool:
+    """Accelerate's ``BatchSamplerShard`` over a torch ``BatchSampler`` (found by name: gpufeed
+    never imports accelerate). Its batches are a fixed function of the inner ones (this rank's
+    share), so its position is the inner sampler's state plus the batches taken, for the same
+    number of processes (``gpufeed.integrations.accelerate`` records and checks it)."""
+    cls = type(index_sampler)
+    return (
+        cls.__name__ == "BatchSamplerShard"
+        and cls.__module__ == "accelerate.data_loader"
+        and type(getattr(index_sampler, "batch_sampler", None)) is BatchSampler
+    )
+
+
+# Samplers whose order is one draw from their generator (or, without one, from torch's global RNG)
+# at the first index: their position is the generator's state before the draw.
+_DRAWING: dict[type, str] = {WeightedRandomSampler: "weighted_random", SubsetRandomSampler: "subset_random"}
 
 
 def sampler_kind(sampler: Any) -> str | None:
@@ -72,8 +123,12 @@ def sampler_kind(sampler: Any) -> str | None:
 
     if isinstance(sampler, DistributedSampler):
         return "gpufeed_distributed"
+    if type(sampler) is TorchDistributedSampler:
+        return "torch_distributed"
     if type(sampler) is RandomSampler:
         return "random"
+    if type(sampler) in _DRAWING:
+        return _DRAWING[type(sampler)]
     if type(sampler) is SequentialSampler:
         return "sequential"
     return None
@@ -101,7 +156,10 @@ class PositionedIndices:
         resume = self._loader._take_resume()
         p.started = True
         sampler = base_sampler(self.inner)
-        kind = sampler_kind(sampler) if sampler is self.inner or type(self.inner) is BatchSampler else None
+        plain = sampler is self.inner or type(self.inner) is BatchSampler
+        kind = sampler_kind(sampler) if plain or is_batch_shard(self.inner) else None
+        if kind == "gpufeed_distributed" and not plain:
+            kind = None  # sharded twice: the sampler's position no longer names the batches
         if kind is None:
             p.unsupported = f"{type(self.inner).__name__} over {type(sampler).__name__}"
         loaded = resume["sampler"] if resume is not None else None
@@ -115,6 +173,9 @@ class PositionedIndices:
             if kind == "gpufeed_distributed":
                 sampler.load_state_dict(loaded["state"])  # its position; no batches to skip
             else:
+                if kind == "torch_distributed":
+                    _check_torch_distributed(sampler, loaded)
+                    sampler.set_epoch(int(loaded["epoch"]))  # the order of the checkpointed epoch
                 skip = int(resume["batches_yielded"])
                 p.skipped_batches = skip
                 p.skipped_samples = int(resume["samples_yielded"])
@@ -140,10 +201,25 @@ class PositionedIndices:
                 p.sampler_state = {"kind": "random", "seed": seed}
             else:
                 p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
+        elif kind in _DRAWING.values():
+            if loaded is not None:
+                generator = torch.Generator()
+                generator.set_state(_decode(loaded["generator_state"]))
+                if sampler.generator is None:
+                    sampler.generator, restore_generator = generator, True
+                else:
+                    sampler.generator.set_state(generator.get_state())
+                p.sampler_state = dict(loaded)
+            else:
+                drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
+                p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
         elif kind == "sequential":
             p.sampler_state = {"kind": "sequential"}
         elif kind == "gpufeed_distributed":
-            p.sampler_state = {"kind": "gpufeed_distributed"}  # its state is read at state_dict()
+            # its position is read at state_dict(); the epoch is for next_pass_state()
+            p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
+        elif kind == "torch_distributed":
+            p.sampler_state = torch_distributed_state(sampler)
         stream = iter(self.inner)
         try:
             try:
@@ -162,6 +238,67 @@ class PositionedIndices:
             p.lengths.append(_length(batch))
             yield batch
         p.finished = True
+
+
+def pass_received(p: Pass, index_sampler: Any) -> bool:
+    """Every batch of the pass was received (without workers, the index stream learns that it is
+    exhausted only at the next pull: a checkpoint after the last batch is an epoch's end)."""
+    if p.done:
+        return True
+    try:
+        total = len(index_sampler)
+    except TypeError:
+        return False
+    return p.skipped_batches + p.batches_received >= total
+
+
+def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
+    """Between passes: where the next pass's order comes from (``next_sampler``), or None."""
+    kind = sampler_kind(sampler)
+    if kind in ("random", *_DRAWING.values()) and sampler.generator is not None:
+        return {"kind": kind, "generator_state": _encode(sampler.generator.get_state())}
+    if kind in ("torch_distributed", "gpufeed_distributed"):
+        last = (p.sampler_state or {}).get("epoch") if p is not None and p.started else None
+        return {"kind": kind, "epoch": int(sampler.epoch) if last is None else int(last) + 1}
+    return None
+
+
+def apply_next_pass(sampler: Any, state: dict[str, Any]) -> None:
+    """Load ``next_sampler``: the next pass draws the order the checkpointed run's next pass drew."""
+    kind = sampler_kind(sampler)
+    if state.get("kind") != kind:
+        raise ValueError(
+            f"the loaded state was taken with a {state.get('kind')!r} sampler; this loader's is "
+            f"{kind or type(sampler).__name__!r}. Resume with the sampler of the checkpointed run ({SUPPORTED})."
+        )
+    if kind in ("random", *_DRAWING.values()):
+        if sampler.generator is not None:
+            sampler.generator.set_state(_decode(state["generator_state"]))
+    else:
+        sampler.set_epoch(int(state["epoch"]))
+
+
+def torch_distributed_state(sampler: TorchDistributedSampler[Any]) -> dict[str, Any]:
+    """What the order of a torch ``DistributedSampler``'s epoch is a function of (besides the rank)."""
+    state = {"kind": "torch_distributed", "epoch": int(sampler.epoch),
+             "dataset_len": len(sampler.dataset)}  # type: ignore[arg-type]
+    for key in _TORCH_DISTRIBUTED_KEYS:
+        value = getattr(sampler, key)
+        state[key] = value if isinstance(value, bool) else int(value)
+    return state
+
+
+def _check_torch_distributed(sampler: TorchDistributedSampler[Any], loaded: dict[str, Any]) -> None:
+    ours = torch_distributed_state(sampler)
+    for key in (*_TORCH_DISTRIBUTED_KEYS, "dataset_len"):
+        if loaded.get(key) != ours[key]:
+            hint = (" torch's DistributedSampler cannot resume on another world size; gpufeed.DistributedSampler "
+                    "can." if key == "num_replicas" else "")
+            raise ValueError(
+                f"the loaded state was taken with a torch DistributedSampler whose `{key}` is "
+                f"{loaded.get(key)!r}; this loader's is {ours[key]!r}, so the rest of the epoch would lose or "
+                f"repeat samples. Resume with the {key} of the checkpointed run.{hint}"
+            )
 
 
 def _length(batch: Any) -> int:

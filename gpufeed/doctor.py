@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufeed._observe.memory import format_bytes
 from gpufeed._observe.probe import ProbeResult, TreeProbe
 from gpufeed.errors import shorten
 from gpufeed.stats import STAGES
@@ -106,6 +107,7 @@ class Evidence:
     output_side_px: int | None = None  # image path: the transform's longer output side
     deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
     read_concurrency: int | None = None  # image sources: reads in flight per worker
+    read_budget_bytes: int | None = None  # image sources: bytes read and not decoded, per worker
     fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
 
     # -- derived -------------------------------------------------------------------------------
@@ -320,10 +322,14 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
         reasons.append(f"reading is {read_share:.0%} of worker time "
                        f"({ev.read_s / max(ev.samples, 1) * 1e3:.1f} ms/image)")
         rc = ev.read_concurrency or 1
+        budget = ("" if ev.read_budget_bytes is None else
+                  f", at most {format_bytes(ev.read_budget_bytes)} read and not yet decoded "
+                  f"(read_budget_bytes={ev.read_budget_bytes})")
         reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
-                       f"(the dataset's read_concurrency={rc})")
+                       f"(the dataset's read_concurrency={rc}{budget})")
         more = (f"raise the dataset's read_concurrency to {min(64, max(16, rc * 4))} "
-                f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset)")
+                f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset; "
+                f"`gpufeed tune` measures 1, 4, 16, 64)")
     else:
         ft = ev.fetch_threads
         reasons.append(f"{max(ft, 1)} read{'s' if ft > 1 else ''} in flight per worker "
@@ -504,6 +510,7 @@ def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
         "output_side_px": int(max(transform.output_size)),
         "deterministic": bool(getattr(transform, "deterministic", False)),
         "read_concurrency": int(getattr(dataset, "read_concurrency", 1) or 1),
+        "read_budget_bytes": _int_attr(dataset, "read_budget_bytes") or None,
     }
 
 

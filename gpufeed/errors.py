@@ -6,6 +6,7 @@
     ├── WorkerError            a worker process died or could not be replaced
     ├── LoaderTimeoutError     no batch within ``timeout`` seconds (also a RuntimeError, as in torch)
     ├── DecodeError (+ValueError)  an image could not be decoded: names the file and sample index
+    ├── ReadError (+OSError)   a sample's bytes could not be read (remote sources, after retries)
     └── BackendUnavailableError    a requested decoder or device is not installed
 
     GpufeedWarning (UserWarning)
@@ -34,6 +35,12 @@ class LoaderTimeoutError(GpufeedError):
 
 class DecodeError(GpufeedError, ValueError):
     """An encoded image could not be decoded; the message names the file and sample index."""
+
+
+class ReadError(GpufeedError, OSError):
+    """A sample's bytes could not be read, for good (a remote source's retries are spent, or
+    the error is permanent: 404, 403); the message names the URL and sample index. The loader's
+    ``on_error="skip"`` leaves such samples out of their batch, as undecodable ones."""
 
 
 class BackendUnavailableError(GpufeedError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._resume import STATE_VERSION, SUPPORTED, Pass, PositionedIndices, base_sampler, sampler_kind
+from gpufeed._loader_state import ResumableLoader
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
@@ -27,7 +28,7 @@ from gpufeed.stats import Stats, worker_usage
 T_co = TypeVar("T_co", covariant=True)
 
 
-class FastLoader(DataLoader[T_co]):
+class FastLoader(ResumableLoader, DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader``.
 
     Takes exactly the installed DataLoader's arguments (same defaults, same validation, same
@@ -83,10 +84,14 @@ class FastLoader(DataLoader[T_co]):
     the batches received so far, computed, never replayed; a loaded state applies to the next
     ``iter()``, which yields exactly the rest of that epoch (byte-identical on the image path and
     for deterministic datasets, with any ``num_workers``; with ``gpufeed.DistributedSampler``, on
-    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``
+    any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
+    ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's ``DistributedSampler`` (the one
+    Lightning injects; rank 0's state resumes every rank)
     or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``) and ``in_order=True``; an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise (``in_order=False`` included).
+    A state taken after a pass's last batch carries the next pass's order (the sampler's epoch or
+    generator), set at ``load_state_dict()``: frameworks may ``iter()`` before ``set_epoch()``.
     """
 
     def __init__(
@@ -154,9 +159,9 @@ class FastLoader(DataLoader[T_co]):
         self._epoch = 0
         self._sampler_epochs: dict[int, Any] = {}  # id(sampler) -> its epoch at its last pass
         self._warned_epoch = False
-        self._pass: Pass | None = None  # the position of the latest pass (map-style datasets)
-        self._resume: dict[str, Any] | None = None  # a loaded state, applied at the next iter()
-        self._user_iter: weakref.ref[Any] | None = None  # the latest iterator handed out
+        self._pass = None  # the position of the latest pass (map-style datasets)
+        self._resume = None  # a loaded state, applied at the next iter()
+        self._user_iter = None  # the latest iterator handed out
         self.metrics_server = None
         if metrics_port is not None:
             self.metrics_server = _serve_metrics(metrics_port)
@@ -202,6 +207,10 @@ class FastLoader(DataLoader[T_co]):
 
         Samplers are shared with this loader, as a framework rebuilding it would share them.
         """
+        return type(self)(**self._replace_kwargs(overrides))
+
+    def _replace_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The constructor arguments of ``replace(**overrides)``."""
         kwargs = self._init_kwargs()
         if "shuffle" in overrides or "sampler" in overrides or "batch_sampler" in overrides:
             kwargs.pop("sampler", None)
@@ -216,7 +225,7 @@ class FastLoader(DataLoader[T_co]):
         if overrides.get("num_workers", 1) == 0 and "prefetch_factor" not in overrides:
             kwargs["prefetch_factor"] = None  # torch refuses one without workers
         kwargs.update(overrides)
-        return type(self)(**kwargs)
+        return kwargs
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A loader pickles to its arguments, never its live state (workers, arena, streams).
@@ -225,6 +234,21 @@ class FastLoader(DataLoader[T_co]):
         if context is not None and hasattr(context, "get_start_method"):
             kwargs["multiprocessing_context"] = context.get_start_method()
         return (_rebuild, (type(self), kwargs))
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        # Accelerate's prepare_data_loader / skip_first_batches read the loader's attributes to
+        # build a plain torch DataLoader: say so (once) instead of losing the engine silently.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("accelerate.") and not self.__dict__.get("_rebuild_expected", False):
+            from gpufeed.integrations._rebuilds import warn_rebuilt_by_accelerate
+
+            warn_rebuilt_by_accelerate(self)
+        return DataLoader.multiprocessing_context.fget(self)  # type: ignore[attr-defined]
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value: Any) -> None:
+        DataLoader.multiprocessing_context.fset(self, value)  # type: ignore[attr-defined]
 
     # -- the state of the process that iterates -----------------------------------------------------
 
@@ -382,134 +406,6 @@ class FastLoader(DataLoader[T_co]):
                 user_iter.on_yield = p
         self._user_iter = weakref.ref(user_iter)
         return user_iter
-
-    # -- mid-epoch state (decision 13; gpufeed/_resume.py) -------------------------------------
-
-    @property
-    def _index_sampler(self) -> Any:
-        inner = super()._index_sampler
-        if isinstance(self.dataset, IterableDataset):
-            return inner
-        return PositionedIndices(self, inner)
-
-    def _take_resume(self) -> dict[str, Any] | None:
-        state, self._resume = self._resume, None
-        return state
-
-    def _mark_pass(self, aug_epoch: int) -> None:
-        if self._pass is not None:
-            self._pass.aug_epoch = aug_epoch
-
-    def _pass_in_progress(self) -> bool:
-        """An iterator of this loader is alive and partway through its epoch."""
-        p = self._pass
-        alive = self._user_iter is not None and self._user_iter() is not None
-        return alive and p is not None and not p.done
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
-        protocol): a small JSON-serialisable dict, version 1 (described in ``gpufeed/_resume.py``).
-
-        Load it into a loader built with the same arguments (``num_workers`` may differ; with
-        ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
-        rest of the epoch. Map-style datasets with a ``SequentialSampler``, a ``RandomSampler``
-        or a ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
-        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
-        ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
-        """
-        image_seed = self._image_feed.plan.seed if self._image_feed is not None else None
-        state: dict[str, Any] = {"version": STATE_VERSION}
-        if isinstance(self.dataset, IterableDataset):
-            dataset_state = getattr(self.dataset, "state_dict", None)
-            if not callable(dataset_state) or not callable(getattr(self.dataset, "load_state_dict", None)):
-                raise NotImplementedError(
-                    f"state_dict() of a loader over an IterableDataset needs the dataset's own state: "
-                    f"{type(self.dataset).__name__} has no state_dict()/load_state_dict(). Add them, "
-                    "or checkpoint at epoch boundaries."
-                )
-            if self.num_workers > 0:
-                raise NotImplementedError(
-                    "state_dict() of a loader over an IterableDataset is supported with num_workers=0 "
-                    "only (each worker holds its own copy of the dataset's position)."
-                )
-            state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
-            return state
-        if self.num_workers > 0 and not self.in_order:
-            raise NotImplementedError(
-                "state_dict() with in_order=False is not supported yet (the batches delivered beyond "
-                "the contiguous prefix are not recorded). Use in_order=True to checkpoint mid-epoch."
-            )
-        if self._resume is not None:  # loaded, not applied yet
-            return dict(self._resume)
-        p = self._pass
-        if p is None or p.done or not p.started:
-            state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
-                         sampler=None)
-            return state
-        if p.unsupported is not None:
-            raise NotImplementedError(
-                f"state_dict() supports a {SUPPORTED}. This loader's is {p.unsupported}."
-            )
-        received = p.batches_received
-        samples = sum(p.lengths[:received])
-        sampler_state = dict(p.sampler_state or {})
-        if sampler_state.get("kind") == "gpufeed_distributed":
-            sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
-        state.update(
-            epoch=p.aug_epoch,
-            batches_yielded=p.skipped_batches + received,
-            samples_yielded=p.skipped_samples + samples,
-            image_seed=image_seed,
-            sampler=sampler_state,
-        )
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next ``iter()`` yields the rest of that epoch."""
-        if not isinstance(state_dict, dict) or "version" not in state_dict:
-            raise ValueError(f"`state_dict` must be a dict from FastLoader.state_dict(). Found: {shorten(state_dict)}.")
-        version = state_dict["version"]
-        if version != STATE_VERSION:
-            raise ValueError(
-                f"FastLoader state version {version!r} is not supported; this gpufeed reads version "
-                f"{STATE_VERSION}. Load it with the gpufeed version that wrote it."
-            )
-        if self._pass_in_progress():
-            raise RuntimeError(
-                "load_state_dict() while an iterator of this loader is partway through an epoch: the "
-                "state applies to the next iter(). Finish or drop the iterator first (break out of the "
-                "loop and `del` it; with persistent_workers, loader.close()), or load into a new loader."
-            )
-        image_seed = state_dict.get("image_seed")
-        if image_seed is not None and self._image_path:
-            ours = self._make_image_feed(on_gpu=False)
-            if ours is not None and ours.plan.seed != image_seed:
-                raise ValueError(
-                    f"the state was taken with image augmentation seed {image_seed}; this loader's is "
-                    f"{ours.plan.seed}, so the rest of the epoch would differ. Build it with seed={image_seed}."
-                )
-        if isinstance(self.dataset, IterableDataset):
-            load = getattr(self.dataset, "load_state_dict", None)
-            if not callable(load) or "dataset" not in state_dict:
-                raise NotImplementedError(
-                    f"{type(self.dataset).__name__} has no load_state_dict() (or the state has no dataset "
-                    "part): an IterableDataset resumes through its own state."
-                )
-            load(state_dict["dataset"])
-            self._epoch = int(state_dict["epoch"])
-            return
-        sampler = state_dict.get("sampler")
-        if sampler is not None:
-            kind = sampler_kind(base_sampler(super()._index_sampler))
-            if kind != sampler.get("kind"):
-                raise ValueError(
-                    f"the state was taken with a {sampler.get('kind')!r} sampler; this loader's is "
-                    f"{kind or type(base_sampler(super()._index_sampler)).__name__!r}. Build it with the "
-                    f"sampler of the checkpointed run ({SUPPORTED})."
-                )
-        self._epoch = int(state_dict["epoch"])
-        self._resume = dict(state_dict) if sampler is not None else None
-        self._pass = None
 
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was created.

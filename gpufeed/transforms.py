@@ -43,8 +43,8 @@ import hashlib
 import math
 import struct
 import time
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 
@@ -90,6 +90,9 @@ class ImageTransform:
     backend: str | None
     deterministic: bool = True
     seed: int | None = None
+    #: Apply the EXIF orientation (True: gpufeed's transforms) or use the image as stored
+    #: (False: translated torchvision pipelines, as torchvision's PIL loader does).
+    apply_exif: bool = True
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -100,6 +103,16 @@ class ImageTransform:
              index: int) -> tuple[float, float, float, float, bool]:
         """(top, left, height, width, flip): the source box, in (fractional) source pixels."""
         raise NotImplementedError
+
+    def to_output(self, image: Any) -> Any:
+        """What ``dataset[i]`` returns for ``image``, this transform's uint8 CHW tensor: the
+        tensor itself (a translated torchvision pipeline converts dtype and normalizes)."""
+        return image
+
+    def batch_options(self, normalize: Any, dtype: Any) -> tuple[Any, Any]:
+        """The loader's (normalize, dtype) for batches of this transform: as given (a translated
+        torchvision pipeline adds its own ``Normalize`` and dtype)."""
+        return normalize, dtype
 
     def apply(self, data: Buffer, *, index: int = 0, epoch: int = 0, seed: int = 0,
               out: np.ndarray) -> float:
@@ -119,6 +132,8 @@ class ImageTransform:
         t0 = time.perf_counter()
         layout = _check_out(out, self.output_size)
         header = read_header(data)
+        if not self.apply_exif:
+            header = stored_orientation(header)
         top, left, bh, bw, flip = self._box(header.height, header.width, seed, epoch, index)
         oh, ow = self.output_size
         scale = max(oh / bh, ow / bw)
@@ -291,6 +306,15 @@ def _random_words(seed: int, epoch: int, index: int) -> tuple[int, ...]:
     2 per try (area, aspect ratio) x 10 tries, then top, left and flip."""
     key = f"gpufeed-rrc:{int(seed)}:{int(epoch)}:{int(index)}".encode()
     return struct.unpack("<23Q", hashlib.shake_128(key).digest(184))
+
+
+def stored_orientation(header: ImageHeader) -> ImageHeader:
+    """``header`` for decoding the image as stored, its EXIF orientation ignored (as PIL's
+    ``Image.open`` does, hence torchvision's datasets)."""
+    if header.orientation == 1:
+        return header
+    return replace(header, orientation=1, height=header.encoded_height,
+                   width=header.encoded_width)
 
 
 def _check_size(size: Size) -> tuple[int, int]:

@@ -1,7 +1,10 @@
-"""Find a good ``num_workers`` (and ``pin_workers``, ``prefetch_factor``, ``cache_bytes``) by measuring.
+"""Find a good ``num_workers`` (and ``read_concurrency``, ``pin_workers``, ``prefetch_factor``,
+``cache_bytes``) by measuring.
 
 The practice that works: measure a one-worker baseline, double the workers, find the *knee*
-where the gain shrinks, back off one step, and stay under a memory ceiling::
+where the gain shrinks, back off one step, and stay under a memory ceiling. When reading
+dominates the baseline (slow storage), first raise the reads in flight per worker (the image
+dataset's ``read_concurrency``: 1, 4, 16, 64), which costs threads, not processes::
 
     from gpufeed.tune import tune
     result = tune(dataset=ImageFolder(root, transform=ResizeCenterCrop(224, 256)), batch_size=64)
@@ -19,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
@@ -30,23 +32,36 @@ import psutil
 from gpufeed._observe.batches import batch_size_of, doublings
 from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed._observe.probe import usable_core_count
+from gpufeed._observe.progress import ProgressBar
+from gpufeed._observe.tune_reads import (
+    read_concurrency_of,
+    read_fraction,
+    read_options,
+    stage_seconds,
+    tune_reads,
+)
 from gpufeed._observe.tune_rules import (
+    READ_CONCURRENCIES,
     cache_bytes_needed,
     recommend_cache_bytes,
     recommend_prefetch_factor,
+    search_read_concurrency,
 )
+from gpufeed._observe.tune_rules import gain as relative_gain
 from gpufeed.errors import shorten
 
 if TYPE_CHECKING:
     from gpufeed.loader import FastLoader
 
 __all__ = [
+    "READ_CONCURRENCIES",
     "TuneResult",
     "TuneRow",
     "cache_bytes_needed",
     "measure",
     "recommend_cache_bytes",
     "recommend_prefetch_factor",
+    "search_read_concurrency",
     "tree_cpu_s",
     "tune",
     "usable_cores",
@@ -81,6 +96,10 @@ class TuneRow:
             the loader was built) / num_workers.
         data_wait_fraction: share of the timed wall time spent waiting in ``next()`` (0-1).
             Without a ``step`` the consumer does nothing, so this is close to 1 by construction.
+        read_concurrency: the image dataset's reads in flight per worker during the measurement
+            (None: the dataset has no such option).
+        read_fraction: share of the workers' stage time spent reading over the timed batches,
+            from the loader's ``stats()`` (0-1; None: not the image path).
     """
 
     num_workers: int
@@ -90,6 +109,8 @@ class TuneRow:
     peak_memory_bytes: int
     memory_per_worker_bytes: int
     data_wait_fraction: float
+    read_concurrency: int | None = None
+    read_fraction: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-able data."""
@@ -182,6 +203,7 @@ def measure(
             wait_s = 0.0
             worker_pss: dict[int, int] = {}
             _sample_workers(loader, worker_pss)
+            stats0 = stage_seconds(loader)
             sampling_s = 0.0  # the mid-run worker sample, left out of the timed wall time
             cpu0 = tree_cpu_s()
             t0 = time.perf_counter()
@@ -199,6 +221,7 @@ def measure(
                     sampling_s += time.perf_counter() - ts
             elapsed_s = time.perf_counter() - t0 - sampling_s
             cpu_s = tree_cpu_s() - cpu0
+            read_share = read_fraction(stats0, stage_seconds(loader))
             _sample_workers(loader, worker_pss)
             stream.close()
         finally:
@@ -217,6 +240,8 @@ def measure(
         peak_memory_bytes=int(mem.peak_bytes),
         memory_per_worker_bytes=int(per_worker),
         data_wait_fraction=min(1.0, wait_s / elapsed_s) if elapsed_s > 0 else 0.0,
+        read_concurrency=read_concurrency_of(getattr(loader, "dataset", None)),
+        read_fraction=read_share,
     )
     logger.debug("measured %s", row)
     return row
@@ -232,6 +257,8 @@ class TuneResult:
     ``recommended_prefetch_factor``: see :func:`recommend_prefetch_factor`;
     ``recommended_cache_bytes``: see :func:`recommend_cache_bytes` (0: no cache).
     ``knee_num_workers``: the first count whose gain fell under ``min_gain`` (None: not reached).
+    ``recommended_read_concurrency``: the image dataset's reads in flight per worker (measured
+    when reads dominated the baseline, else the dataset's own value; None: no such option).
     ``reasons``: one line per decision, in order. Memory figures are bytes.
     """
 
@@ -247,13 +274,15 @@ class TuneResult:
     memory_fraction: float = 0.8
     available_memory_bytes: int = 0
     dataset_cache_bytes: int | None = None
+    recommended_read_concurrency: int | None = None
 
     @property
     def recommended_row(self) -> TuneRow:
         """The measurement at the recommended settings."""
         for row in self.rows:
-            if (row.num_workers, row.pin_workers) == (self.recommended_num_workers,
-                                                      self.recommended_pin_workers):
+            if (row.num_workers, row.pin_workers, row.read_concurrency) == (
+                    self.recommended_num_workers, self.recommended_pin_workers,
+                    self.recommended_read_concurrency):
                 return row
         raise LookupError("no row at the recommended settings")  # not reachable from tune()
 
@@ -264,6 +293,7 @@ class TuneResult:
             "recommended_pin_workers": self.recommended_pin_workers,
             "recommended_prefetch_factor": self.recommended_prefetch_factor,
             "recommended_cache_bytes": self.recommended_cache_bytes,
+            "recommended_read_concurrency": self.recommended_read_concurrency,
             "knee_num_workers": self.knee_num_workers,
             "max_workers": self.max_workers,
             "min_gain": self.min_gain,
@@ -275,8 +305,10 @@ class TuneResult:
         }
 
     def format_table(self) -> str:
-        """A text table: workers, pin, images/s, gain, CPU %, memory, per worker, data wait."""
-        header = ("", "workers", "pin", "images/s", "gain", "CPU %", "memory", "per worker", "data wait")
+        """A text table: workers, reads in flight, pin, images/s, gain, CPU %, memory, per worker,
+        data wait, read share."""
+        header = ("", "workers", "reads", "pin", "images/s", "gain", "CPU %", "memory",
+                  "per worker", "data wait", "read")
         lines: list[list[str]] = []
         previous: TuneRow | None = None
         for row in self.rows:
@@ -285,20 +317,24 @@ class TuneResult:
                             and r.num_workers == row.num_workers), None)
             else:
                 ref, previous = previous, row
-            gain = "" if ref is None else f"{_gain(ref.samples_per_s, row.samples_per_s):+.1%}"
+            step = "" if ref is None else f"{relative_gain(ref.samples_per_s, row.samples_per_s):+.1%}"
             mark = "*" if row == self.recommended_row else ""
-            lines.append([mark, f"{row.num_workers}", "yes" if row.pin_workers else "no",
-                          f"{row.samples_per_s:.0f}", gain, f"{row.cpu_percent:.0f}",
+            lines.append([mark, f"{row.num_workers}",
+                          "-" if row.read_concurrency is None else f"{row.read_concurrency}",
+                          "yes" if row.pin_workers else "no",
+                          f"{row.samples_per_s:.0f}", step, f"{row.cpu_percent:.0f}",
                           format_bytes(row.peak_memory_bytes),
                           format_bytes(row.memory_per_worker_bytes),
-                          f"{row.data_wait_fraction:.0%}"])
+                          f"{row.data_wait_fraction:.0%}",
+                          "-" if row.read_fraction is None else f"{row.read_fraction:.0%}"])
         widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
                   for i, h in enumerate(header)]
         # the recommended mark has its own first column, so every row keeps the same alignment
         out = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
         out += [" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
                 for r in lines]
-        out.append("(* recommended; gain: over the previous count, or over unpinned for pin=yes)")
+        out.append("(* recommended; gain: over the previous row, or over unpinned for pin=yes; "
+                   "reads: read_concurrency; read: share of worker time reading)")
         return "\n".join(out)
 
     def save_plot(self, path: str | os.PathLike) -> bool:
@@ -342,13 +378,6 @@ def _finite_row(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def _gain(before: float, after: float) -> float:
-    """Relative gain of ``after`` over ``before`` (inf from a zero baseline that rose)."""
-    if before > 0:
-        return after / before - 1.0
-    return math.inf if after > 0 else 0.0
-
-
 # ---------------------------------------------------------------------------------- rules
 
 def usable_cores() -> int:
@@ -366,32 +395,6 @@ def worker_counts(max_workers: int) -> list[int]:
 
 # ---------------------------------------------------------------------------------- search
 
-class _Progress:
-    """A tqdm bar over the measurements (stderr, hidden when not a terminal); no-op without tqdm."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self._bar: Any = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                return
-            self._bar = tqdm(total=total, unit="step", desc="gpufeed tune", leave=False,
-                             file=sys.stderr, disable=None)
-
-    def start(self, label: str) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(label)
-
-    def done(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def tune(
     make_loader: LoaderFactory | None = None,
     *,
@@ -406,6 +409,7 @@ def tune(
     measure_fn: MeasureFn | None = None,
     available_memory_bytes: int | None = None,
     progress: bool = True,
+    read_concurrencies: tuple[int, ...] = READ_CONCURRENCIES,
     **loader_kwargs: Any,
 ) -> TuneResult:
     """Search ``num_workers`` 1, 2, 4, 8, ... for the knee; back off one step; under a memory ceiling.
@@ -420,6 +424,12 @@ def tune(
     The search:
         1. ``max_workers`` defaults to :func:`usable_cores` (affinity, cgroup quota); a larger
            value is honoured when given explicitly. Counts: :func:`worker_counts`.
+           When reading is at least 40% of the one-worker baseline's stage time and the dataset
+           has a ``read_concurrency`` (gpufeed image sources), first step it through 4, 16, 64
+           at one worker while each step gains ``min_gain`` (:func:`search_read_concurrency`);
+           the worker counts are then measured at the chosen value. The dataset's own setting
+           is restored at the end; the choice is ``recommended_read_concurrency``.
+           ``read_concurrencies``: the values tried (``()``: workers only).
         2. Before each count n > 1: stop if the projected memory, the baseline's tree memory
            without its worker (:attr:`TuneRow.base_memory_bytes`) plus n x the largest
            per-worker memory measured so far, exceeds
@@ -445,6 +455,8 @@ def tune(
         raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {shorten(memory_fraction)}.")
     if not 0 <= min_gain < 10:
         raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in read_concurrencies):
+        raise ValueError(f"`read_concurrencies` must be ints >= 1. Found: {shorten(read_concurrencies)}.")
     cores = usable_cores()
     if max_workers is None:
         max_workers = cores
@@ -479,7 +491,8 @@ def tune(
         reasons.append(f"max_workers={max_workers} is above the {cores} usable cores (explicit).")
     rows: list[TuneRow] = []
     knee: int | None = None
-    bar = _Progress(len(counts) + 1, progress)
+    bar = ProgressBar(len(counts) + 1, progress)
+    restore: tuple[Any, tuple[int, int]] | None = None  # the dataset's own read options
     try:
         best: TuneRow | None = None
         for n in counts:
@@ -501,8 +514,16 @@ def tune(
             if best is None:
                 reasons.append(f"{n} worker: {row.samples_per_s:.0f} images/s (baseline).")
                 best = row
+                target = dataset if dataset is not None else seen.get("dataset")
+                options = read_options(target)
+                if options is not None and measure_fn is None and read_concurrencies:
+                    restore = (target, options)
+                    best, more, said = tune_reads(target, lambda _: run(counts[0], False), row,
+                                                  min_gain, bar, tuple(read_concurrencies))
+                    rows += more
+                    reasons += said
                 continue
-            gain = _gain(best.samples_per_s, row.samples_per_s)
+            gain = relative_gain(best.samples_per_s, row.samples_per_s)
             if gain < min_gain:
                 knee = n
                 reasons.append(
@@ -524,7 +545,7 @@ def tune(
             pinned = run(best.num_workers, True)
             bar.done()
             rows.append(pinned)
-            gain = _gain(best.samples_per_s, pinned.samples_per_s)
+            gain = relative_gain(best.samples_per_s, pinned.samples_per_s)
             pin = gain >= min_gain
             reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: "
                            f"{pinned.samples_per_s:.0f} vs {best.samples_per_s:.0f} images/s "
@@ -535,6 +556,8 @@ def tune(
             reasons.append("pin_workers not tried: os.sched_setaffinity is not available here.")
     finally:
         bar.close()
+        if restore is not None:  # the dataset's own setting, as it was before the search
+            restore[0].set_read_options(*restore[1])
 
     prefetch, why = recommend_prefetch_factor(recommended.data_wait_fraction)
     reasons.append(why + ".")
@@ -557,6 +580,7 @@ def tune(
         memory_fraction=memory_fraction,
         available_memory_bytes=available_memory_bytes,
         dataset_cache_bytes=needed,
+        recommended_read_concurrency=recommended.read_concurrency,
     )
 
 

@@ -13,7 +13,8 @@ takes in their replies (``poll`` / ``wait``), in arrival order; the engine does 
 * on a worker death: takes in what the worker sent before dying (a task that was answered is
   never re-run), asks the driver's death policy, then starts a replacement with the same id and
   seed and re-sends the dead worker's unanswered tasks in order (bounded by
-  ``max_worker_restarts``);
+  ``max_worker_restarts``); a task that killed its worker more than ``max_task_retries`` times
+  (a driver's choice; FastIter re-sends always) is answered ``Failed`` instead;
 * hands a batch out (``result``: a view of its slot, freed when the user's last reference
   dies), turns a failure into the worker's exception (``failure``), or drops a task
   (``drop``);
@@ -48,6 +49,7 @@ from gpufeed._engine.messages import (
     InitFailed,
     Reset,
     Task,
+    WorkerException,
 )
 from gpufeed._engine.pool import WorkerPool, describe_exit
 from gpufeed._engine.transport import pack_views, unpack
@@ -73,6 +75,7 @@ class TaskRecord:
     extra: Any  # the plug-in's per-task data (Task.extra)
     tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
     swap: bool  # the worker may write a warm slot instead (see gpufeed._engine.arena)
+    deaths: int = 0  # workers that died while running this task (not while it was queued)
 
     @property
     def key(self) -> TaskKey:
@@ -130,9 +133,13 @@ class Engine:
     ``spec`` says what workers run (dataset, collate, seeds, worker_init_fn); the engine fills
     in the arena, the plug-in's filler, CPU pinning and the log directory from ``context``.
     ``tasks_in_flight``: how many tasks the driver keeps submitted at most (sizes the arena's
-    warm-slot cap when the plug-in binds slots). ``lazy_workers``: start each worker at its first
-    task instead of now (a driver whose plug-in may complete every task in the parent, so that
-    a pass that needs no worker starts none; a latency-bound driver keeps them eager).
+    warm-slot cap when the plug-in binds slots). ``max_task_retries``: how many times a task
+    whose worker died while running it is re-sent; once more, it is answered with ``Failed`` (a
+    ``WorkerError`` naming the deaths) instead. Tasks queued behind it are not blamed and are
+    always re-sent. None (FastIter): always re-sent, every sample exactly once.
+    ``lazy_workers``: start each worker at its first task instead of now (a driver whose plug-in
+    may complete every task in the parent, so that a pass that needs no worker starts none; a
+    latency-bound driver keeps them eager).
     """
 
     def __init__(
@@ -143,6 +150,7 @@ class Engine:
         *,
         mp_context: BaseContext | None = None,
         tasks_in_flight: int = 0,
+        max_task_retries: int | None = None,
         lazy_workers: bool = False,
     ) -> None:
         if num_workers < 1:
@@ -169,6 +177,7 @@ class Engine:
             log_dir=context.log_dir,
         )
         self.num_workers = num_workers
+        self.max_task_retries = max_task_retries
         self.epoch = 0
         self._next_idx = 0
         self._restarts = 0
@@ -331,7 +340,7 @@ class Engine:
                         self._ledger.claim((later.epoch, later.idx), later.slot)
                 raise
         for worker_id in dead:
-            self._on_death(worker_id, on_death)
+            arrived += self._on_death(worker_id, on_death)
         return arrived
 
     def wait(self, timeout_s: float | None, on_death: DeathPolicy | None = None) -> list[Arrival]:
@@ -425,7 +434,9 @@ class Engine:
         self._ledger.release(key)
 
     # -- faults -----------------------------------------------------------------------------
-    def _on_death(self, worker_id: int, on_death: DeathPolicy | None) -> None:
+    def _on_death(self, worker_id: int, on_death: DeathPolicy | None) -> list[Arrival]:
+        """Replace the dead worker and re-send what it owed; returns the tasks given up instead
+        (past ``max_task_retries``), answered with ``Failed``."""
         pid, exitcode = self._pool.pid(worker_id), self._pool.exitcode(worker_id)
         owed = self._ledger.unanswered[worker_id]
         current = sorted(idx for (ep, idx) in owed if ep == self.epoch)
@@ -448,11 +459,34 @@ class Engine:
         self._restarts += 1
         self._stats.worker_restarts += 1
         new_pid = self._pool.replace(worker_id)
-        log.warning("%s; replaced by pid %d, re-running %d batch(es)", death.where, new_pid, len(current))
-        for record in death.tasks:
+        given_up: list[Arrival] = []
+        for position, record in enumerate(death.tasks):
             self._ledger.drop_claim(record.key)
+            # A worker runs its tasks in order: the death is blamed on the oldest one it owed
+            # (the one it was running), not on those queued behind it.
+            if position == 0:
+                record.deaths += 1
+            if position == 0 and self.max_task_retries is not None and record.deaths > self.max_task_retries:
+                given_up.append((record, self._give_up(record, death)))
+                continue
             record.extra = self._prepare(record, count=False)  # rows may have moved
             self._send(record)
+        log.warning("%s; replaced by pid %d, re-running %d batch(es)%s", death.where, new_pid,
+                    len(current) - len(given_up), f", giving up {len(given_up)}" if given_up else "")
+        return given_up
+
+    def _give_up(self, record: TaskRecord, death: WorkerDeath) -> Failed:
+        """Answer a task whose workers kept dying: it will not be re-sent (its slot is freed by
+        ``failure``, as written)."""
+        self._ledger.answered(record.key, record.worker_id)
+        self._records.pop(record.key, None)
+        self._stats.errors += 1
+        error = WorkerError(
+            f"{death.where} while running task {record.idx} (indices {record.index!r}); {record.deaths} "
+            f"worker(s) died running it, more than max_task_retries={self.max_task_retries}, so it is not "
+            "re-run (an input that crashes the worker, or memory)."
+        )
+        return Failed(epoch=record.epoch, idx=record.idx, error=WorkerException.capture(error))
 
     def close(self) -> None:
         """Stop the workers and release their slots now (idempotent)."""

@@ -16,7 +16,7 @@ A plug-in has two halves:
   still readable (to fill a cache). ``complete()`` runs right after ``prepare()`` at
   submission (never for a re-sent task): it may build the whole batch in the slot itself (the
   image path, when the cache held every row) and return it, and then no worker is involved
-  (optional: the engine treats a plug-in without ``complete`` as one that never completes);
+  (optional, ``CompletingPlugin``: a plug-in without ``complete`` never completes a task);
   ``FastIter`` then starts workers lazily, each at its first task. ``parent_binds`` says
   whether ``prepare`` writes slots: a task's slot is then bound at submission and workers do
   not swap it for a warm one.
@@ -87,10 +87,15 @@ class FillPlugin(Protocol):
         the augmentation epoch). ``count`` is False when a task is prepared again for a
         replacement worker."""
 
+    def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
+        """A batch is handed out; ``slot`` holds what the worker wrote."""
+
+
+class CompletingPlugin(FillPlugin, Protocol):
+    """A ``FillPlugin`` that may also complete tasks in the parent (``complete`` is optional:
+    the engine looks it up, and a plug-in without it never completes a task)."""
+
     def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> tuple[Any, FillReport] | None:
         """(batch, report) when the plug-in made the whole batch of ``index`` in ``slot`` (the
         whole slot as uint8, after ``prepare`` returned ``extra``): the batch's tensors are
         views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it."""
-
-    def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
-        """A batch is handed out; ``slot`` holds what the worker wrote."""

@@ -39,10 +39,15 @@ def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
     from gpufeed.sources import ImageSource
     from gpufeed.sources._base import describe_callable
+    from gpufeed.torchvision_compat import is_torchvision
 
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
+    if dataset.calls_transform and is_torchvision(dataset.transform):
+        return ("the transform is a torchvision pipeline gpufeed does not translate, run as "
+                "given in workers on PIL images; gpufeed.explain(dataset.transform) says which "
+                "ops prevent the fast path")
     if dataset.calls_transform:
         return (f"the transform is a user callable: {describe_callable(dataset.transform)} runs "
                 f"in workers on PIL images; use gpufeed.ResizeCenterCrop / RandomResizedCrop for "
@@ -93,6 +98,8 @@ def make_image_feed(
         if user_callable:
             log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
+    # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.torchvision_compat).
+    normalize, dtype = loader.dataset.transform.batch_options(normalize, dtype)
     if normalize is not None:
         mean, std = normalize
         normalize = (tuple(float(m) for m in mean), tuple(float(s) for s in std))

@@ -27,7 +27,7 @@ import torch
 from gpufeed._engine.layout import align_up as _align
 from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
 from gpufeed._image.reads import BatchReads, ReadAhead
-from gpufeed.errors import DecodeError, shorten
+from gpufeed.errors import DecodeError, ReadError, shorten
 
 if TYPE_CHECKING:
     from gpufeed._engine.arena import SlotWriter
@@ -191,7 +191,14 @@ def _fill(
             off, nbytes = given[pos]
             data = buf[off : off + nbytes].numpy()
         else:
-            data, label_values[pos] = reads.next()
+            try:
+                data, label_values[pos] = reads.next()
+            except ReadError as exc:  # a remote read failed for good (its message names it)
+                if plan.on_error == "raise":
+                    raise
+                report.errors.append((index, source.describe(index), str(exc)))
+                report.read_s += time.perf_counter() - t0
+                continue
             if stage is not None:
                 placed = stage(pos, data)
                 if placed is not None:

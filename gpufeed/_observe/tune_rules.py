@@ -1,17 +1,22 @@
-"""The rules behind :func:`gpufeed.tune.tune`'s ``prefetch_factor`` and ``cache_bytes`` advice.
+"""The rules behind :func:`gpufeed.tune.tune`'s ``read_concurrency``, ``prefetch_factor`` and
+``cache_bytes`` advice.
 
-Pure functions of measured figures (and, for the cache, of the dataset's size on disk), so each
-rule can be read, tested and changed on its own. Re-exported by :mod:`gpufeed.tune`.
+Functions of measured figures (and, for the cache, of the dataset's size), so each rule can be
+read, tested and changed on its own; :func:`search_read_concurrency` takes the measuring
+function it steps through. Re-exported by :mod:`gpufeed.tune`.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from gpufeed._observe.memory import format_bytes
 
-__all__ = ["cache_bytes_needed", "recommend_cache_bytes", "recommend_prefetch_factor"]
+__all__ = ["READ_CONCURRENCIES", "cache_bytes_needed", "reads_dominate", "recommend_cache_bytes",
+           "recommend_prefetch_factor", "search_read_concurrency"]
 
 #: data_wait_fraction at or above which the loader is slower than the consumer on average (or no
 #: step was measured): stalls from jitter alone, with 2 batches per worker queued, stay well below.
@@ -20,6 +25,55 @@ LOADER_BOUND_WAIT = 0.3
 JITTER_WAIT = 0.05
 #: Share of the memory left after the loader that a whole-dataset cache may take.
 CACHE_FRACTION = 0.5
+#: Share of the workers' stage time spent reading at or above which reads dominate (as the
+#: doctor's "read" verdict): then read concurrency is measured before more workers.
+READS_DOMINATE = 0.4
+#: Reads in flight per worker that :func:`search_read_concurrency` tries, in order.
+READ_CONCURRENCIES = (1, 4, 16, 64)
+
+
+def gain(before: float, after: float) -> float:
+    """Relative gain of ``after`` over ``before`` (inf from a zero baseline that rose)."""
+    if before > 0:
+        return after / before - 1.0
+    return math.inf if after > 0 else 0.0
+
+
+def reads_dominate(read_fraction: float | None) -> bool:
+    """Whether reading takes at least :data:`READS_DOMINATE` of the workers' stage time (None:
+    not measured, e.g. a generic dataset: False)."""
+    return read_fraction is not None and read_fraction >= READS_DOMINATE
+
+
+def search_read_concurrency(measure_at: Callable[[int], Any], baseline: Any, min_gain: float,
+                            concurrencies: tuple[int, ...] = READ_CONCURRENCIES,
+                            ) -> tuple[Any, list[Any], list[str]]:
+    """Step read concurrency through ``concurrencies`` above the baseline's, at the baseline's
+    worker count, while each step gains at least ``min_gain``.
+
+    ``baseline`` and what ``measure_at(read_concurrency)`` returns are rows with
+    ``samples_per_s`` and ``read_concurrency`` (:class:`gpufeed.tune.TuneRow`). Returns (the
+    best row, the rows measured, one reason per step); stops at the first step under
+    ``min_gain`` (the knee: more reads in flight no longer help, e.g. the decode is now the
+    limit) and keeps the previous value.
+    """
+    best, rows, reasons = baseline, [], []
+    start = baseline.read_concurrency or 1
+    for concurrency in sorted(concurrencies):
+        if concurrency <= start:
+            continue
+        row = measure_at(concurrency)
+        rows.append(row)
+        step = gain(best.samples_per_s, row.samples_per_s)
+        if step < min_gain:
+            reasons.append(f"read_concurrency {concurrency}: {row.samples_per_s:.0f} images/s, "
+                           f"{step:+.1%} over {best.read_concurrency or 1} (under the "
+                           f"{min_gain:.0%} minimum gain): keeping {best.read_concurrency or 1}.")
+            break
+        reasons.append(f"read_concurrency {concurrency}: {row.samples_per_s:.0f} images/s, "
+                       f"{step:+.1%} over {best.read_concurrency or 1}: worth it.")
+        best = row
+    return best, rows, reasons
 
 
 def recommend_prefetch_factor(data_wait_fraction: float) -> tuple[int, str]:
@@ -53,7 +107,8 @@ def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
     deterministic transform (``ResizeCenterCrop``) the decoded output rows, ``len x H x W x 3``;
     with a random one (``RandomResizedCrop``) the encoded bytes: the files' sizes for an
     ``ImageFolder``, the database file for an ``LMDBDataset``, otherwise the mean size of up to
-    256 samples read evenly across the dataset times its length. None: not an image dataset with
+    256 samples (32 for an ``ImageFolder`` over a URL) read evenly across the dataset times its
+    length. None: not an image dataset with
     a transform (no fast path, so no cache).
     """
     from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
@@ -65,7 +120,7 @@ def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
     if getattr(transform, "deterministic", False):
         h, w = transform.output_size
         return count * h * w * 3, f"{count} decoded {h}x{w} rows"
-    if isinstance(dataset, ImageFolder):
+    if isinstance(dataset, ImageFolder) and getattr(dataset, "remote", None) is None:
         total = sum(os.stat(dataset.path(i)).st_size for i in range(count))
         return total, f"{count} encoded files"
     if isinstance(dataset, LMDBDataset):
@@ -77,7 +132,8 @@ def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
         return total, f"{count} encoded images in the LMDB"
     if count == 0:
         return 0, "an empty dataset"
-    picks = sorted({int(i * count / min(count, 256)) for i in range(min(count, 256))})
+    k = 32 if isinstance(dataset, ImageFolder) else 256  # an ImageFolder here is remote: slow reads
+    picks = sorted({int(i * count / min(count, k)) for i in range(min(count, k))})
     mean = sum(len(dataset.read(i)) for i in picks) / len(picks)
     return int(mean * count), f"{count} encoded images (estimated from {len(picks)} reads)"
 

@@ -1,4 +1,5 @@
-"""``gpufeed tune``: find num_workers (and pinning, prefetch, cache) for an image folder.
+"""``gpufeed tune``: find num_workers (and read concurrency, pinning, prefetch, cache) for an
+image folder, local or at a URL (``s3://``, ``http(s)://``...; ``pip install gpufeed[remote]``).
 
 ::
 
@@ -37,9 +38,11 @@ def _fraction(value: str) -> float:
 
 def add_tune_parser(sub: Any) -> None:
     """Adds ``tune`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
-    p = sub.add_parser("tune", help="measure 1, 2, 4, ... workers on an image folder and "
-                                    "recommend num_workers, pin_workers, prefetch and cache")
-    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
+    p = sub.add_parser("tune", help="measure 1, 2, 4, ... workers (and, when reads dominate, "
+                                    "1, 4, 16, 64 reads in flight) on an image folder and recommend "
+                                    "num_workers, read_concurrency, pin_workers, prefetch and cache")
+    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE), a local path or a "
+                                                "URL (s3://, gs://, http(s)://: needs gpufeed[remote])")
     p.add_argument("--max-workers", type=_positive, default=None, metavar="N",
                    help="largest worker count tried (default: the usable cores)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
@@ -83,7 +86,8 @@ def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]
 
 
 def format_recommendation(result: Any) -> str:
-    """The recommendation as a FastLoader call, then the reasons, one per line."""
+    """The recommendation as a FastLoader call (and the dataset's read_concurrency), then the
+    reasons, one per line."""
     kwargs = [f"num_workers={result.recommended_num_workers}",
               f"prefetch_factor={result.recommended_prefetch_factor}",
               "persistent_workers=True"]
@@ -91,7 +95,13 @@ def format_recommendation(result: Any) -> str:
         kwargs.append("pin_workers=True")
     if result.recommended_cache_bytes:
         kwargs.append(f"cache_bytes={result.recommended_cache_bytes}")
-    lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")", "why:"]
+    lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")"]
+    rc = getattr(result, "recommended_read_concurrency", None)
+    if rc is not None:
+        lines.append(f"  with the dataset's read_concurrency={rc} (reads in flight per worker: "
+                     f"ImageFolder(root, transform, read_concurrency={rc}), or the same "
+                     f"keyword of ImageDataset / LMDBDataset)")
+    lines.append("why:")
     lines += [f"  - {reason}" for reason in result.reasons]
     return "\n".join(lines)
 

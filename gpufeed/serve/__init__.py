@@ -11,12 +11,14 @@
 A batch is dispatched as soon as a model slot is free and either the batch is full or its
 oldest request has waited ``max_delay_ms``. Importing this package starts nothing; a
 ``DynamicBatcher`` owns one scheduler thread and ``max_concurrent_batches`` model threads.
+``ImageBatcher`` serves an image model from encoded bytes, decoded in gpufeed's worker processes.
 """
 
 from gpufeed.serve.batcher import DynamicBatcher
 from gpufeed.serve.clock import Clock, ManualClock, MonotonicClock
 from gpufeed.serve.config import BatcherConfig
 from gpufeed.serve.errors import BatcherClosedError, Overloaded
+from gpufeed.serve.images import ImageBatcher
 from gpufeed.serve.stats import BatcherCollector, Histogram
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "Clock",
     "DynamicBatcher",
     "Histogram",
+    "ImageBatcher",
     "ManualClock",
     "MonotonicClock",
     "Overloaded",

@@ -9,6 +9,7 @@ label), or the result of a callable ``transform`` given a PIL image, so sources 
 from gpufeed.sources._base import ImageSource
 from gpufeed.sources.folder import IMG_EXTENSIONS, ImageFolder
 from gpufeed.sources.packed import LMDBDataset, PackResult, pack
+from gpufeed.sources.remote import RemoteOptions
 from gpufeed.sources.wrapped import ImageDataset
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "ImageSource",
     "LMDBDataset",
     "PackResult",
+    "RemoteOptions",
     "pack",
 ]

@@ -3,12 +3,14 @@
 The loader's workers call :meth:`ImageSource.read`, :meth:`ImageSource.label` and the source's
 ``transform.apply`` themselves, writing into batch rows; ``__getitem__`` does the same into a
 fresh tensor, so every source also works under ``torch.utils.data.DataLoader``. A transform that
-is any other callable (a torchvision ``Compose``, a function) is called on a PIL image by
-``__getitem__``, and the loader takes its generic path.
+is a torchvision pipeline of ops gpufeed knows is translated to the fast path
+(``gpufeed.torchvision_compat``); any other callable (a function, an untranslatable torchvision
+``Compose``) is called on a PIL image by ``__getitem__``, and the loader takes its generic path.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +19,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed.decode import decode
+from gpufeed.decode import decode, read_header
 from gpufeed.decode._header import Buffer
 from gpufeed.errors import DecodeError, add_note
-from gpufeed.transforms import ImageTransform
+from gpufeed.torchvision_compat import is_torchvision, translate_or_none
+from gpufeed.transforms import ImageTransform, stored_orientation
+
+log = logging.getLogger(__name__)
 
 PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
 #: Reads in flight per worker for gpufeed's own sources (files, LMDB), and their byte budget.
@@ -59,11 +64,16 @@ class ImageSource(Dataset):
     - None: ``__getitem__`` returns the full decoded image, a uint8 CHW tensor;
     - a gpufeed transform (``ResizeCenterCrop``, ``RandomResizedCrop``), applied with ``epoch``
       (default 0, see :meth:`set_epoch`) and seed ``transform.seed or 0``: the loader's fast path;
-    - any other callable (a torchvision ``Compose``, a function): it is called on the decoded
+    - a torchvision pipeline (``torchvision.transforms`` or ``.v2``) of the ops
+      :func:`gpufeed.from_torchvision` translates: replaced by its translation (the fast path,
+      ``dataset[i]`` returning what the pipeline returns); one INFO log line says which ops
+      run where (:func:`gpufeed.explain`). A pipeline it cannot translate is kept as given;
+    - any other callable (a function, such a pipeline): it is called on the decoded
       image as a PIL RGB image, as torchvision's datasets do, and its result is returned as is;
       a loader takes its generic path (per-sample ``__getitem__`` + collate), slower. Pillow is
       then needed (``pip install gpufeed[pil]``). Unlike torchvision's default loader, the image
-      is decoded by gpufeed, so EXIF orientation is applied (as on the fast path).
+      is decoded by gpufeed, so EXIF orientation is applied (as on the fast path), except for
+      torchvision pipelines, which see the image as stored, as in torchvision.
 
     ``target_transform``, if set, is called on the integer label by ``__getitem__`` (a loader
     with one takes the generic path).
@@ -88,11 +98,16 @@ class ImageSource(Dataset):
 
     @property
     def transform(self) -> Any:
-        """None, a gpufeed ``ImageTransform``, or any callable taking a PIL image."""
+        """None, a gpufeed ``ImageTransform`` (a translated torchvision pipeline is a
+        ``TorchvisionPipeline``), or any callable taking a PIL image."""
         return self._transform
 
     @transform.setter
     def transform(self, value: Any) -> None:
+        if self.loader is None and not isinstance(value, ImageTransform) and is_torchvision(value):
+            translated, report = translate_or_none(value)
+            log.info("gpufeed: %s: %s", type(self).__name__, report)
+            value = value if translated is None else translated
         if isinstance(value, ImageTransform) and self.loader is not None:
             raise ValueError(f"a gpufeed transform ({type(value).__name__}) decodes the bytes "
                              f"itself, so it cannot follow a `loader` ({describe_callable(self.loader)}"
@@ -172,7 +187,10 @@ class ImageSource(Dataset):
         RGB image. Errors are :class:`DecodeError` naming :meth:`describe` and the index."""
         image_module = pil_image_module()
         try:
-            return image_module.fromarray(decode(data), "RGB")
+            header = read_header(data)
+            if is_torchvision(self._transform):  # as torchvision's PIL loader: EXIF ignored
+                header = stored_orientation(header)
+            return image_module.fromarray(decode(data, header=header), "RGB")
         except DecodeError as exc:
             raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
                               f"{exc}. Check or remove the file.") from exc
@@ -199,6 +217,8 @@ class ImageSource(Dataset):
             raise
         if not by_pil:
             image: Any = torch.from_numpy(self.decode_into(i, data))
+            if self._transform is not None:
+                image = self._transform.to_output(image)
         elif self._transform is None:
             image = sample
         else:

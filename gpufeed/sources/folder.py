@@ -15,6 +15,7 @@ from gpufeed.sources._base import (
     describe_callable,
 )
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources.remote import RemoteOptions, RemoteReader, read_concurrency_for, remote_root
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -86,30 +87,49 @@ class ImageFolder(ImageSource):
     gpufeed's decode in ``__getitem__`` and needs a callable ``transform`` or none.
     ``is_valid_file(path)``, if given, replaces the extension check. ``allow_empty=True`` keeps
     class folders without images (their class index stays assigned). ``read_concurrency`` and
-    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource`.
+    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource` (default: 1 for
+    a local root, 16 for a URL).
+
+    ``root`` may be a URL (``s3://bucket/train``, ``gs://...``, ``http(s)://...``, any fsspec
+    protocol; ``pip install gpufeed[remote]``): the tree is listed and read through fsspec, with
+    ``storage_options`` (fsspec's filesystem options: credentials, endpoint...) and
+    ``remote_options`` (:class:`RemoteOptions`: timeout, retries); see
+    :mod:`gpufeed.sources.remote`.
     """
+
+    #: The reader of a URL root (fsspec); None for a local root.
+    remote: RemoteReader | None = None
 
     def __init__(self, root: str | os.PathLike, transform: Any | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  loader: Callable[[str], Any] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *,
-                 read_concurrency: int = DEFAULT_READ_CONCURRENCY,
-                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
+                 read_concurrency: int | None = None,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
+                 storage_options: dict[str, Any] | None = None,
+                 remote_options: RemoteOptions | None = None) -> None:
         for name, value in (("target_transform", target_transform), ("loader", loader),
                             ("is_valid_file", is_valid_file)):
             if value is not None and not callable(value):
                 raise TypeError(f"`{name}` must be a callable or None. Found: "
                                 f"{type(value).__name__} {value!r:.80}.")
-        self.set_read_options(read_concurrency, read_budget_bytes)
         self.root = os.fspath(root)
+        self.remote = remote_root(self.root, storage_options, remote_options, loader)
+        self.set_read_options(read_concurrency_for(self.remote is not None, read_concurrency,
+                                                   DEFAULT_READ_CONCURRENCY), read_budget_bytes)
         self._prefix = os.path.join(self.root, "")
         self.loader = loader  # before transform, which is checked against it
         self.transform = transform
         self.target_transform = target_transform
-        self.classes, self.class_to_idx = find_classes(self.root)
-        paths, labels = scan(self.root, self.class_to_idx, is_valid_file=is_valid_file,
-                             allow_empty=bool(allow_empty))
+        if self.remote is not None:
+            self.classes, paths, labels = self.remote.scan_folder(
+                self.root, IMG_EXTENSIONS, is_valid_file, bool(allow_empty))
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        else:
+            self.classes, self.class_to_idx = find_classes(self.root)
+            paths, labels = scan(self.root, self.class_to_idx, is_valid_file=is_valid_file,
+                                 allow_empty=bool(allow_empty))
         self._paths = PathTable(paths)
         self._labels = labels_array(labels)
 
@@ -121,6 +141,8 @@ class ImageFolder(ImageSource):
         return self._prefix + self._paths[index]
 
     def read(self, index: int) -> bytes:
+        if self.remote is not None:
+            return self.remote.read(self.path(index), index)
         with open(self.path(index), "rb") as f:
             return f.read()
 

@@ -8,6 +8,7 @@ from typing import Any
 from gpufeed.errors import shorten
 from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources.remote import RemoteOptions, RemoteReader, is_url, read_concurrency_for
 
 _BYTES = (bytes, bytearray, memoryview)
 
@@ -28,11 +29,18 @@ class ImageDataset(ImageSource):
     (``ImageDataset(ds, read_concurrency=16)``); a wrapped dataset's ``__getitem__`` must then be
     thread-safe.
     ``read_budget_bytes`` bounds the bytes read and not yet decoded per worker.
+
+    Paths may be URLs (``s3://``, ``gs://``, ``http(s)://``, any fsspec protocol;
+    ``pip install gpufeed[remote]``), read with ``storage_options`` (fsspec's filesystem
+    options) and ``remote_options`` (:class:`RemoteOptions`: timeout, retries). A ``samples``
+    list of URLs reads 16 at a time per worker by default.
     """
 
     def __init__(self, source: Any, transform: Any | None = None,
                  target_transform: Any | None = None, *, read_concurrency: int | None = None,
-                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
+                 storage_options: dict[str, Any] | None = None,
+                 remote_options: RemoteOptions | None = None) -> None:
         self.transform = transform
         self.target_transform = target_transform
         self.classes = list(getattr(source, "classes", []) or [])
@@ -56,9 +64,14 @@ class ImageDataset(ImageSource):
         else:
             raise TypeError(f"`source` must be a map-style dataset of (path or bytes, label) or "
                             f"have a `samples` list. Found: {type(source).__name__}.")
-        if read_concurrency is None:
-            read_concurrency = DEFAULT_READ_CONCURRENCY if self._paths is not None else 1
-        self.set_read_options(read_concurrency, read_budget_bytes)
+        self.remote = RemoteReader(storage_options, remote_options)  # used for URL paths only
+        first = self._paths[0] if self._paths is not None and len(self._paths) else None
+        urls = is_url(first)
+        if is_url(first):
+            self.remote.filesystem(first)  # fsspec and the protocol's package: checked now
+        self.set_read_options(read_concurrency_for(urls, read_concurrency, DEFAULT_READ_CONCURRENCY
+                                                   if self._paths is not None else 1),
+                              read_budget_bytes)
 
     def __len__(self) -> int:
         return len(self._labels) if self._paths is not None else len(self._source)
@@ -76,12 +89,18 @@ class ImageDataset(ImageSource):
         if self._paths is not None:
             return self.read(index), self.label(index)
         what, label = self._item(index)
-        return (_read_file(what) if isinstance(what, (str, os.PathLike)) else what), label
+        return (self._read_path(what, index) if isinstance(what, (str, os.PathLike)) else what), label
 
     def read(self, index: int) -> Any:
         if self._paths is not None:
-            return _read_file(self._paths[index])
+            return self._read_path(self._paths[index], index)
         return self.read_item(index)[0]
+
+    def _read_path(self, path: str | os.PathLike, index: int) -> bytes:
+        if is_url(path):
+            return self.remote.read(path, index)
+        with open(path, "rb") as f:
+            return f.read()
 
     def label(self, index: int) -> int:
         if self._paths is not None:
@@ -105,11 +124,6 @@ class ImageDataset(ImageSource):
         if self._paths is None:
             raise AttributeError("this ImageDataset wraps a dataset of items, not a samples list")
         return [(self._paths[i], int(c)) for i, c in enumerate(self._labels)]
-
-
-def _read_file(path: str | os.PathLike) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _holds_bytes(items: list[Any] | tuple[Any, ...]) -> bool:

@@ -107,3 +107,51 @@ def test_a_task_stream_survives_a_sigkill_and_shuts_down_clean(tmp_path):
     arena = context.current_arena
     assert arena is not None and arena.free_slots() == arena.num_slots
     context.close()
+
+
+class Poison(torch.utils.data.Dataset):
+    """Request i -> tensor([i]); request POISON kills the worker that runs it, every time."""
+
+    POISON = 3
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.POISON:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.02)
+        return torch.tensor([i], dtype=torch.int64)
+
+
+@pytest.mark.timeout(90)
+def test_a_task_that_kills_its_worker_is_retried_once_then_failed():
+    """max_task_retries=1 (a request stream's choice): the poison task runs twice, then is
+    answered Failed with a WorkerError; every other task is answered; nothing stays held."""
+    from gpufeed.errors import WorkerError
+
+    context = EngineContext(EngineConfig(max_batch_bytes=1 << 16), Stats())
+    engine = Engine(context, WorkerSpec(dataset=Poison()), num_workers=2, max_task_retries=1)
+    replies: dict[int, Done | Failed] = {}
+    records = {}
+    try:
+        for request in range(8):
+            record = engine.submit([request])
+            records[record.idx] = record
+        while len(replies) < len(records):
+            for record, reply in engine.wait(timeout_s=30.0):
+                assert record.idx not in replies, "a task was answered twice"
+                replies[record.idx] = reply
+                if isinstance(reply, Done):
+                    assert engine.result(record, reply)[0].tolist() == [record.index[0]]
+                else:
+                    error = engine.failure(record, reply)
+        assert engine.restarts == 2  # the first run and the one retry each killed a worker
+    finally:
+        engine.close()
+    failed = [idx for idx, reply in replies.items() if isinstance(reply, Failed)]
+    assert [records[idx].index for idx in failed] == [[Poison.POISON]]
+    assert isinstance(error, WorkerError) and "max_task_retries=1" in str(error) and "SIGKILL" in str(error)
+    arena = context.current_arena
+    assert arena is not None and arena.free_slots() == arena.num_slots
+    context.close()

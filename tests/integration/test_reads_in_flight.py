@@ -291,6 +291,26 @@ def test_fetch_threads_keeps_order_and_calls_once(tmp_path):
     assert sorted(i for _, i in calls) == list(range(40))
 
 
+class PlainSquares(Dataset):
+    """Squares without a ``fetch_threads`` attribute."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+
+    __len__ = Squares.__len__
+    __getitem__ = Squares.__getitem__
+
+
+@pytest.mark.timeout(60)
+def test_fetch_threads_is_off_by_default(tmp_path):
+    ds = PlainSquares(str(tmp_path))
+    got = list(FastLoader(ds, batch_size=6, num_workers=2))
+    assert torch.cat([i for i, _ in got]).tolist() == list(range(40))
+    calls = _calls(tmp_path)
+    assert sorted(i for _, i, _ in calls) == list(range(40))
+    assert {name for name, _, _ in calls} == {"MainThread"}  # each worker's own thread
+
+
 def test_bad_fetch_threads_raises_before_workers_start(tmp_path):
     ds = Squares(str(tmp_path))
     ds.fetch_threads = -2

@@ -216,3 +216,34 @@ def test_unsupported_sampler_is_a_clear_error() -> None:
     next(it)
     with pytest.raises(NotImplementedError, match="SequentialSampler, RandomSampler"):
         loader.state_dict()
+
+
+def _drawing_sampler(kind: str, generator: torch.Generator | None) -> torch.utils.data.Sampler:
+    if kind == "weighted":
+        weights = torch.linspace(0.1, 1.0, N)
+        return torch.utils.data.WeightedRandomSampler(weights, num_samples=N, generator=generator)
+    return torch.utils.data.SubsetRandomSampler(list(range(0, N, 2)) + [1, 3], generator=generator)
+
+
+@pytest.mark.parametrize("kind", ["weighted", "subset"])
+@pytest.mark.parametrize("seeded", [True, False])
+@pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0)])
+def test_weighted_and_subset_samplers_resume(kind: str, seeded: bool, before: int, after: int) -> None:
+    """Their order is one draw from their generator, or from torch's global RNG without one (the
+    sampler a Lightning user with class imbalance passes): the state holds that generator's state."""
+
+    def make(num_workers: int) -> FastLoader:
+        gen = torch.Generator().manual_seed(11) if seeded else None
+        return FastLoader(IndexDataset(N), batch_size=BATCH, sampler=_drawing_sampler(kind, gen),
+                          num_workers=num_workers)
+
+    torch.manual_seed(1)
+    full = list(make(before))
+    torch.manual_seed(1)
+    head, state = interrupted(make(before), 2)
+    assert state["sampler"]["kind"] == ("weighted_random" if kind == "weighted" else "subset_random")
+    assert same(head, full[:2])
+    torch.manual_seed(99)  # the resumed process's global RNG is another: the state alone decides
+    resumed = make(after)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), full[2:])

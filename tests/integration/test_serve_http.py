@@ -130,3 +130,36 @@ def test_overload_answers_503() -> None:
     assert set(codes) == {200, 503} and 2 <= codes.count(200) <= 3, codes
     assert codes.count(503) == rejected
     assert _gpufeed_threads() == []
+
+
+@pytest.mark.timeout(120)
+def test_images_mode_decodes_in_workers_started_by_forkserver() -> None:
+    """The server is threaded (uvicorn), so the decode workers come from the fork server."""
+    import psutil
+
+    example = _load_example()
+    net = example.small_cnn()
+    app = example.create_app(net, max_batch_size=8, max_delay_ms=50, max_queue=64, timeout_s=60, images=True,
+                             num_workers=1)
+    with _Served(app) as url:
+        batcher = app.state.batcher
+        assert batcher.mp_context == "forkserver"
+        pids = batcher.worker_pids
+        bodies = [_jpeg(i) for i in range(12)]
+        responses = _post_all(url, bodies)
+        assert [r.status_code for r in responses] == [200] * 12, [r.text for r in responses]
+        bad = httpx.post(f"{url}/predict", content=b"not a jpeg", timeout=60)
+        assert bad.status_code == 400 and "request #" in bad.json()["error"]
+        stats = httpx.get(f"{url}/stats", timeout=20).json()
+        assert stats["completed"] == 12 and stats["decoded"] == 12 and stats["undecodable"] == 1
+        assert stats["batch_size_mean"] > 1, stats
+    # The same answers as the DynamicBatcher path, which decodes in the request's thread.
+    plain = example.create_app(net, max_batch_size=8, max_delay_ms=50, max_queue=64)
+    with _Served(plain) as url:
+        expected = _post_all(url, bodies)
+    for got, want in zip(responses, expected):
+        assert got.json()["class"] == want.json()["class"]
+        assert got.json()["score"] == pytest.approx(want.json()["score"], rel=1e-4, abs=1e-5)
+    assert batcher.closed
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert _gpufeed_threads() == []

@@ -294,6 +294,16 @@ def test_read_latency_names_the_read_concurrency_and_the_setting():
                for r in reasons)
     assert "read_concurrency to 16" in fix and "ImageDataset(ds, read_concurrency=N)" in fix
 
+    ev = starving(read_s=18.0, decode_s=1.0, transform_s=0.5, worker_cpu=(0.05, 0.06),
+                  worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                  idle_cores=3.8, read_concurrency=16, read_budget_bytes=64 << 20)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert any("16 reads in flight per worker (the dataset's read_concurrency=16, at most "
+               "64.0 MiB read and not yet decoded (read_budget_bytes=67108864))" in r
+               for r in reasons), reasons
+    assert "read_concurrency to 64" in fix and "`gpufeed tune` measures" in fix
+
 
 def test_generic_read_latency_names_fetch_threads():
     ev = starving(image_path=False, fetch_s=18.0, collate_s=0.5, worker_cpu=(0.05, 0.06),

@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
 from gpufeed.tune import (
@@ -18,6 +19,7 @@ from gpufeed.tune import (
     measure,
     recommend_cache_bytes,
     recommend_prefetch_factor,
+    search_read_concurrency,
     tune,
     usable_cores,
     worker_counts,
@@ -192,7 +194,8 @@ def test_json_and_table():
     assert [r["num_workers"] for r in data["rows"]] == [1, 2, 4, 8, 16, 8]
     assert set(data["rows"][0]) == {"num_workers", "pin_workers", "samples_per_s", "cpu_percent",
                                     "peak_memory_bytes", "memory_per_worker_bytes",
-                                    "data_wait_fraction"}
+                                    "data_wait_fraction", "read_concurrency", "read_fraction"}
+    assert data["recommended_read_concurrency"] is None  # a cost model: no dataset to set
     assert data["reasons"] == list(result.reasons)
     table = result.format_table()
     header = table.splitlines()[0].split()
@@ -286,7 +289,7 @@ def test_measure_and_tune_a_real_image_folder(tiny_folder):
 
     slow = SlowReadFolder(tiny_folder, transform=ResizeCenterCrop(224, 256))
     result = tune(dataset=slow, batch_size=8, max_workers=2, batches=4, warmup_batches=1,
-                  available_memory_bytes=64 * GiB, progress=False)
+                  available_memory_bytes=64 * GiB, progress=False, read_concurrencies=())
     counts = [(r.num_workers, r.pin_workers) for r in result.rows]
     assert counts == [(1, False), (2, False), (2, True)]
     assert result.recommended_num_workers == 2, result.reasons  # ~+90% over one worker
@@ -322,3 +325,60 @@ def test_table_keeps_the_recommended_row_aligned():
     assert len(marked) == 1 and marked[0].split()[1] == str(result.recommended_num_workers)
     end = lines[0].index("workers") + len("workers")  # numbers right-aligned under the header
     assert all(line[end - 1].isdigit() for line in lines[1:])
+
+
+class _Row:
+    def __init__(self, rc, sps):
+        self.read_concurrency, self.samples_per_s = rc, sps
+
+
+def test_read_concurrency_search_stops_at_its_knee():
+    measured = []
+
+    def at(rc):  # storage latency hidden up to 16 reads in flight, then the decode limits
+        measured.append(rc)
+        return _Row(rc, 50.0 * min(rc, 12))
+
+    best, rows, reasons = search_read_concurrency(at, _Row(1, 50.0), 0.05)
+    assert measured == [4, 16, 64] and best.read_concurrency == 16
+    assert "keeping 16" in reasons[-1] and "worth it" in reasons[0]
+    assert search_read_concurrency(at, _Row(16, 600.0), 0.05)[0].read_concurrency == 16
+    assert measured[-1] == 64  # only values above the baseline's are tried
+
+
+class SleepyJpegs(Dataset):
+    """(JPEG bytes, label) after a 20 ms wait per item: slow storage behind a user dataset
+    (thread-safe: the bytes are made up front)."""
+
+    def __init__(self, n=48):
+        from gpufeed.synth import encode, photo_like
+
+        self.items = [encode(photo_like(36, 44, seed=i)) for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return self.items[i], i % 3
+
+
+@pytest.mark.timeout(120)
+def test_tune_measures_read_concurrency_when_reads_dominate():
+    from gpufeed import ImageDataset, ResizeCenterCrop
+    from gpufeed.cli.tune import format_recommendation
+
+    ds = ImageDataset(SleepyJpegs(), ResizeCenterCrop(24, 32))
+    assert ds.read_concurrency == 1
+    result = tune(dataset=ds, batch_size=8, max_workers=1, batches=4, warmup_batches=1,
+                  available_memory_bytes=64 * GiB, progress=False)
+    reads = [r.read_concurrency for r in result.rows if r.num_workers == 1 and not r.pin_workers]
+    assert reads[:2] == [1, 4], result.reasons  # 1 worker at 1 read, then more reads in flight
+    assert result.rows[0].read_fraction is not None and result.rows[0].read_fraction >= 0.4
+    assert result.recommended_read_concurrency > 1, result.format_table()
+    assert any("measuring read_concurrency 4, 16, 64" in r for r in result.reasons)
+    assert any("must be thread-safe" in r for r in result.reasons)
+    assert ds.read_concurrency == 1  # the dataset's own setting is back
+    assert result.recommended_row.read_concurrency == result.recommended_read_concurrency
+    text = format_recommendation(result)
+    assert f"read_concurrency={result.recommended_read_concurrency}" in text

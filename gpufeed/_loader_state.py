@@ -1,0 +1,179 @@
+"""The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (DESIGN
+decision 13), a mixin of ``FastLoader``; the index stream and the state's format are in
+``gpufeed/_resume.py``."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from gpufeed._resume import (
+    STATE_VERSION,
+    SUPPORTED,
+    Pass,
+    PositionedIndices,
+    apply_next_pass,
+    base_sampler,
+    next_pass_state,
+    pass_received,
+    sampler_kind,
+)
+from gpufeed.errors import shorten
+
+
+class ResumableLoader(DataLoader):
+    """``state_dict`` / ``load_state_dict`` for ``FastLoader`` (which sets the attributes below)."""
+
+    _resume: dict[str, Any] | None
+    _pass: Pass | None
+    _user_iter: weakref.ref[Any] | None
+    _epoch: int
+    _image_feed: Any
+    _image_path: bool
+
+    def _make_image_feed(self, on_gpu: bool) -> Any:
+        """The image path's parent half for this loader, or None (``FastLoader`` builds it)."""
+        raise NotImplementedError
+
+    @property
+    def _index_sampler(self) -> Any:
+        inner = super()._index_sampler
+        if isinstance(self.dataset, IterableDataset):
+            return inner
+        return PositionedIndices(self, inner)
+
+    def _take_resume(self) -> dict[str, Any] | None:
+        state, self._resume = self._resume, None
+        return state
+
+    def _mark_pass(self, aug_epoch: int) -> None:
+        if self._pass is not None:
+            self._pass.aug_epoch = aug_epoch
+
+    def _pass_received(self, p: Pass) -> bool:
+        return pass_received(p, super()._index_sampler)
+
+    def _pass_in_progress(self) -> bool:
+        """An iterator of this loader is alive and partway through its epoch."""
+        p = self._pass
+        alive = self._user_iter is not None and self._user_iter() is not None
+        return alive and p is not None and not self._pass_received(p)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
+        protocol): a small JSON-serialisable dict, version 1 (described in ``gpufeed/_resume.py``).
+
+        Load it into a loader built with the same arguments (``num_workers`` may differ; with
+        ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
+        rest of the epoch. Map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
+        ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
+        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
+        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
+        ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
+        """
+        image_seed = self._image_feed.plan.seed if self._image_feed is not None else None
+        state: dict[str, Any] = {"version": STATE_VERSION}
+        if isinstance(self.dataset, IterableDataset):
+            dataset_state = getattr(self.dataset, "state_dict", None)
+            if not callable(dataset_state) or not callable(getattr(self.dataset, "load_state_dict", None)):
+                raise NotImplementedError(
+                    f"state_dict() of a loader over an IterableDataset needs the dataset's own state: "
+                    f"{type(self.dataset).__name__} has no state_dict()/load_state_dict(). Add them, "
+                    "or checkpoint at epoch boundaries."
+                )
+            if self.num_workers > 0:
+                raise NotImplementedError(
+                    "state_dict() of a loader over an IterableDataset is supported with num_workers=0 "
+                    "only (each worker holds its own copy of the dataset's position)."
+                )
+            state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
+            return state
+        if self.num_workers > 0 and not self.in_order:
+            raise NotImplementedError(
+                "state_dict() with in_order=False is not supported yet (the batches delivered beyond "
+                "the contiguous prefix are not recorded). Use in_order=True to checkpoint mid-epoch."
+            )
+        if self._resume is not None:  # loaded, not applied yet
+            return dict(self._resume)
+        p = self._pass
+        if p is None or not p.started or self._pass_received(p):
+            # No pass in progress: the next iter() starts a fresh epoch, drawing its order from
+            # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
+            state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
+                         sampler=None)
+            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            if next_sampler is not None:
+                state["next_sampler"] = next_sampler
+            return state
+        if p.unsupported is not None:
+            raise NotImplementedError(
+                f"state_dict() mid-epoch supports a {SUPPORTED}. This loader's is {p.unsupported}. "
+                "(Frameworks that save loader states with every checkpoint, as Lightning does: "
+                "checkpoint at epoch ends, where no sampler position is needed, or use one of these.)"
+            )
+        received = p.batches_received
+        samples = sum(p.lengths[:received])
+        sampler_state = dict(p.sampler_state or {})
+        if sampler_state.get("kind") == "gpufeed_distributed":
+            sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
+        state.update(
+            epoch=p.aug_epoch,
+            batches_yielded=p.skipped_batches + received,
+            samples_yielded=p.skipped_samples + samples,
+            image_seed=image_seed,
+            sampler=sampler_state,
+        )
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` yields the rest of that epoch."""
+        if not isinstance(state_dict, dict) or "version" not in state_dict:
+            raise ValueError(f"`state_dict` must be a dict from FastLoader.state_dict(). Found: {shorten(state_dict)}.")
+        version = state_dict["version"]
+        if version != STATE_VERSION:
+            raise ValueError(
+                f"FastLoader state version {version!r} is not supported; this gpufeed reads version "
+                f"{STATE_VERSION}. Load it with the gpufeed version that wrote it."
+            )
+        if self._pass_in_progress():
+            raise RuntimeError(
+                "load_state_dict() while an iterator of this loader is partway through an epoch: the "
+                "state applies to the next iter(). Finish or drop the iterator first (break out of the "
+                "loop and `del` it; with persistent_workers, loader.close()), or load into a new loader."
+            )
+        image_seed = state_dict.get("image_seed")
+        if image_seed is not None and self._image_path:
+            ours = self._make_image_feed(on_gpu=False)
+            if ours is not None and ours.plan.seed != image_seed:
+                raise ValueError(
+                    f"the state was taken with image augmentation seed {image_seed}; this loader's is "
+                    f"{ours.plan.seed}, so the rest of the epoch would differ. Build it with seed={image_seed}."
+                )
+        if isinstance(self.dataset, IterableDataset):
+            load = getattr(self.dataset, "load_state_dict", None)
+            if not callable(load) or "dataset" not in state_dict:
+                raise NotImplementedError(
+                    f"{type(self.dataset).__name__} has no load_state_dict() (or the state has no dataset "
+                    "part): an IterableDataset resumes through its own state."
+                )
+            load(state_dict["dataset"])
+            self._epoch = int(state_dict["epoch"])
+            return
+        sampler = state_dict.get("sampler")
+        if sampler is not None:
+            kind = sampler_kind(base_sampler(super()._index_sampler))
+            if kind != sampler.get("kind"):
+                raise ValueError(
+                    f"the state was taken with a {sampler.get('kind')!r} sampler; this loader's is "
+                    f"{kind or type(base_sampler(super()._index_sampler)).__name__!r}. Build it with the "
+                    f"sampler of the checkpointed run ({SUPPORTED})."
+                )
+        next_sampler = state_dict.get("next_sampler")
+        if sampler is None and next_sampler is not None:
+            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
+        self._epoch = int(state_dict["epoch"])
+        self._resume = dict(state_dict) if sampler is not None else None
+        self._pass = None
+

@@ -1,0 +1,91 @@
+"""Read concurrency in :func:`gpufeed.tune.tune`: what a measurement saw of reads, and the search.
+
+A measurement's read share comes from the loader's own stage timings (``FastLoader.stats()``,
+image path). When reads dominate the one-worker baseline (slow storage: NFS, object stores,
+a slow wrapped dataset), :func:`tune_reads` steps the dataset's ``read_concurrency`` through
+:data:`gpufeed._observe.tune_rules.READ_CONCURRENCIES` before the worker counts are measured:
+reads in flight cost threads, workers cost processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpufeed._observe.tune_rules import READ_CONCURRENCIES, reads_dominate, search_read_concurrency
+
+__all__ = ["read_concurrency_of", "read_fraction", "read_options", "stage_seconds", "tune_reads"]
+
+_STAGE_KEYS = ("read_s", "decode_s", "transform_s", "collate_s", "pack_s")
+
+
+def stage_seconds(loader: Any) -> dict[str, float] | None:
+    """The image path's per-stage worker seconds so far (None: no stats, or the generic path)."""
+    stats = getattr(loader, "stats", None)
+    if not callable(stats):
+        return None
+    snapshot = stats()
+    if "images" not in snapshot:
+        return None
+    return {k: float(snapshot.get(k, 0.0) or 0.0) for k in _STAGE_KEYS}
+
+
+def read_fraction(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """Share of the worker stage seconds between two :func:`stage_seconds` spent reading."""
+    if before is None or after is None:
+        return None
+    spent = {k: after[k] - before[k] for k in _STAGE_KEYS}
+    total = sum(spent.values())
+    return min(1.0, max(0.0, spent["read_s"] / total)) if total > 0 else None
+
+
+def read_concurrency_of(dataset: Any) -> int | None:
+    """The dataset's ``read_concurrency`` (None: it has none)."""
+    value = getattr(dataset, "read_concurrency", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_options(dataset: Any) -> tuple[int, int] | None:
+    """(read_concurrency, read_budget_bytes) of a dataset that can change them, else None."""
+    rc = read_concurrency_of(dataset)
+    if rc is None or not callable(getattr(dataset, "set_read_options", None)):
+        return None
+    return rc, int(dataset.read_budget_bytes)
+
+
+def tune_reads(dataset: Any, measure_at: Callable[[int], Any], baseline: Any, min_gain: float,
+               progress: Any, concurrencies: tuple[int, ...] = READ_CONCURRENCIES,
+               ) -> tuple[Any, list[Any], list[str]]:
+    """When reads dominate ``baseline`` (a ``TuneRow``), measure the dataset at more reads in
+    flight (``measure_at(read_concurrency)``, with the dataset set to it) while each step gains
+    ``min_gain``; leave the dataset at the best value. Returns (best row, rows, reasons).
+    ``progress``: the search's bar (``grow``, ``start``, ``done``); ``concurrencies``: the
+    values tried (those above the baseline's)."""
+    share = "-" if baseline.read_fraction is None else f"{baseline.read_fraction:.0%}"
+    if not reads_dominate(baseline.read_fraction):
+        return baseline, [], [f"reading is {share} of worker time: read_concurrency stays at "
+                              f"{baseline.read_concurrency} (not measured)."]
+    tries = sorted(c for c in concurrencies if c > (baseline.read_concurrency or 1))
+    if not tries:
+        return baseline, [], [f"reading is {share} of worker time; no read_concurrency above "
+                              f"{baseline.read_concurrency} to try."]
+    reasons = [f"reading is {share} of worker time: measuring read_concurrency "
+               f"{', '.join(map(str, tries))} (threads) before more workers (processes)."]
+    progress.grow(len(tries))
+    budget = int(dataset.read_budget_bytes)
+
+    def at(concurrency: int) -> Any:
+        dataset.set_read_options(concurrency, budget)
+        progress.start(f"{baseline.num_workers} worker, {concurrency} reads")
+        try:
+            return measure_at(concurrency)
+        finally:
+            progress.done()
+
+    best, rows, why = search_read_concurrency(at, baseline, min_gain, tuple(tries))
+    dataset.set_read_options(best.read_concurrency or 1, budget)
+    reasons += why
+    if (best.read_concurrency or 1) > 1 and getattr(dataset, "_source", None) is not None:
+        reasons.append("read_concurrency > 1 calls the wrapped dataset's __getitem__ from "
+                       "several threads at once: it must be thread-safe.")
+    return best, rows, reasons

@@ -1,0 +1,1 @@
+"""Integrations with training frameworks (Accelerate; see docs/training.md)."""

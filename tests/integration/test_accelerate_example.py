@@ -1,0 +1,28 @@
+"""examples/train_accelerate.py under torchrun (2 CPU ranks, gloo) with the real HF Accelerate."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._torchrun import REPO, result, torchrun
+
+pytest.importorskip("accelerate", reason="HF Accelerate is not installed (pip install 'gpufeed[accelerate]')")
+
+EXAMPLE = REPO / "examples" / "train_accelerate.py"
+
+
+@pytest.mark.timeout(240)
+def test_train_accelerate_example_evaluates_exactly_and_resumes(tmp_path):
+    args = ("--fast", "--data", str(tmp_path / "data"), "--ckpt", str(tmp_path / "ckpt"))
+    first = torchrun(EXAMPLE, *args, "--stop-after", "5")  # save_state at step 3, then "killed"
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "simulated kill" in first.stdout
+    assert {"dl_state_dict.bin", "dl_state_dict_1.bin"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
+    summary = result(torchrun(EXAMPLE, *args), tag="SUMMARY ")
+    assert summary["world"] == 2 and summary["loader"] == "AcceleratedFastLoader"
+    # --fast: 60 images, batch 4, 2 ranks: 8 steps per rank and epoch (the last one padded)
+    assert summary["resumed_from_step"] == 3 and summary["last_step"] == 16
+    assert summary["steps_per_rank"] == [13, 13]  # the rest of epoch 0 (load_state), then epoch 1
+    assert summary["images"] == 52  # decoded by gpufeed's image path on rank 0
+    assert summary["eval_seen"] == summary["eval_dataset"] == 60  # gather_for_metrics: each image once
+    assert 0.0 <= summary["accuracy"] <= 1.0

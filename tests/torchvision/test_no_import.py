@@ -1,0 +1,40 @@
+"""gpufeed never imports torchvision itself: ``import gpufeed`` and using a dataset, a loader and
+``explain`` without torchvision objects leave it out of ``sys.modules``. Runs in both venvs; in
+``.venv-tv``, where torchvision is installed, it is the real check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpufeed.synth import make_image_folder
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import gpufeed
+    from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
+    root = sys.argv[1]
+    ds = ImageFolder(root, transform=ResizeCenterCrop(48, 56))
+    ds[0]
+    for _ in FastLoader(ds, batch_size=2, num_workers=0, normalize=((0.5,) * 3, (0.25,) * 3)):
+        pass
+    ImageFolder(root, transform=lambda image: image.size)[1]
+    gpufeed.explain(ds.transform), gpufeed.explain(len), gpufeed.explain(None)
+    ds.transform = RandomResizedCrop(32)
+    ds[2]
+    found = sorted(m for m in sys.modules if m.split(".")[0] == "torchvision")
+    print("torchvision modules:", found)
+    sys.exit(1 if found else 0)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_gpufeed_alone_never_imports_torchvision(tmp_path):
+    make_image_folder(tmp_path, num_classes=2, per_class=2, size=(60, 70))
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torchvision modules: []" in done.stdout
