@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from gpufeed._engine.messages import Exit, FromWorker, ToWorker
+from gpufeed._engine.signals import sigint_held
 from gpufeed._engine.worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class WorkerPool:
             target=worker_main, args=(spec, task_r, res_w), name=f"gpufeed-worker-{worker_id}", daemon=True
         )
         try:
-            with self._fork_guard() if self._fork else contextlib.nullcontext():
+            with self._fork_guard() if self._fork else contextlib.nullcontext(), sigint_held():
                 proc.start()
         except BaseException:
             task_w.close()

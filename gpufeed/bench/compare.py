@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import torch
 
+from gpufeed._engine.signals import sigint_held
 from gpufeed._observe.batches import batch_size_of
 from gpufeed._observe.memory import PeakPSS, format_bytes
 from gpufeed.errors import shorten
@@ -317,7 +318,8 @@ def _run_round(
         t0 = time.perf_counter()
         try:
             loader = factory()
-            iterator = iter(loader)
+            with sigint_held():  # workers start here: none is interrupted before it ignores Ctrl-C
+                iterator = iter(loader)
             for batch in iterator:
                 consume(batch)
                 n_samples += batch_size_of(batch)

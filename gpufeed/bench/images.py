@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import signal
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gpufeed._engine.signals import ignore_sigint
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
 from gpufeed._observe.memory import PeakPSS, tree_memory
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
@@ -218,8 +218,9 @@ def single_threaded_cv2() -> contextlib.AbstractContextManager[None]:
 def _ignore_sigint(worker_id: int) -> None:
     """Reference DataLoader workers leave Ctrl-C to the benchmark's process, as gpufeed's workers
     do: a terminal's SIGINT reaches the whole process group, and a worker interrupted inside a
-    callback prints a traceback no one asked for (the bench stops them itself)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    callback prints a traceback no one asked for (the bench stops them itself; it starts them
+    with SIGINT held, so the window before this runs is closed too)."""
+    ignore_sigint()
 
 
 def loader_factories(

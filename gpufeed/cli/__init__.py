@@ -3,7 +3,7 @@
 ::
 
     gpufeed --version
-    gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--no-progress]
+    gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--workers N] [--no-progress]
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.cli.bench)
@@ -26,11 +26,12 @@ def _pack(args: argparse.Namespace) -> int:
     from gpufeed.sources import pack
 
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, workers=args.workers)
+    resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
     sys.stdout.write(f"packed {result.count} images in {len(result.classes)} classes into "
                      f"{result.path} ({result.bytes_read / 1e6:.1f} MB -> "
                      f"{result.bytes_written / 1e6:.1f} MB, {result.reencoded} re-encoded, "
-                     f"{result.seconds:.1f} s)\n")
+                     f"{result.seconds:.1f} s{resumed})\n")
     return 0
 
 
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="downscale so the longer side is at most N pixels (re-encodes as JPEG)")
     p.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="re-encode every image as JPEG at quality Q (1-100)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="threads reading and re-encoding images (default: the CPU count, at most 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

@@ -12,9 +12,10 @@ from gpufeed.sources._base import (
     DEFAULT_READ_BUDGET_BYTES,
     DEFAULT_READ_CONCURRENCY,
     ImageSource,
-    describe_callable,
 )
+from gpufeed.sources._index_cache import build_index
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources._scan import empty_classes_error
 from gpufeed.sources.remote import RemoteOptions, RemoteReader, read_concurrency_for, remote_root
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -66,12 +67,7 @@ def scan(root: str, class_to_idx: dict[str, int],
         if len(paths) == before:
             empty.append(name)
     if empty and not allow_empty:
-        shown = ", ".join(repr(e) for e in empty[:5]) + (" ..." if len(empty) > 5 else "")
-        looked = (f"for extensions {', '.join(extensions)} (case-insensitive)"
-                  if is_valid_file is None else
-                  f"for files accepted by is_valid_file={describe_callable(is_valid_file)}")
-        raise FileNotFoundError(f"no image files in class folder(s) {shown} of {root!r}; looked "
-                                f"{looked}. Pass allow_empty=True to keep empty classes.")
+        raise empty_classes_error(root, empty, extensions, is_valid_file)
     return paths, labels
 
 
@@ -95,6 +91,15 @@ class ImageFolder(ImageSource):
     ``storage_options`` (fsspec's filesystem options: credentials, endpoint...) and
     ``remote_options`` (:class:`RemoteOptions`: timeout, retries); see
     :mod:`gpufeed.sources.remote`.
+
+    A local tree's class folders are listed on threads (the order stays torchvision's).
+    ``index_cache``: a file path where a local tree's index is kept between runs (a plain
+    ``.npz``, not a pickle), reused while the tree is unchanged, rewritten otherwise.
+    ``index_check``: how "unchanged" is decided: ``"directories"`` stats every directory (their
+    modification times change whenever an entry is added, removed or renamed; recently modified
+    ones are listed again), ``"files"`` also lists every directory and stats every file (sizes
+    and times; slower than a scan on local disks). See the "Million-sample datasets" page of
+    the docs.
     """
 
     #: The reader of a URL root (fsspec); None for a local root.
@@ -108,7 +113,9 @@ class ImageFolder(ImageSource):
                  read_concurrency: int | None = None,
                  read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
                  storage_options: dict[str, Any] | None = None,
-                 remote_options: RemoteOptions | None = None) -> None:
+                 remote_options: RemoteOptions | None = None,
+                 index_cache: str | os.PathLike | None = None,
+                 index_check: str = "directories") -> None:
         for name, value in (("target_transform", target_transform), ("loader", loader),
                             ("is_valid_file", is_valid_file)):
             if value is not None and not callable(value):
@@ -122,16 +129,21 @@ class ImageFolder(ImageSource):
         self.loader = loader  # before transform, which is checked against it
         self.transform = transform
         self.target_transform = target_transform
+        self.index_cache = None if index_cache is None else os.fspath(index_cache)
+        self.index_check = index_check
         if self.remote is not None:
+            if self.index_cache is not None:
+                raise ValueError(f"`index_cache` keeps the index of a local tree; {self.root!r} "
+                                 f"is a URL. Drop index_cache, or copy the tree locally.")
             self.classes, paths, labels = self.remote.scan_folder(
                 self.root, IMG_EXTENSIONS, is_valid_file, bool(allow_empty))
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+            self._paths, self._labels = PathTable(paths), labels_array(labels)
         else:
             self.classes, self.class_to_idx = find_classes(self.root)
-            paths, labels = scan(self.root, self.class_to_idx, is_valid_file=is_valid_file,
-                                 allow_empty=bool(allow_empty))
-        self._paths = PathTable(paths)
-        self._labels = labels_array(labels)
+            self._paths, self._labels = build_index(
+                self.root, self.class_to_idx, IMG_EXTENSIONS, is_valid_file, bool(allow_empty),
+                self.index_cache, index_check)
 
     def __len__(self) -> int:
         return len(self._labels)

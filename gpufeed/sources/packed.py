@@ -12,23 +12,34 @@ key                value
                    written last, so a pack that did not finish has none
 =================  ========================================================================
 
+:func:`pack` writes ``DST.partial`` (with ``gpufeed-pack-job.json``: source, options and a
+digest of the file list) under an flock on ``DST.partial.lock``, appending samples in order,
+one transaction per ``txn_bytes``; threads read and re-encode ahead of the writer. A rerun of
+the same job finds the committed samples (an LMDB transaction is all or nothing, so after a
+kill they are exactly ``0..K-1``) and continues at K; at the end the job file goes and the
+directory is renamed to DST.
+
 An LMDB environment must not cross ``fork``: each process opens its own, read-only, without
 locking or read-ahead, on first read; pickling (for spawn) drops it.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import itertools
 import json
 import logging
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import DecodeError, shorten
+from gpufeed.errors import DecodeError, add_note, shorten
 from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import labels_array
 
@@ -175,7 +186,8 @@ def _shared_env_locked(path: str, create: bool) -> tuple[Any, bool]:
 
 @dataclass(frozen=True)
 class PackResult:
-    """What :func:`pack` wrote: sample count, bytes read and written, re-encoded count, seconds."""
+    """What :func:`pack` wrote: sample count, bytes read and written, re-encoded count and
+    seconds (of this run), and the sample index it resumed from (0: a fresh pack)."""
 
     path: str
     count: int
@@ -184,11 +196,18 @@ class PackResult:
     bytes_written: int
     reencoded: int
     seconds: float
+    resumed_from: int = 0
+
+
+JOB_FILE = "gpufeed-pack-job.json"  # inside the partial LMDB directory, removed when complete
+#: Most threads a pack uses by default (fewer on a machine with fewer cores): reads wait on
+#: storage, but re-encoding is CPU-bound (on 2 busy cores 8 threads re-encoded no faster than 1).
+MAX_DEFAULT_PACK_WORKERS = 8
 
 
 def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
          max_side: int | None = None, quality: int | None = None, progress: bool = True,
-         txn_bytes: int = 64 << 20) -> PackResult:
+         txn_bytes: int = 64 << 20, workers: int | None = None) -> PackResult:
     """Pack an image folder (torchvision ``ImageFolder`` layout and order) into a new LMDB.
 
     ``max_side`` (pixels): images whose longer side exceeds it are downscaled to it (DCT-scaled
@@ -196,8 +215,16 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     as JPEG at this quality (default 90 for the downscaled ones). Otherwise the original bytes are
     stored unchanged, after a header check that rejects empty and non-image files
     (:class:`~gpufeed.errors.DecodeError` naming the file). ``txn_bytes`` bounds one write
-    transaction. The LMDB is written beside ``dst_lmdb`` and renamed into place when complete.
+    transaction. ``workers``: threads reading and preparing images ahead of the writer (file
+    reads, libjpeg and OpenCV release the GIL; default: the CPU count, at most 8); samples are
+    written in order.
     ``progress``: a tqdm bar if tqdm is installed, else a log line every 5 s.
+
+    The LMDB is written as ``DST.partial`` and renamed to ``dst_lmdb`` when complete. A pack
+    that stops early (killed, interrupted, or a file it cannot read) keeps what it committed:
+    running the same pack again resumes after the last committed sample, and the result has the
+    same content as an uninterrupted pack. A partial pack of another source, list of files or
+    options is replaced (with a warning); delete ``DST.partial`` to start over.
     """
     import lmdb
 
@@ -211,59 +238,185 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
         raise ValueError(f"`quality` must be None or an int in 1..100. Found: {shorten(quality)}.")
     if txn_bytes <= 0:
         raise ValueError(f"`txn_bytes` must be > 0. Found: {shorten(txn_bytes)}.")
+    if workers is None:
+        workers = min(MAX_DEFAULT_PACK_WORKERS, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"`workers` must be an int >= 1. Found: {shorten(workers)}.")
     dst = os.fspath(dst_lmdb)
     if os.path.exists(dst):
         raise FileExistsError(f"{dst!r} already exists; pass a new path or delete it first")
     folder = ImageFolder(src_folder)
     n = len(folder)
-    total_in = sum(os.path.getsize(folder.path(i)) for i in range(n))
-    partial = f"{dst}.partial-{os.getpid()}"
+    partial = f"{dst}.partial"
+    job = {"format": FORMAT, "version": VERSION, "src": os.path.abspath(folder.root),
+           "count": n, "classes": folder.classes, "max_side": max_side, "quality": quality,
+           "paths": hashlib.blake2b(np.asarray(folder._paths.blob).tobytes()
+                                    + np.asarray(folder.labels).tobytes()).hexdigest()}
+    lock_fd = _lock(partial)
     start = time.perf_counter()
-    env = lmdb.open(partial, map_size=_round_map_size(total_in * 1.25 + (32 << 20)),
-                    subdir=True, meminit=False, max_dbs=0)
-    bar = _Progress(n, dst, progress)
-    written = reencoded = 0
     try:
-        batch: list[tuple[bytes, bytes]] = []
-        batch_bytes = 0
-        for i in range(n):
-            path = folder.path(i)
-            with open(path, "rb") as f:
-                data = f.read()
+        first = _resume_point(partial, job)
+        if first == 0:
+            _remove_tree(partial)
+            os.mkdir(partial)
+            with open(os.path.join(partial, JOB_FILE), "w") as f:
+                json.dump(job, f)
+        guess = _estimated_bytes(folder)
+        env = lmdb.open(partial, map_size=_round_map_size(guess * 1.25 + (32 << 20)),
+                        subdir=True, meminit=False, max_dbs=0)
+        try:
+            read, written, reencoded = _write_samples(env, folder, first, max_side, quality,
+                                                      txn_bytes, workers, progress, dst)
+            meta = {"format": FORMAT, "version": VERSION, "count": n,
+                    "classes": folder.classes, "max_side": max_side, "quality": quality}
+            paths = [os.path.relpath(folder.path(i), folder.root) for i in range(n)]
+            _put_all(env, [(LABELS_KEY, folder.labels.astype("<i8").tobytes()),
+                           (PATHS_KEY, json.dumps(paths).encode()),
+                           (META_KEY, json.dumps(meta).encode())], append=False)
+            env.sync(True)
+        finally:
+            env.close()
+        os.unlink(os.path.join(partial, JOB_FILE))
+        os.rename(partial, dst)
+    finally:
+        _unlock(partial, lock_fd)
+    seconds = time.perf_counter() - start
+    logger.debug("packed %d images (%d re-encoded, from %d on) from %s into %s: %.1f MB -> "
+                 "%.1f MB in %.1f s", n, reencoded, first, folder.root, dst, read / 1e6,
+                 written / 1e6, seconds)
+    return PackResult(dst, n, tuple(folder.classes), read, written, reencoded, seconds, first)
+
+
+def _write_samples(env: Any, folder: Any, first: int, max_side: int | None,
+                   quality: int | None, txn_bytes: int, workers: int, progress: bool,
+                   dst: str) -> tuple[int, int, int]:
+    """Read, prepare (on ``workers`` threads, a bounded window ahead) and append samples
+    ``first..len(folder)-1`` in order, one transaction per ``txn_bytes``; on any failure the
+    samples before it are committed and the error says how to resume. Returns (bytes read,
+    bytes written, re-encoded count)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import lmdb
+
+    n = len(folder)
+    bar = _Progress(n, dst, progress, done=first)
+    read = written = reencoded = 0
+    batch: list[tuple[bytes, bytes]] = []
+    batch_bytes = 0
+    window: collections.deque = collections.deque()
+    pending = iter(range(first, n))
+    ex = ThreadPoolExecutor(workers, thread_name_prefix="gpufeed-pack")
+    i = committed = first
+    try:
+        for j in itertools.islice(pending, 4 * workers):
+            window.append(ex.submit(_load_one, folder.path(j), max_side, quality))
+        while window:
             try:
-                value, changed = _prepare(data, max_side, quality)
+                size, value, changed = window.popleft().result()
             except DecodeError as exc:
-                raise DecodeError(f"cannot pack {path} (sample index {i}): {exc}. Remove or "
-                                  f"replace the file and pack again.") from exc
-            reencoded += changed
+                raise DecodeError(f"cannot pack {folder.path(i)} (sample index {i}): {exc}. "
+                                  f"Remove or replace the file and run the same pack again: "
+                                  f"it resumes at this sample.") from exc
+            nxt = next(pending, None)
+            if nxt is not None:
+                window.append(ex.submit(_load_one, folder.path(nxt), max_side, quality))
             batch.append((sample_key(i), value))
             batch_bytes += len(value)
-            written += len(value)
-            bar.update(len(data))
+            read, written, reencoded = read + size, written + len(value), reencoded + changed
+            bar.update(size)
+            i += 1
             if batch_bytes >= txn_bytes or len(batch) >= 10000:
                 _put_all(env, batch, append=True)
-                batch, batch_bytes = [], 0
+                batch, batch_bytes, committed = [], 0, i
         if batch:
             _put_all(env, batch, append=True)
-        meta = {"format": FORMAT, "version": VERSION, "count": n, "classes": folder.classes,
-                "max_side": max_side, "quality": quality}
-        paths = [os.path.relpath(folder.path(i), folder.root) for i in range(n)]
-        _put_all(env, [(LABELS_KEY, folder.labels.astype("<i8").tobytes()),
-                       (PATHS_KEY, json.dumps(paths).encode()),
-                       (META_KEY, json.dumps(meta).encode())], append=False)
-        env.sync(True)
-        env.close()
-        os.rename(partial, dst)
-    except BaseException:
-        env.close()
-        _remove_tree(partial)
+            batch, committed = [], i
+    except BaseException as exc:
+        ex.shutdown(wait=True, cancel_futures=True)
+        if batch:
+            try:
+                _put_all(env, batch, append=True)  # keep everything before the failure
+                committed = i
+            except (OSError, lmdb.Error):
+                pass  # (the failure was the write itself)
+        add_note(exc, f"gpufeed pack: samples 0..{committed - 1} of {n} are committed in "
+                      f"{dst}.partial; run the same pack again to resume at sample {committed}")
         raise
     finally:
+        ex.shutdown(wait=True, cancel_futures=True)
         bar.close()
-    seconds = time.perf_counter() - start
-    logger.debug("packed %d images (%d re-encoded) from %s into %s: %.1f MB -> %.1f MB in %.1f s",
-                 n, reencoded, folder.root, dst, total_in / 1e6, written / 1e6, seconds)
-    return PackResult(dst, n, tuple(folder.classes), total_in, written, reencoded, seconds)
+    return read, written, reencoded
+
+
+def _load_one(path: str, max_side: int | None, quality: int | None) -> tuple[int, bytes, bool]:
+    """(bytes read, bytes to store, re-encoded) for one image file (runs on a pack thread)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    value, changed = _prepare(data, max_side, quality)
+    return len(data), value, changed
+
+
+def _resume_point(partial: str, job: dict[str, Any]) -> int:
+    """How many samples ``partial`` holds for ``job`` (0 when there is none, or it is another
+    job's, which is then discarded with a warning)."""
+    if not os.path.exists(partial):
+        return 0
+    import lmdb
+
+    try:
+        with open(os.path.join(partial, JOB_FILE)) as f:
+            found = json.load(f)
+        env = lmdb.open(partial, subdir=True, readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                entries = int(txn.stat()["entries"])
+                complete = (entries == 0 or (txn.get(sample_key(entries - 1)) is not None
+                                             and txn.get(sample_key(entries)) is None))
+        finally:
+            env.close()
+    except (OSError, ValueError, lmdb.Error) as exc:
+        found, entries, complete = {"unreadable": str(exc)}, 0, False
+    if found != job or not complete:
+        warnings.warn(f"{partial!r} holds a partial pack of another source, file list or "
+                      f"options (or is damaged); starting over", RuntimeWarning, stacklevel=3)
+        return 0
+    logger.info("pack: resuming %s at sample %d of %d", partial, entries, job["count"])
+    return entries
+
+
+def _lock(partial: str) -> int:
+    """Hold ``PARTIAL.lock`` (flock), so two packs never write one partial LMDB."""
+    import fcntl
+
+    fd = os.open(partial + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(f"another gpufeed pack is writing {partial!r} (it holds "
+                           f"{partial}.lock); wait for it, or stop it first") from None
+    return fd
+
+
+def _unlock(partial: str, fd: int) -> None:
+    """Release the lock; the lock file goes once the pack is complete."""
+    if not os.path.exists(partial):
+        try:
+            os.unlink(partial + ".lock")
+        except OSError:
+            pass
+    os.close(fd)
+
+
+def _estimated_bytes(folder: Any, samples: int = 1000) -> int:
+    """Total file bytes, estimated from up to ``samples`` files spread over the folder (one
+    ``stat`` per file would take 15 s at 1.28M files; the map grows if this is short)."""
+    n = len(folder)
+    if n == 0:
+        return 0
+    picks = np.linspace(0, n - 1, min(n, samples)).astype(np.int64)
+    sizes = [os.path.getsize(folder.path(int(i))) for i in picks]
+    return int(sum(sizes) / len(sizes) * n)
 
 
 def _prepare(data: bytes, max_side: int | None, quality: int | None) -> tuple[bytes, bool]:
@@ -322,8 +475,8 @@ def _remove_tree(path: str) -> None:
 class _Progress:
     """A tqdm bar when available and wanted, else a log line every 5 s (or nothing)."""
 
-    def __init__(self, total: int, name: str, enabled: bool) -> None:
-        self.total, self.done, self.nbytes = total, 0, 0
+    def __init__(self, total: int, name: str, enabled: bool, done: int = 0) -> None:
+        self.total, self.done, self.nbytes = total, done, 0
         self.start = self.last = time.perf_counter()
         self.bar = None
         self.enabled = enabled
@@ -333,7 +486,8 @@ class _Progress:
             except ImportError:
                 tqdm = None
             if tqdm is not None:
-                self.bar = tqdm(total=total, unit="img", desc=f"pack {os.path.basename(name)}")
+                self.bar = tqdm(total=total, initial=done, unit="img",
+                                desc=f"pack {os.path.basename(name)}")
 
     def update(self, nbytes: int) -> None:
         self.done += 1

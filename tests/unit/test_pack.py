@@ -81,13 +81,81 @@ def test_exif_oriented_image_keeps_its_orientation_when_reencoded(tmp_path):
     assert (stored.height, stored.width, stored.orientation) == (50, 25, 1)
 
 
-def test_bad_file_fails_pack_naming_it_and_leaves_nothing(src, tmp_path):
+def lmdb_content(path) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of an LMDB, in key order."""
+    env = lmdb.open(str(path), readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return list(txn.cursor())
+    finally:
+        env.close()
+
+
+def test_bad_file_stops_pack_naming_it_and_a_rerun_resumes_there(src, tmp_path):
     bad = src / "class_01" / "img_00002.jpg"
+    good = bad.read_bytes()
     bad.write_bytes(b"")
     with pytest.raises(DecodeError) as info:
-        pack(src, tmp_path / "db.lmdb", progress=False)
+        pack(src, tmp_path / "db.lmdb", progress=False, txn_bytes=1)
     assert str(bad) in str(info.value) and "sample index 7" in str(info.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert "resume at sample 7" in "\n".join(getattr(info.value, "__notes__", []))
+    assert not (tmp_path / "db.lmdb").exists() and (tmp_path / "db.lmdb.partial").is_dir()
+    bad.write_bytes(good)
+    result = pack(src, tmp_path / "db.lmdb", progress=False)
+    assert result.resumed_from == 7 and result.count == 15
+    pack(src, tmp_path / "fresh.lmdb", progress=False)
+    assert lmdb_content(tmp_path / "db.lmdb") == lmdb_content(tmp_path / "fresh.lmdb")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.lmdb", "fresh.lmdb", "src"]
+
+
+KILL_AFTER_COMMITS = """
+import os, signal, sys
+import gpufeed.sources.packed as packed
+commits = 0
+real_put_all = packed._put_all
+def put_all_then_die(env, items, *, append):
+    global commits
+    real_put_all(env, items, append=append)
+    commits += 1
+    if commits == 4:
+        os.kill(os.getpid(), signal.SIGKILL)  # as a user's kill -9, mid-pack
+packed._put_all = put_all_then_die
+packed.pack(sys.argv[1], sys.argv[2], progress=False, txn_bytes=1, workers=3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pack_killed_midway_resumes_to_the_uninterrupted_result(src, tmp_path):
+    dst = tmp_path / "db.lmdb"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_COMMITS, str(src), str(dst)],
+                          env=env, timeout=100)
+    assert proc.returncode == -9 and not dst.exists()
+    result = pack(src, dst, progress=False, workers=2)
+    assert result.resumed_from == 4  # one sample per transaction: four were committed
+    pack(src, tmp_path / "fresh.lmdb", progress=False)
+    assert lmdb_content(dst) == lmdb_content(tmp_path / "fresh.lmdb")
+    assert LMDBDataset(dst).read(9) == (src / "class_01" / "img_00004.jpg").read_bytes()
+
+
+def test_a_partial_pack_of_other_options_is_replaced_and_two_packs_never_share_one(src,
+                                                                                   tmp_path):
+    import fcntl
+
+    with pytest.raises(DecodeError):
+        (src / "class_02" / "img_00000.jpg").write_bytes(b"junk")
+        pack(src, tmp_path / "db.lmdb", progress=False, txn_bytes=1)
+    make_image_folder(src, num_classes=3, per_class=5, size=((60, 200), (60, 200)), seed=1)
+    with pytest.warns(RuntimeWarning, match="partial pack of another source"):
+        result = pack(src, tmp_path / "db.lmdb", progress=False, quality=80)
+    assert result.resumed_from == 0 and result.reencoded == 15
+    fd = os.open(tmp_path / "x.lmdb.partial.lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(RuntimeError, match="another gpufeed pack is writing"):
+            pack(src, tmp_path / "x.lmdb", progress=False)
+    finally:
+        os.close(fd)
 
 
 def test_refuses_existing_destination_and_bad_options(src, tmp_path):
