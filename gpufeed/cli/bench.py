@@ -132,6 +132,9 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--images", type=_positive, default=1000,
                    help=f"number of images, in {DEMO_CLASSES} classes (default 1000)")
     p.add_argument("--workers", type=_non_negative, default=2, help="num_workers (default 2)")
+    p.add_argument("--large", action="store_true",
+                   help="phone-sized photos (3000x2250 to 4000x3000, quality 95, 2.5-4.5 MB each; "
+                        "~2 s per image to make): pass a --dir of its own and fewer --images")
     _add_run_options(p, rounds=4)
     p.set_defaults(run=run_demo, size=224, resize=256, dtype=["uint8"], channels_last="off",
                    no_reference=False)
@@ -201,19 +204,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int, bool]:
+def prepare_demo_data(directory: str | Path, num_images: int,
+                      large: bool = False) -> tuple[Path, int, bool]:
     """The demo image folder: made once with ``gpufeed.synth.make_image_folder`` and reused.
+    ``large``: phone-sized photos (``gpufeed.synth.LARGE_SIZE``, JPEG quality 95, 2.5-4.5 MB)
+    instead of ~400x350 ones at quality 90.
 
     Returns (root, number of images, reused). A folder this function made before for another
     ``num_images`` is remade; any other non-empty folder is refused (ValueError).
     """
-    from gpufeed.synth import make_image_folder
+    from gpufeed.synth import LARGE_SIZE, make_image_folder
 
     root = Path(directory)
     classes = min(DEMO_CLASSES, num_images)
     per_class = num_images // classes
     images = classes * per_class
-    want = {"images": images, "classes": classes, "size": DEMO_SIZE, "seed": 0}
+    size, quality = (LARGE_SIZE, 95) if large else (DEMO_SIZE, 90)
+    want: dict[str, Any] = {"images": images, "classes": classes, "size": size, "seed": 0}
+    if large:
+        want.update(large=True, quality=quality)
     marker = root / DEMO_MARKER
     if marker.exists():
         have = json.loads(marker.read_text(encoding="utf-8"))
@@ -225,7 +234,8 @@ def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int
     elif root.exists() and any(root.iterdir()):
         raise ValueError(f"{root} exists and is not a gpufeed demo folder (no {DEMO_MARKER}); "
                          f"pass --dir with a new or empty folder")
-    made = make_image_folder(root, num_classes=classes, per_class=per_class, size=DEMO_SIZE, seed=0)
+    made = make_image_folder(root, num_classes=classes, per_class=per_class, size=size, seed=0,
+                             quality=quality, large=large)
     marker.write_text(json.dumps({"params": want, "class_dirs": list(made.classes)}), encoding="utf-8")
     return root, made.num_images, False
 
@@ -233,8 +243,9 @@ def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int
 def run_demo(args: argparse.Namespace) -> int:
     """``gpufeed demo``: demo images (once), then the eval and train benchmarks."""
     t0 = time.perf_counter()
-    write(f"gpufeed demo: photo-like JPEGs (~400x350, quality 90) in {args.dir}")
-    root, count, reused = prepare_demo_data(args.dir, args.images)
+    what = "3000x2250-4000x3000, quality 95" if args.large else "~400x350, quality 90"
+    write(f"gpufeed demo: photo-like JPEGs ({what}) in {args.dir}")
+    root, count, reused = prepare_demo_data(args.dir, args.images, large=args.large)
     write(f"  {'reused' if reused else 'generated'} {count} images in "
           f"{min(DEMO_CLASSES, args.images)} classes ({time.perf_counter() - t0:.1f} s)\n")
     runs: list[ImageBenchResult] = []
