@@ -36,7 +36,7 @@ import torch
 from gpufeed.errors import GpufeedWarning, shorten
 
 __all__ = ["FLOAT_DTYPES", "Normalize", "affine", "check_image_output", "convert_", "scale_shift",
-           "to_float_", "work_dtype"]
+           "work_dtype"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -88,16 +88,6 @@ def affine(
     scale, shift = scale_shift(normalize)
     return (torch.tensor(scale, dtype=dtype, device=device).view(1, 3, 1, 1),
             torch.tensor(shift, dtype=dtype, device=device).view(1, 3, 1, 1))
-
-
-def to_float_(out: torch.Tensor, constants: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """``out`` (a float NCHW batch holding the 0-255 values) converted in place and returned:
-    ``x / 255`` without ``constants``, else ``x * scale + shift`` with ``constants`` from
-    :func:`affine` of the same dtype and device."""
-    if constants is None:
-        return out.mul_(1.0 / 255.0)
-    scale, shift = constants
-    return out.mul_(scale).add_(shift)
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
