@@ -62,3 +62,11 @@ def test_bench_cli_compares_every_format_with_nchw_float32(folder, tmp_path, cap
     (run,) = json.loads(out.read_text())["runs"]
     assert [lo["name"] for lo in run["loaders"]] == names
     assert run["baseline"] == LAYOUT_REFERENCE.name
+
+
+def test_touch_pages_maps_channels_last_batches_like_nchw_ones():
+    from gpufeed.bench.compare import touch_pages
+
+    nchw = torch.zeros((4, 3, 64, 64), dtype=torch.float16)
+    cl = nchw.contiguous(memory_format=torch.channels_last)
+    assert touch_pages((cl,)) == touch_pages((nchw,)) == nchw.numel() * 2
