@@ -209,15 +209,11 @@ class PositionedIndices:
         restore_generator = False
         if kind == "random":
             if loaded is not None:
-                generator = torch.Generator()
                 if "seed" in loaded:
-                    generator.manual_seed(int(loaded["seed"]))
+                    drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
                 else:
-                    generator.set_state(_decode(loaded["generator_state"]))
-                if sampler.generator is None:
-                    sampler.generator, restore_generator = generator, True
-                else:
-                    sampler.generator.set_state(generator.get_state())
+                    drawn = _decode(loaded["generator_state"])
+                restore_generator = _draw_from(sampler, drawn)
                 p.sampler_state = dict(loaded)
             elif sampler.generator is None:
                 # Peek at the seed RandomSampler is about to draw from the global RNG (then put
@@ -230,12 +226,7 @@ class PositionedIndices:
                 p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
         elif kind in _DRAWING.values():
             if loaded is not None:
-                generator = torch.Generator()
-                generator.set_state(_decode(loaded["generator_state"]))
-                if sampler.generator is None:
-                    sampler.generator, restore_generator = generator, True
-                else:
-                    sampler.generator.set_state(generator.get_state())
+                restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
                 p.sampler_state = dict(loaded)
             else:
                 drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
@@ -334,6 +325,18 @@ def _check_torch_distributed(sampler: TorchDistributedSampler[Any], loaded: dict
                 f"{loaded.get(key)!r}; this loader's is {ours[key]!r}, so the rest of the epoch would lose or "
                 f"repeat samples. Resume with the {key} of the checkpointed run.{hint}"
             )
+
+
+def _draw_from(sampler: Any, state: torch.Tensor) -> bool:
+    """Make ``sampler``'s next draw come from generator ``state``: set into its own generator,
+    or into one lent to it (returns True: take it back after the first index)."""
+    if sampler.generator is not None:
+        sampler.generator.set_state(state)
+        return False
+    generator = torch.Generator()
+    generator.set_state(state)
+    sampler.generator = generator
+    return True
 
 
 def _length(batch: Any) -> int:
