@@ -99,6 +99,8 @@ class Evidence:
     replay_batches: int = 0  # batches kept and replayed through the step without the loader
     replay_step_s: float | None = None  # mean step time per replayed batch
     cache_hit_rate: float | None = None  # image path with cache_bytes: hits / look-ups
+    parent_batches: int = 0  # batches the main process made itself (every row a cache hit)
+    parent_s: float = 0.0  # main-process seconds spent on those (not in the stage seconds)
     epoch_starts: int = 0  # epochs that began inside the window (new iterators)
     epoch_start_wait_s: float = 0.0  # wait for the first batch of those epochs
     stored_short_side_px: float | None = None  # image sources: mean shorter side as stored
@@ -198,7 +200,9 @@ class Report:
         lines.append(
             f"  run: {ev.batches} batches in {ev.wall_s:.2f} s ({ev.batch_s * 1e3:.1f} ms/batch, "
             f"step {ev.step_mean_s * 1e3:.1f} ms, wait {ev.data_wait_fraction:.0%}"
-            + (f", {ev.epoch_starts} epoch starts" if ev.epoch_starts else "") + ")"
+            + (f", {ev.epoch_starts} epoch starts" if ev.epoch_starts else "")
+            + (f", {ev.parent_batches} made by the main process from the cache "
+               f"({ev.parent_s / ev.parent_batches * 1e3:.1f} ms each)" if ev.parent_batches else "") + ")"
             + (f", replay {ev.replay_step_s * 1e3:.1f} ms/step" if ev.replay_step_s is not None else ""))
         lines.append(
             f"  cpu: workers {ev.num_workers} [{cpu} of a core], main {ev.main_cpu:.0%}, "
@@ -470,6 +474,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         state_samples=n_states,
         replay_batches=replay[0], replay_step_s=replay[1],
         cache_hit_rate=delta("cache_hits") / lookups if lookups > 0 else None,
+        parent_batches=int(delta("parent_batches")), parent_s=max(0.0, delta("parent_s")),
         epoch_starts=epochs[0], epoch_start_wait_s=epochs[1],
         fetch_threads=_int_attr(getattr(loader, "dataset", None), "fetch_threads"),
         **image_info,

@@ -415,7 +415,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
         (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
         overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
-        images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate.
+        images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate;
+        parent_batches and parent_s (batches the main process made itself because every row was
+        a cache hit, and its seconds on them, not in the worker stage seconds).
         """
         out = self._stats.snapshot()
         out["workers"] = worker_usage(self.worker_pids())

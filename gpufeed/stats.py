@@ -40,6 +40,8 @@ class Stats:
     queue_depth: int = 0  # ready batches at the last __next__
     errors: int = 0  # exceptions raised by dataset/collate code in workers
     worker_restarts: int = 0
+    parent_batches: int = 0  # batches completed in the main process, no worker (all cache hits)
+    parent_s: float = 0.0  # main-process seconds making those (cache copies, labels)
     overflow_bytes: int = 0  # payload bytes that did not fit a slot and were pickled
     first_wait_at: float | None = field(default=None, repr=False)
 
@@ -55,6 +57,13 @@ class Stats:
             self.decode_s += report.decode_s
             self.transform_s += report.transform_s
             self.collate_s += report.post_s
+
+    def add_parent_batch(self, *, samples: int, seconds: float) -> None:
+        """A batch the main process made itself (not in the worker stage seconds)."""
+        self.batches += 1
+        self.samples += samples
+        self.parent_batches += 1
+        self.parent_s += seconds
 
     def add_wait(self, seconds: float, queue_depth: int) -> None:
         if self.first_wait_at is None:

@@ -3,8 +3,11 @@
 It knows nothing of samplers, DataLoader or images. A driver submits tasks (``submit``) and
 takes in their replies (``poll`` / ``wait``), in arrival order; the engine does the rest:
 
-* starts the workers (``WorkerPool``) and sends each task, with a cold fallback slot from the
-  ``SlotLedger`` (or a slot the plug-in wrote into, when it binds slots);
+* starts the workers (``WorkerPool``; with ``lazy_workers``, each at its first task) and sends
+  each task, with a cold fallback slot from the ``SlotLedger`` (or a slot the plug-in wrote
+  into, when it binds slots);
+* lets the plug-in complete a task in the parent (``FillPlugin.complete``: no worker involved);
+  its reply is queued and comes out of ``poll``/``wait`` first, like any other;
 * reads the typed replies: claims of warm slots go to the ledger, replies of an abandoned pass
   free their slots, ``InitFailed`` stops everything and raises the worker's exception;
 * on a worker death: takes in what the worker sent before dying (a task that was answered is
@@ -28,6 +31,7 @@ import multiprocessing
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
@@ -48,7 +52,7 @@ from gpufeed._engine.messages import (
     WorkerException,
 )
 from gpufeed._engine.pool import WorkerPool, describe_exit
-from gpufeed._engine.transport import unpack
+from gpufeed._engine.transport import pack_views, unpack
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.errors import WorkerError, add_note
 
@@ -133,6 +137,9 @@ class Engine:
     whose worker died while running it is re-sent; once more, it is answered with ``Failed`` (a
     ``WorkerError`` naming the deaths) instead. Tasks queued behind it are not blamed and are
     always re-sent. None (FastIter): always re-sent, every sample exactly once.
+    ``lazy_workers``: start each worker at its first task instead of now (a driver whose plug-in
+    may complete every task in the parent, so that a pass that needs no worker starts none; a
+    latency-bound driver keeps them eager).
     """
 
     def __init__(
@@ -144,6 +151,7 @@ class Engine:
         mp_context: BaseContext | None = None,
         tasks_in_flight: int = 0,
         max_task_retries: int | None = None,
+        lazy_workers: bool = False,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
@@ -174,6 +182,7 @@ class Engine:
         self._next_idx = 0
         self._restarts = 0
         self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
+        self._completed: deque[Arrival] = deque()  # tasks the plug-in completed, not polled yet
         self._ledger = SlotLedger(self._arena, num_workers)
         self._arena.attach()
         try:
@@ -183,6 +192,7 @@ class Engine:
                 num_workers,
                 self._config.shutdown_timeout_s,
                 fork_guard=context.fork_guard,
+                lazy=lazy_workers,
             )
         except BaseException:
             self._arena.detach()
@@ -198,6 +208,11 @@ class Engine:
 
     def pid(self, worker_id: int) -> int:
         return self._pool.pid(worker_id)
+
+    @property
+    def workers_started(self) -> int:
+        """Worker processes started so far (replacements included)."""
+        return self._pool.started
 
     @property
     def restarts(self) -> int:
@@ -233,41 +248,86 @@ class Engine:
         if worker_id is None:
             worker_id = min(range(self.num_workers), key=self.owed)
         idx = self._next_idx
-        slot = self._ledger.take((self.epoch, idx), worker_id, warm=self.parent_binds)
-        record = self._records[(self.epoch, idx)] = TaskRecord(
+        key = (self.epoch, idx)
+        slot = self._ledger.take(key, worker_id, warm=self.parent_binds)
+        record = self._records[key] = TaskRecord(
             self.epoch, idx, worker_id, slot, index, None, tag, swap=not self.parent_binds)
-        record.extra = self._prepare(record, count=True)
-        self._send(record)
         self._next_idx += 1
+        t0 = time.perf_counter()
+        try:
+            slot_view = None if self._plugin is None else self._arena.slot_tensor(slot)
+            record.extra = self._prepare(record, count=True, slot_view=slot_view)
+            done = None if slot_view is None else self._complete(record, slot_view)
+        except BaseException:
+            self._ledger.answered(key, worker_id)
+            self._records.pop(key, None)
+            self._ledger.release(key)
+            raise
+        if done is None:
+            self._send(record)
+        else:  # answered already: no worker owes it, a death never re-runs it
+            samples = done.report.samples if done.report is not None else _num_samples(index)
+            self._stats.add_parent_batch(samples=samples, seconds=time.perf_counter() - t0)
+            self._ledger.answered(key, worker_id)
+            del self._records[key]
+            self._completed.append((record, done))
         return record
+
+    def _complete(self, record: TaskRecord, slot_view: Any) -> Done | None:
+        """The plug-in's batch made in the parent, as a worker's reply, or None."""
+        # Optional in a plug-in (one written before it existed never completes tasks).
+        complete = getattr(self._plugin, "complete", None)
+        if complete is None:
+            return None
+        made = complete(record.index, record.extra, slot_view)
+        if made is None:
+            return None
+        data, report = made
+        t0 = time.perf_counter()
+        skeleton, used, overflow = pack_views(data, slot_view)
+        pack_s = time.perf_counter() - t0
+        return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
+                    overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
 
     def new_epoch(self) -> None:
         """Start a new pass: workers get ``Reset`` (a fresh IterableDataset iterator), task
         numbers start again at 0, and replies of the old pass free their slots as they come."""
         self.epoch += 1
         self._next_idx = 0
+        while self._completed:  # completed in the parent, never polled: nobody will read them
+            self._ledger.release(self._completed.popleft()[0].key)
         for worker_id in range(self.num_workers):
-            self._pool.send(worker_id, Reset(epoch=self.epoch))
+            if self._pool.is_started(worker_id):  # one started later begins with a fresh iterator
+                self._pool.send(worker_id, Reset(epoch=self.epoch))
 
-    def _prepare(self, record: TaskRecord, count: bool) -> Any:
+    def _prepare(self, record: TaskRecord, count: bool, slot_view: Any = None) -> Any:
         if self._plugin is None:
             return None
-        return self._plugin.prepare(record.tag, record.index, self._arena.slot_tensor(record.slot), count)
+        if slot_view is None:
+            slot_view = self._arena.slot_tensor(record.slot)
+        return self._plugin.prepare(record.tag, record.index, slot_view, count)
 
     def _send(self, record: TaskRecord) -> None:
         task = Task(epoch=record.epoch, idx=record.idx, slot=record.slot, index=record.index,
                     extra=record.extra, swap=record.swap)
+        try:
+            self._pool.ensure(record.worker_id)  # a lazy pool starts the worker at its first task
+        except BaseException:
+            self.close()  # e.g. an unpicklable dataset under spawn: stop the workers started
+            raise
         self._pool.send(record.worker_id, task)
 
     # -- replies ----------------------------------------------------------------------------
     def poll(self, wait_s: float, on_death: DeathPolicy | None = None) -> list[Arrival]:
         """Take in what the workers sent within ``wait_s`` seconds; handle deaths.
 
-        Returns the replies of current-epoch tasks, in arrival order, each with its record.
+        Returns the replies of current-epoch tasks, in arrival order, each with its record (the
+        tasks the plug-in completed first, in submission order, without waiting).
         ``on_death`` may raise to stop instead of replacing a dead worker.
         """
-        messages, dead = self._pool.wait(wait_s)
-        arrived: list[Arrival] = []
+        arrived: list[Arrival] = list(self._completed)
+        self._completed.clear()
+        messages, dead = self._pool.wait(0.0 if arrived else wait_s)
         # Replies first: a worker that answered and then died must not re-run that task.
         for i, (worker_id, msg) in enumerate(messages):
             try:
@@ -432,6 +492,7 @@ class Engine:
         """Stop the workers and release their slots now (idempotent)."""
         self._finalizer()
         self._records.clear()
+        self._completed.clear()
 
 
 def _num_samples(index: Any) -> int:

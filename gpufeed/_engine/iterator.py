@@ -97,6 +97,10 @@ class FastIter(_BaseDataLoaderIter):
             self._num_workers,
             mp_context=loader.multiprocessing_context or multiprocessing.get_context(),
             tasks_in_flight=self._prefetch_factor * self._num_workers,
+            # The image path may complete batches in the parent (all rows cache hits): a worker
+            # starts at its first task, so a fully cached pass starts none. Generic datasets
+            # start every worker now, as torch does (worker_init_fn runs even for an idle one).
+            lazy_workers=context.plugin is not None,
         )
         self._reset(loader, first_iter=True)
 
@@ -105,6 +109,12 @@ class FastIter(_BaseDataLoaderIter):
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for monitoring and fault tests)."""
         return self._engine.pids
+
+    @property
+    def workers_started(self) -> int:
+        """Worker processes this iterator started (replacements included); with the image
+        path they start lazily, so a fully cached epoch starts none."""
+        return self._engine.workers_started
 
     @property
     def worker_restarts(self) -> int:

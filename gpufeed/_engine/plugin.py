@@ -13,8 +13,13 @@ A plug-in has two halves:
 * ``FillPlugin``, the parent half: ``prepare()`` runs when a task is submitted (or re-sent
   after its worker died) and may write into the task's slot first (cache hits); what it returns
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
-  still readable (to fill a cache). ``parent_binds`` says whether ``prepare`` writes slots: a
-  task's slot is then bound at submission and workers do not swap it for a warm one.
+  still readable (to fill a cache). ``complete()`` runs right after ``prepare()`` at
+  submission (never for a re-sent task): it may build the whole batch in the slot itself (the
+  image path, when the cache held every row) and return it, and then no worker is involved
+  (optional, ``CompletingPlugin``: a plug-in without ``complete`` never completes a task);
+  ``FastIter`` then starts workers lazily, each at its first task. ``parent_binds`` says
+  whether ``prepare`` writes slots: a task's slot is then bound at submission and workers do
+  not swap it for a warm one.
 
 The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
 the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
@@ -84,3 +89,13 @@ class FillPlugin(Protocol):
 
     def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
         """A batch is handed out; ``slot`` holds what the worker wrote."""
+
+
+class CompletingPlugin(FillPlugin, Protocol):
+    """A ``FillPlugin`` that may also complete tasks in the parent (``complete`` is optional:
+    the engine looks it up, and a plug-in without it never completes a task)."""
+
+    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> tuple[Any, FillReport] | None:
+        """(batch, report) when the plug-in made the whole batch of ``index`` in ``slot`` (the
+        whole slot as uint8, after ``prepare`` returned ``extra``): the batch's tensors are
+        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it."""

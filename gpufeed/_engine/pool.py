@@ -5,6 +5,10 @@ middle of a write corrupts nothing shared: the parent sees EOF on that worker's 
 sentinel, and nobody else is blocked on a lock the dead process held. The parent waits on all
 result pipes *and* all process sentinels at once, so a death is noticed as soon as it happens.
 
+Workers start in the constructor, or with ``lazy=True`` one at a time, the first time a task is
+sent to them (``ensure``): same id, same seed, only later (docs/design/engine-lifecycle.md, "Lazy
+workers").
+
 Teardown order (``shutdown``): send ``Exit``, join within ``shutdown_timeout_s``,
 SIGTERM, join 1 s, SIGKILL, join; then close the parent's pipe ends. The caller releases the
 arena slots of unfinished tasks only after this returns (no writer is left).
@@ -72,6 +76,7 @@ class WorkerPool:
     """The worker processes of one engine, indexed by worker id.
 
     ``fork_guard`` is entered around each ``Process.start()`` under the fork start method.
+    ``lazy``: start no worker now; ``ensure(worker_id)`` starts one when it is first needed.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class WorkerPool:
         num_workers: int,
         shutdown_timeout_s: float,
         fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        lazy: bool = False,
     ) -> None:
         self._ctx = ctx
         self._stopping = ctx.RawValue("b", 0)  # tells workers to skip their queued tasks
@@ -91,6 +97,9 @@ class WorkerPool:
         self._owner_pid = os.getpid()
         self._workers: list[_Worker | None] = [None] * num_workers
         self.closed = False
+        self.started = 0  # processes started so far, replacements included
+        if lazy:
+            return
         try:
             for worker_id in range(num_workers):
                 self._start(worker_id)
@@ -111,6 +120,16 @@ class WorkerPool:
         w = self._workers[worker_id]
         return -1 if w is None else _pid(w)
 
+    def is_started(self, worker_id: int) -> bool:
+        return self._workers[worker_id] is not None
+
+    def ensure(self, worker_id: int) -> None:
+        """Start ``worker_id`` if it is not running yet (a lazy pool's first task for it)."""
+        if self._workers[worker_id] is None:
+            if self.closed:
+                raise RuntimeError("gpufeed: the workers were shut down (close(), or the loader was closed)")
+            self._start(worker_id)
+
     def _parent_fds(self) -> tuple[int, ...]:
         return tuple(
             fd for w in self._workers if w is not None for fd in (w.tasks.fileno(), w.results.fileno())
@@ -130,10 +149,15 @@ class WorkerPool:
         try:
             with self._fork_guard() if self._fork else contextlib.nullcontext(), sigint_held():
                 proc.start()
+        except BaseException:
+            task_w.close()
+            res_r.close()
+            raise
         finally:
             task_r.close()
             res_w.close()
         self._workers[worker_id] = _Worker(proc, task_w, res_r)
+        self.started += 1
 
     def send(self, worker_id: int, msg: ToWorker) -> None:
         w = self._workers[worker_id]
@@ -149,6 +173,8 @@ class WorkerPool:
         Returns (messages as (worker id, message) in arrival order per worker, dead worker ids).
         A dead worker's complete messages are drained before it is reported dead.
         """
+        if timeout_s <= 0 and all(w is None for w in self._workers):
+            return [], []  # a lazy pool with no worker yet: nothing to wait on (a full-hit epoch)
         by_obj: dict[Any, tuple[int, str]] = {}  # a result pipe or a process sentinel
         for i, w in enumerate(self._workers):
             if w is not None:

@@ -131,6 +131,55 @@ def pack(data: Any, writer: SlotWriter) -> tuple[bytes, int, int]:
     return buf.getvalue(), writer.pos, packer.overflow_bytes
 
 
+class _SlotViews:
+    """The parts of ``SlotWriter`` that ``_Packer`` uses, over a slot the parent wrote itself
+    (a batch a plug-in completed without a worker): tensors are referenced where they are,
+    nothing is copied (a payload outside the slot goes inline, counted as overflow)."""
+
+    def __init__(self, slot: torch.Tensor) -> None:
+        self._storage = slot.untyped_storage().data_ptr()
+        self._base = slot.data_ptr()
+
+    def owns_storage(self, storage_ptr: int) -> bool:
+        return storage_ptr == self._storage
+
+    def offset_of(self, ptr: int) -> int:
+        return ptr - self._base
+
+    def region_of(self, ptr: int) -> tuple[int, int] | None:
+        return None
+
+    def alloc(self, nbytes: int) -> int | None:
+        return None
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        raise AssertionError("nothing is allocated in a parent-written slot")
+
+
+class _ViewPacker(_Packer):
+    def __init__(self, file: io.BytesIO, views: _SlotViews) -> None:
+        super().__init__(file, views)  # type: ignore[arg-type]  # the subset _Packer uses
+        self.end = 0  # end of the last slot byte a reference covers
+
+    def persistent_id(self, obj: Any) -> Any:
+        pid = super().persistent_id(obj)
+        if pid is not None and pid[0] in ("t", "n"):
+            self.end = max(self.end, pid[1] + pid[2])
+        return pid
+
+
+def pack_views(data: Any, slot: torch.Tensor) -> tuple[bytes, int, int]:
+    """Parent side: the skeleton of ``data``, whose tensors are views of ``slot`` (the whole
+    slot, as ``Arena.slot_tensor`` gives it), as ``pack`` would make it in a worker.
+
+    Returns (skeleton bytes, slot bytes the batch spans, bytes that went inline).
+    """
+    buf = io.BytesIO()
+    packer = _ViewPacker(buf, _SlotViews(slot))
+    packer.dump(data)
+    return buf.getvalue(), packer.end, packer.overflow_bytes
+
+
 class _Unpacker(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, lease: memoryview) -> None:
         super().__init__(file)

@@ -103,19 +103,31 @@ class _Runner:
                 f"cannot decode {where} of ImageBatcher {self.name!r}: {message}. Send JPEG, PNG or WebP bytes.")
         images, _ = engine.result(record, reply)  # views of the slot, freed when they die
         if report.kept:
-            out = self._model(images)
             try:
-                count = len(out)
-            except TypeError:
-                count = -1
-            if count != len(report.kept):
-                raise ValueError(
-                    f"the model returned {'an unsized ' + type(out).__name__ if count < 0 else count} "
-                    f"result(s) for a batch of {len(report.kept)} images; it must return one per image, "
-                    "batch dimension first.")
+                out = self._rows(images, len(report.kept))
+            except Exception as exc:
+                if not bad:
+                    raise  # the whole batch fails, with the batcher's note naming it
+                # The undecodable requests keep their own DecodeError; the rest get the model's
+                # (the batcher notes the batch and item on each).
+                out = [exc] * len(report.kept)
             for row, pos in enumerate(report.kept):
                 results[pos] = out[row]
         return results
+
+    def _rows(self, images: torch.Tensor, expected: int) -> Any:
+        """The model's results for the decoded images, one per image (checked)."""
+        out = self._model(images)
+        try:
+            count = len(out)
+        except TypeError:
+            count = -1
+        if count != expected:
+            raise ValueError(
+                f"the model returned {'an unsized ' + type(out).__name__ if count < 0 else count} "
+                f"result(s) for a batch of {expected} images; it must return one per image, "
+                "batch dimension first.")
+        return out
 
     def _model(self, images: torch.Tensor) -> Any:
         feed = self.cuda

@@ -189,6 +189,25 @@ def test_a_bad_image_fails_only_its_own_request(folder):
     assert stats["undecodable"] == 1 + (3 not in served) and stats["invalid"] == 1
 
 
+@pytest.mark.timeout(120)
+def test_a_model_failure_keeps_the_decode_errors_of_the_bad_requests(folder):
+    """A batch with an undecodable request whose model call raises: the bad request still gets
+    its DecodeError, the decoded ones the model's exception (type kept)."""
+    good = [p.read_bytes() for p in _files(folder)[:2]]
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("model out of memory")
+
+    requests = [good[0], b"not an image", good[1]]
+    with ImageBatcher(broken, transform=TRANSFORM, num_workers=1, mp_context="fork",
+                      max_batch_size=len(requests), max_delay_ms=200) as batcher:
+        futures = [batcher.submit(d) for d in requests]
+        errors = [f.exception(timeout=60) for f in futures]
+    assert isinstance(errors[1], DecodeError) and "request #1 " in str(errors[1])
+    for i in (0, 2):
+        assert isinstance(errors[i], RuntimeError) and "model out of memory" in str(errors[i])
+
+
 def _slow_pngs(n: int) -> list[bytes]:
     """PNGs (no DCT-scaled decode) large enough that a batch of them takes a while to decode."""
     rng = np.random.default_rng(1)
