@@ -22,9 +22,11 @@ Cases: the image path (ImageFolder, demo JPEGs of ~400x350, eval ``ResizeCenterC
 and train ``RandomResizedCrop(224)``, batch 64, 2 workers), uint8 and normalized
 float32 output, each without a cache and with full cache hits (``cache_bytes`` holding the whole
 set, the epoch after the one that filled it), with ``persistent_workers`` True and False; and a
-generic dataset of small tensors (3x32x32 uint8, label) for comparison. Each round builds every
-case's loader afresh, runs one uncounted epoch (start-up, cache fill), then the measured one;
-figures are medians over ``--rounds`` rounds, cases alternating within a round.
+generic dataset of small tensors (3x32x32 uint8, label) for comparison, with torch's DataLoader
+on it as a reference (``generic-dataloader``: its parent unpickles each batch from shared
+memory). Each round builds every case's loader afresh, runs one uncounted epoch (start-up, cache
+fill), then the measured one; figures are medians over ``--rounds`` rounds, cases alternating
+within a round.
 
 Without ROOT, the demo folder (./demo-data, made once with ``gpufeed.synth``, as
 ``e2e_images.py``) is used.
@@ -45,7 +47,7 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from gpufeed import FastLoader, ImageFolder
 from gpufeed._engine.arena import Arena
@@ -63,7 +65,7 @@ class Case:
     """One loader configuration. ``cache``: the epoch measured is all cache hits."""
 
     name: str
-    kind: str  # "eval" | "train" | "generic"
+    kind: str  # "eval" | "train" | "generic" | "generic-dataloader" (torch's DataLoader, reference)
     dtype: str  # "uint8" | "float32"
     cache: bool
     persistent: bool
@@ -139,6 +141,7 @@ def cases() -> list[Case]:
                     name = f"{kind} {dtype} no-cache"
                 out.append(Case(name, kind, dtype, cache, persistent))
     out.append(Case("generic uint8 no-cache", "generic", "uint8", False, True))
+    out.append(Case("generic-dataloader uint8 no-cache", "generic-dataloader", "uint8", False, True))
     return out
 
 
@@ -152,10 +155,18 @@ def _cpu_of(pids: Iterable[int], seen: dict[int, float]) -> None:
         seen[pid] = t.user + t.system
 
 
-def measure_epoch(loader: FastLoader, trims: TrimClock) -> Reading:
+def worker_pids(loader: Any) -> list[int]:
+    """FastLoader's ``worker_pids()``; a torch DataLoader's persistent iterator's workers."""
+    pids = getattr(loader, "worker_pids", None)
+    if callable(pids):
+        return list(pids())
+    return [w.pid for w in getattr(getattr(loader, "_iterator", None), "_workers", ()) if w.pid is not None]
+
+
+def measure_epoch(loader: Any, trims: TrimClock) -> Reading:
     """Iterate one epoch of ``loader``; parent and worker CPU seconds (see the module doc)."""
     before: dict[int, float] = {}
-    _cpu_of(loader.worker_pids(), before)  # persistent workers: their CPU so far
+    _cpu_of(worker_pids(loader), before)  # persistent workers: their CPU so far
     gc.collect()
     t_start = time.process_time()
     t_first = t_start
@@ -168,9 +179,9 @@ def measure_epoch(loader: FastLoader, trims: TrimClock) -> Reading:
             t_first, first = time.process_time(), samples
             trim_s, trim_calls = trims.seconds, trims.calls
         if n % 4 == 0:  # non-persistent workers exit after the epoch: read them while alive
-            _cpu_of(loader.worker_pids(), after)
+            _cpu_of(worker_pids(loader), after)
     t_end = time.process_time()
-    _cpu_of(loader.worker_pids(), after)
+    _cpu_of(worker_pids(loader), after)
     worker_s = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
     if n < 2:
         raise ValueError(f"an epoch gave {n} batch(es); need at least 2 (more images, smaller --batch-size)")
@@ -179,12 +190,14 @@ def measure_epoch(loader: FastLoader, trims: TrimClock) -> Reading:
                    trims.seconds - trim_s, trims.calls - trim_calls)
 
 
-def make_factory(case: Case, root: Path, args: argparse.Namespace) -> Callable[[], FastLoader]:
+def make_factory(case: Case, root: Path, args: argparse.Namespace) -> Callable[[], Any]:
     common: dict[str, Any] = dict(batch_size=args.batch_size, num_workers=args.workers,
                                   persistent_workers=case.persistent, shuffle=case.kind == "train",
                                   generator=torch.Generator().manual_seed(0))
-    if case.kind == "generic":
+    if case.kind.startswith("generic"):
         generic = SmallTensors(args.generic_samples)
+        if case.kind == "generic-dataloader":
+            return lambda: DataLoader(generic, **common)
         return lambda: FastLoader(generic, **common)
     dataset = ImageFolder(root, transform=make_transform(case.kind, size=args.size, resize=args.resize))
     image: dict[str, Any] = {"seed": 0}
@@ -195,13 +208,13 @@ def make_factory(case: Case, root: Path, args: argparse.Namespace) -> Callable[[
     return lambda: FastLoader(dataset, **common, **image)
 
 
-def run_round(case: Case, factory: Callable[[], FastLoader]) -> Reading:
+def run_round(case: Case, factory: Callable[[], Any]) -> Reading:
     """A fresh loader: one uncounted epoch (start-up, cache fill), then the measured one."""
     loader = factory()
     try:
         for _ in loader:
             pass
-        hits = loader.stats().get("cache_hits", 0)
+        hits = loader.stats().get("cache_hits", 0) if case.cache else 0
         with TrimClock() as trims:
             reading = measure_epoch(loader, trims)
         if case.cache:
@@ -211,7 +224,13 @@ def run_round(case: Case, factory: Callable[[], FastLoader]) -> Reading:
                                    f"{stats['cache_hits'] - hits} hits, {len(loader.dataset)} samples")
         return reading
     finally:
-        loader.close()
+        close = getattr(loader, "close", None)
+        if callable(close):
+            close()
+        else:  # torch's DataLoader: stop its persistent workers now
+            it = getattr(loader, "_iterator", None)
+            if it is not None:
+                it._shutdown_workers()
         del loader
         gc.collect()
 
@@ -255,15 +274,17 @@ def summarize(results: dict[str, list[Reading]], all_cases: list[Case],
     return rows
 
 
-def memcpy_mb_per_s(nbytes: int, repeats: int = 20) -> float:
-    """This process's single-thread copy rate of ``nbytes`` into a warm buffer (MB/s, CPU time,
-    median of ``repeats``): the ceiling of a cache hit's row copies."""
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
-    dst = src.copy()
+def memcpy_mb_per_s(nbytes: int, chunks: int = 16, repeats: int = 48) -> float:
+    """This process's single-thread copy rate of ``nbytes`` (MB/s, CPU time, median of
+    ``repeats``), from a source of ``chunks`` such blocks (larger than the CPU's caches, as the
+    cache's rows are) into two alternating warm blocks (as slots): the ceiling of a cache hit's
+    row copies."""
+    src = torch.randint(0, 256, (chunks, nbytes), dtype=torch.uint8).numpy()
+    dst = src[:2].copy()
     rates = []
-    for _ in range(repeats):
+    for i in range(repeats):
         t0 = time.process_time()
-        dst[:] = src
+        dst[i % 2] = src[(7 * i) % chunks]
         dt = time.process_time() - t0
         if dt > 0:
             rates.append(nbytes / dt / 1e6)
@@ -330,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {rnd + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     pixels = args.size * args.size * 3 * args.batch_size
-    batch_bytes = {c.name: (int(torch.tensor(GENERIC_SHAPE).prod()) * args.batch_size if c.kind == "generic"
+    batch_bytes = {c.name: (int(torch.tensor(GENERIC_SHAPE).prod()) * args.batch_size if c.kind.startswith("generic")
                             else pixels * (4 if c.dtype == "float32" else 1)) for c in all_cases}
     rows = summarize(results, all_cases, batch_bytes)
     memcpy = memcpy_mb_per_s(pixels)
@@ -345,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['name']}: the parent copies {r['parent_mb_per_s']:.0f} MB of batch per CPU second, "
                   f"{r['parent_mb_per_s'] / memcpy:.0%} of this process's memcpy ({memcpy:.0f} MB/s, "
                   f"{pixels / 1e6:.1f} MB buffers)")
-    uncached = [r for r in rows if not r["cache"] and r["kind"] != "generic"]
+    uncached = [r for r in rows if not r["cache"] and not r["kind"].startswith("generic")]
     for key, label in (("parent_over_worker", "all parent CPU"),
                        ("parent_over_worker_without_trims", "without idle trims")):
         if not uncached:

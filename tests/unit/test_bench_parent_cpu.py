@@ -45,7 +45,8 @@ def test_tiny_run_prints_the_table_and_writes_every_field(tmp_path):
     assert result["memcpy_mb_per_s"] > 0 and "of this process's memcpy" in proc.stdout
     rows = {r["name"]: r for r in result["rows"]}
     assert set(rows) == {"eval uint8 no-cache", "eval uint8 no-cache non-persistent", "eval uint8 cache-hit",
-                         "eval uint8 cache-hit non-persistent", "generic uint8 no-cache"}
+                         "eval uint8 cache-hit non-persistent", "generic uint8 no-cache",
+                         "generic-dataloader uint8 no-cache"}
     for name, row in rows.items():
         assert FIELDS <= set(row), name
         samples = 64 if name.startswith("generic") else 60  # the demo: 10 classes x 6 images
