@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed._image.normalize import affine, scale_shift, to_float_
+from gpufeed._image.normalize import affine, convert_, scale_shift
 from gpufeed.decode import backends, decode, read_header
 from gpufeed.synth import encode, photo_like
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
@@ -181,8 +181,7 @@ def test_normalize_torch(benchmark, batch, threads):
     torch.set_num_threads(threads)
 
     def normalize():
-        out.copy_(x)
-        return to_float_(out, constants)
+        return convert_(out, x, constants)
 
     benchmark.group = "normalize-64x3x224x224"
     benchmark.extra_info.update(library="torch", threads=threads)

@@ -69,7 +69,7 @@ class ResumableLoader(DataLoader):
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
         rest of the epoch. Map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
         ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
-        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order=True``;
+        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
         ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
         """
@@ -90,11 +90,6 @@ class ResumableLoader(DataLoader):
                 )
             state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
             return state
-        if self.num_workers > 0 and not self.in_order:
-            raise NotImplementedError(
-                "state_dict() with in_order=False is not supported yet (the batches delivered beyond "
-                "the contiguous prefix are not recorded). Use in_order=True to checkpoint mid-epoch."
-            )
         if self._resume is not None:  # loaded, not applied yet
             return dict(self._resume)
         p = self._pass
@@ -113,18 +108,19 @@ class ResumableLoader(DataLoader):
                 "(Frameworks that save loader states with every checkpoint, as Lightning does: "
                 "checkpoint at epoch ends, where no sampler position is needed, or use one of these.)"
             )
-        received = p.batches_received
-        samples = sum(p.lengths[:received])
+        run, samples, beyond = p.position()
         sampler_state = dict(p.sampler_state or {})
         if sampler_state.get("kind") == "gpufeed_distributed":
             sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
         state.update(
             epoch=p.aug_epoch,
-            batches_yielded=p.skipped_batches + received,
+            batches_yielded=p.skipped_batches + run,
             samples_yielded=p.skipped_samples + samples,
             image_seed=image_seed,
             sampler=sampler_state,
         )
+        if beyond:
+            state["delivered_beyond"] = beyond
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -10,8 +10,11 @@ State, version 1 (a JSON-serialisable dict)::
 
     version          1
     epoch            augmentation epoch of the pass (the next pass, if none is in progress)
-    batches_yielded  batches the user received in that pass
+    batches_yielded  batches of that pass received by the user, counted as the longest run from
+                     the pass's start with none missing (with in_order=True: all of them)
     samples_yielded  sample indices in those batches
+    delivered_beyond optional, in_order=False only: batches received past that run, as offsets
+                     from its end (1 = the batch after the first missing one), skipped on resume
     image_seed       the image path's augmentation seed, else None
     sampler          None (no pass in progress: the next iter() starts a fresh epoch), or
                      {"kind": "sequential"}
@@ -82,10 +85,33 @@ class Pass:
     skipped_samples: int = 0
     aug_epoch: int = 0
     started: bool = False  # the first index was asked for
+    # Past the skipped prefix, batches are numbered 0, 1, ... in the stream's order ("relative
+    # numbers"); ``beyond``: those delivered before the state was taken (in_order=False), skipped.
+    beyond: frozenset[int] = frozenset()
+    beyond_lengths: dict[int, int] = field(default_factory=dict)  # their sizes, seen while skipping
+    numbers: list[int] = field(default_factory=list)  # relative number of each batch pulled
+    # in_order=False: the pulls of the batches handed out, in the order handed out (FastIter's
+    # order_log); None while batches go out in the order they were pulled.
+    delivery: list[int] | None = None
 
     @property
     def batches_received(self) -> int:
         return len(self.lengths) if self.count_pulls else self.yielded
+
+    def position(self) -> tuple[int, int, list[int]]:
+        """(batches, samples) of the longest fully received run of batches past the skipped
+        prefix, and the relative numbers (from the end of that run) of the batches received
+        beyond it."""
+        received = self.batches_received
+        pulls = self.delivery[:received] if self.delivery is not None else range(received)
+        got = {self.numbers[i] for i in pulls} | set(self.beyond)
+        run = 0
+        while run in got:
+            run += 1
+        length_of = {r: self.lengths[i] for i, r in enumerate(self.numbers)}
+        length_of.update(self.beyond_lengths)
+        samples = sum(length_of[r] for r in range(run))
+        return run, samples, sorted(r - run for r in got if r > run)
 
     @property
     def done(self) -> bool:
@@ -179,18 +205,15 @@ class PositionedIndices:
                 skip = int(resume["batches_yielded"])
                 p.skipped_batches = skip
                 p.skipped_samples = int(resume["samples_yielded"])
+            p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
         restore_generator = False
         if kind == "random":
             if loaded is not None:
-                generator = torch.Generator()
                 if "seed" in loaded:
-                    generator.manual_seed(int(loaded["seed"]))
+                    drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
                 else:
-                    generator.set_state(_decode(loaded["generator_state"]))
-                if sampler.generator is None:
-                    sampler.generator, restore_generator = generator, True
-                else:
-                    sampler.generator.set_state(generator.get_state())
+                    drawn = _decode(loaded["generator_state"])
+                restore_generator = _draw_from(sampler, drawn)
                 p.sampler_state = dict(loaded)
             elif sampler.generator is None:
                 # Peek at the seed RandomSampler is about to draw from the global RNG (then put
@@ -203,12 +226,7 @@ class PositionedIndices:
                 p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
         elif kind in _DRAWING.values():
             if loaded is not None:
-                generator = torch.Generator()
-                generator.set_state(_decode(loaded["generator_state"]))
-                if sampler.generator is None:
-                    sampler.generator, restore_generator = generator, True
-                else:
-                    sampler.generator.set_state(generator.get_state())
+                restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
                 p.sampler_state = dict(loaded)
             else:
                 drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
@@ -232,11 +250,19 @@ class PositionedIndices:
         except StopIteration:
             p.finished = True
             return
-        p.lengths.append(_length(first))
-        yield first
-        for batch in stream:
-            p.lengths.append(_length(batch))
-            yield batch
+        batch, number = first, 0
+        while True:
+            if number in p.beyond:  # handed out before the state was taken (in_order=False)
+                p.beyond_lengths[number] = _length(batch)
+            else:
+                p.numbers.append(number)
+                p.lengths.append(_length(batch))
+                yield batch
+            number += 1
+            try:
+                batch = next(stream)
+            except StopIteration:
+                break
         p.finished = True
 
 
@@ -249,7 +275,7 @@ def pass_received(p: Pass, index_sampler: Any) -> bool:
         total = len(index_sampler)
     except TypeError:
         return False
-    return p.skipped_batches + p.batches_received >= total
+    return p.skipped_batches + len(p.beyond) + p.batches_received >= total
 
 
 def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
@@ -299,6 +325,18 @@ def _check_torch_distributed(sampler: TorchDistributedSampler[Any], loaded: dict
                 f"{loaded.get(key)!r}; this loader's is {ours[key]!r}, so the rest of the epoch would lose or "
                 f"repeat samples. Resume with the {key} of the checkpointed run.{hint}"
             )
+
+
+def _draw_from(sampler: Any, state: torch.Tensor) -> bool:
+    """Make ``sampler``'s next draw come from generator ``state``: set into its own generator,
+    or into one lent to it (returns True: take it back after the first index)."""
+    if sampler.generator is not None:
+        sampler.generator.set_state(state)
+        return False
+    generator = torch.Generator()
+    generator.set_state(state)
+    sampler.generator = generator
+    return True
 
 
 def _length(batch: Any) -> int:

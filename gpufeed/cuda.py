@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
+from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.errors import BackendUnavailableError, shorten
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class GpuTransform:
     dtype: torch.dtype = torch.uint8
     normalize: Normalize | None = None
     channels_last: bool = False
-    # device -> (scale, shift) of self.dtype: built once per device, since torch.tensor(...,
+    # device -> (scale, shift) in work_dtype(self.dtype): built once per device, since torch.tensor(...,
     # device=cuda) is a host-to-device copy that blocks the host, too slow for every batch
     _constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -159,7 +159,8 @@ class GpuTransform:
         """``images`` (uint8 NCHW, any memory format) in ``dtype``, normalized; uint8 unchanged."""
         if self.dtype == torch.uint8:
             return images
-        return to_float_(images.to(self.dtype), self.constants(images.device))
+        out = torch.empty_like(images, dtype=self.dtype)  # keeps the memory format
+        return convert_(out, images, self.constants(images.device))
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(scale, shift) on ``device`` for ``normalize``, the same tensors at every call; None
@@ -168,7 +169,7 @@ class GpuTransform:
             return None
         found = self._constants.get(device)
         if found is None:
-            found = self._constants[device] = affine(self.normalize, self.dtype, device)
+            found = self._constants[device] = affine(self.normalize, work_dtype(self.dtype), device)
         if device.type == "cuda":  # kept across batches: used on whichever stream is current
             stream = torch.cuda.current_stream(device)
             for t in found:

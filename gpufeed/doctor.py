@@ -46,7 +46,7 @@ from gpufeed.stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
 
-BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute")
+BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute", "cache")
 
 # Thresholds of the decision (fractions unless named otherwise).
 WAIT_OK = 0.10  # data wait below this share of the run: the loader keeps up
@@ -233,6 +233,14 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
         n = max(1, round(ev.usable_cores))
         reasons.append("num_workers=0: batches are made in the training process, between steps")
         return "workers", reasons, f"load in worker processes: num_workers={n}"
+    if ev.parent_batches and ev.parent_batches * 2 >= ev.batches:
+        # Whole batches of cache hits are copied into their slots by the main process (no worker
+        # is involved): its copying is the data path, and worker-side fixes do not apply.
+        reasons.append(f"{ev.parent_batches} of {ev.batches} batches came whole from the host cache, "
+                       f"copied by the main process ({ev.parent_s / ev.parent_batches * ms:.1f} ms each)")
+        return "cache", reasons, (
+            "cached batches are served at memory-copy speed: keep them small on the host (uint8 "
+            "output, normalize on the GPU with device=), or give each step more work")
 
     per_worker_s = ev.stage_total_s / ev.num_workers
     if ev.h2d_s >= TRANSFER_SHARE * ev.wall_s and ev.h2d_s >= per_worker_s:

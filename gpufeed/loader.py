@@ -87,9 +87,10 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
     ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's ``DistributedSampler`` (the one
     Lightning injects; rank 0's state resumes every rank)
-    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``) and ``in_order=True``; an
+    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way
+    (with ``in_order=False`` the state also lists the batches delivered out of order); an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
-    ``state_dict()`` raises ``NotImplementedError`` otherwise (``in_order=False`` included).
+    ``state_dict()`` raises ``NotImplementedError`` otherwise.
     A state taken after a pass's last batch carries the next pass's order (the sampler's epoch or
     generator), set at ``load_state_dict()``: frameworks may ``iter()`` before ``set_epoch()``.
     """
@@ -404,6 +405,11 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             p.count_pulls = self.num_workers == 0 and self._cuda_feed is None
             if not p.count_pulls:
                 user_iter.on_yield = p
+            from gpufeed._engine.iterator import FastIter
+
+            if isinstance(iterator, FastIter) and not self.in_order:
+                p.delivery = []  # batches go out as they complete: record which ones did
+                iterator.order_log = p.delivery
         self._user_iter = weakref.ref(user_iter)
         return user_iter
 

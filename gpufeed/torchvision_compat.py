@@ -122,12 +122,13 @@ class TorchvisionPipeline(ImageTransform):
         """The pipeline's result for ``image``, this transform's uint8 CHW output: dtype and
         ``normalize`` as the loader's batch stage applies them (same numbers), a
         ``tv_tensors.Image`` for ``ToImage`` pipelines."""
-        from gpufeed._image.normalize import affine, to_float_
+        from gpufeed._image.normalize import affine, convert_, work_dtype
 
         out: torch.Tensor = image
         if self.dtype != torch.uint8:
-            constants = None if self.normalize is None else affine(self.normalize, self.dtype)
-            out = to_float_(image.to(self.dtype)[None], constants)[0]
+            constants = None if self.normalize is None else affine(self.normalize, work_dtype(self.dtype))
+            batch = image[None].contiguous()
+            out = convert_(torch.empty(batch.shape, dtype=self.dtype), batch, constants)[0]
         if self.output == "image":
             out = importlib.import_module("torchvision.tv_tensors").Image(out)
         return out

@@ -36,6 +36,7 @@ class _Task:
     """A batch of this pass: the engine's record, and its reply once taken in."""
 
     record: TaskRecord
+    pull: int = 0  # its place in the pass's index stream (in_order=False hands it out elsewhere)
     reply: Done | Failed | None = None
 
     @property
@@ -57,6 +58,7 @@ class FastIter(_BaseDataLoaderIter):
 
     # The state of one pass (set by _reset), as torch's _MultiProcessingDataLoaderIter keeps it.
     _send_idx: int  # tasks submitted
+    _pulls: int  # index batches taken from the sampler this pass
     _rcvd_idx: int  # the next task to hand out (in order)
     _task_info: dict[int, _Task]  # tasks neither handed out nor skipped
     _tasks_outstanding: int
@@ -66,6 +68,9 @@ class FastIter(_BaseDataLoaderIter):
     _ready: list[Arrival]  # replies taken in, not looked at yet, in arrival order
     # Counts the batches handed to the user (``.yielded += 1``): the loader's position record.
     on_yield: Any = None
+    # With in_order=False: the pulls (places in the index stream) of the batches handed out, in
+    # the order they were handed out (the loader's position record, list owned by its Pass).
+    order_log: list[int] | None = None
 
     def __init__(self, loader: DataLoader[Any], context: EngineContext, aug_epoch: int) -> None:
         super().__init__(loader)
@@ -145,6 +150,7 @@ class FastIter(_BaseDataLoaderIter):
                 if task.reply is not None or not self._workers_status[task.worker_id]:
                     self._engine.drop(task.record)
         self._send_idx = 0
+        self._pulls = 0
         self._rcvd_idx = 0
         self._task_info = {}
         self._tasks_outstanding = 0
@@ -162,6 +168,8 @@ class FastIter(_BaseDataLoaderIter):
             index = self._next_index()  # type: ignore[no-untyped-call]
         except StopIteration:
             return
+        pull = self._pulls
+        self._pulls += 1
         for _ in range(self._num_workers):
             worker_id = next(self._worker_queue_idx_cycle)
             if self._workers_status[worker_id]:
@@ -172,7 +180,7 @@ class FastIter(_BaseDataLoaderIter):
         else:
             return
         record = self._engine.submit(index, worker_id=worker_id, tag=self._aug_epoch)
-        self._task_info[self._send_idx] = _Task(record)
+        self._task_info[self._send_idx] = _Task(record, pull)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1
         self._send_idx += 1
@@ -246,6 +254,8 @@ class FastIter(_BaseDataLoaderIter):
             raise self._engine.failure(task.record, reply)
         assert reply is not None
         data = self._engine.result(task.record, reply)
+        if self.order_log is not None:
+            self.order_log.append(task.pull)
         if self.on_yield is not None:
             self.on_yield.yielded += 1
         if self._pin_memory and not self._engine.page_locked:

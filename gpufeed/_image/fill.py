@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpufeed._engine.layout import align_up as _align
-from gpufeed._image.normalize import Normalize, affine, check_image_output, to_float_
+from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed._image.reads import BatchReads, ReadAhead
 from gpufeed.errors import DecodeError, ReadError, shorten
 
@@ -259,8 +259,8 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
         out = flat.view(k, h, w, 3).permute(0, 3, 1, 2)
     else:
         out = flat.view(k, 3, h, w)
-    out.copy_(images)
-    return to_float_(out, None if plan.normalize is None else affine(plan.normalize, plan.dtype))
+    constants = None if plan.normalize is None else affine(plan.normalize, work_dtype(plan.dtype))
+    return convert_(out, images, constants)
 
 
 @dataclass(frozen=True)

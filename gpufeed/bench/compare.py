@@ -281,10 +281,15 @@ def touch_pages(batch: Any) -> int:
 
     The main process thereby maps every page it was handed, as a real consumer (a host-to-device
     copy, a normalize) would: page faults are paid, and the pages count in this process's PSS.
-    Compute stays negligible (one read per 4 KiB). Non-contiguous tensors get one element read.
+    Compute stays negligible (one read per 4 KiB). Channels_last tensors are read through their
+    NHWC view (they were once left unmapped, which flattered channels_last output); other
+    non-contiguous tensors get one element read.
     """
     covered = 0
     for t in _tensors(batch):
+        if (isinstance(t, torch.Tensor) and t.dim() == 4 and t.numel() > 0
+                and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)):
+            t = t.permute(0, 2, 3, 1)  # channels_last memory: the same pages, as a contiguous view
         if isinstance(t, torch.Tensor) and t.is_contiguous() and t.numel() > 0:
             flat = t.reshape(-1)
             step = max(1, mmap.PAGESIZE // t.element_size())

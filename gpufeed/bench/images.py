@@ -16,6 +16,9 @@ Three loaders, each yielding ``(images, labels)``: images uint8 ``[N, 3, H, W]``
     ``INTER_LINEAR``: the rule gpufeed's ``interpolation="auto"`` uses), ``cv2.flip``.
 ``FastLoader``
     ``FastLoader(ImageFolder(root, transform=ResizeCenterCrop(224, 256) | RandomResizedCrop(224)))``.
+    With ``outputs`` (:class:`Output`), one FastLoader per output format instead, e.g.
+    ``FastLoader channels_last float16`` (float outputs are normalized with ImageNet's mean and
+    std): the layout goal is every format at least :data:`GOAL_LAYOUT` of NCHW float32's images/s.
 
 Same geometry: eval boxes are torchvision's (shorter side to ``resize``, then the centre crop,
 offsets ``int(round((h - th) / 2))``); train boxes come from
@@ -55,8 +58,12 @@ from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCr
 
 __all__ = [
     "CV_NAME",
+    "DTYPES",
     "FAST_NAME",
+    "GOAL_LAYOUT",
     "GOAL_SPEEDUP",
+    "IMAGENET_NORMALIZE",
+    "LAYOUT_REFERENCE",
     "PIL_NAME",
     "TRANSFORMS",
     "describe_geometry",
@@ -64,6 +71,7 @@ __all__ = [
     "Goal",
     "ImageBenchResult",
     "OpenCVImageFolder",
+    "Output",
     "PILImageFolder",
     "image_environment",
     "loader_factories",
@@ -80,6 +88,40 @@ FAST_NAME = "FastLoader"
 TRANSFORMS = ("eval", "train")
 GOAL_SPEEDUP = 2.0  # FastLoader images/s over DataLoader+PIL, eval and train, at num_workers=2
 GOAL_NUM_WORKERS = 2
+GOAL_LAYOUT = 0.95  # every (layout, dtype) of FastLoader's output over NCHW float32, images/s
+IMAGENET_NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+DTYPES = {"uint8": torch.uint8, "float32": torch.float32, "float16": torch.float16,
+          "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output format of FastLoader in a run: ``dtype`` (a key of :data:`DTYPES`; float
+    output is normalized with :data:`IMAGENET_NORMALIZE`) and ``channels_last``."""
+
+    dtype: str = "uint8"
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}. Found: {shorten(self.dtype)}.")
+
+    @property
+    def name(self) -> str:
+        """The loader's name in the results: ``FastLoader`` for uint8 NCHW (the default), else
+        e.g. ``FastLoader channels_last float16``."""
+        if self == Output():
+            return FAST_NAME
+        return f"{FAST_NAME} {'channels_last' if self.channels_last else 'NCHW'} {self.dtype}"
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """FastLoader's ``dtype``, ``channels_last`` and ``normalize`` for this format."""
+        dtype = DTYPES[self.dtype]
+        return dict(dtype=dtype, channels_last=self.channels_last,
+                    normalize=None if dtype == torch.uint8 else IMAGENET_NORMALIZE)
+
+
+LAYOUT_REFERENCE = Output("float32", False)  # what GOAL_LAYOUT compares every format with
 
 RoundCallback = Callable[[str], None]
 
@@ -234,11 +276,13 @@ def loader_factories(
     resize: int = 256,
     include: Iterable[str] = (PIL_NAME, CV_NAME, FAST_NAME),
     persistent_workers: bool = False,
+    outputs: Iterable[Output] = (Output(),),
 ) -> dict[str, LoaderFactory]:
     """name -> a callable building a fresh loader of that pipeline (datasets are built once).
 
     ``include`` picks and orders the loaders (names :data:`PIL_NAME`, :data:`CV_NAME`,
-    :data:`FAST_NAME`). Every loader gets the same batch_size, num_workers, shuffle (train only),
+    :data:`FAST_NAME`); :data:`FAST_NAME` stands for one FastLoader per ``outputs`` entry, named
+    by :attr:`Output.name`. Every loader gets the same batch_size, num_workers, shuffle (train only),
     a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``.
     """
     from gpufeed import FastLoader
@@ -256,8 +300,8 @@ def loader_factories(
         return dict(batch_size=batch_size, num_workers=num_workers, shuffle=shuffle,
                     generator=torch.Generator().manual_seed(seed), persistent_workers=persistent)
 
-    def fast(ds: ImageFolder) -> LoaderFactory:
-        return lambda: FastLoader(ds, **common(), seed=seed)
+    def fast(ds: ImageFolder, output: Output) -> LoaderFactory:
+        return lambda: FastLoader(ds, **common(), seed=seed, **output.loader_kwargs())
 
     def reference(ds: _ReferenceFolder) -> LoaderFactory:
         return lambda: DataLoader(ds, **common(), worker_init_fn=_ignore_sigint)
@@ -265,7 +309,9 @@ def loader_factories(
     factories: dict[str, LoaderFactory] = {}
     for name in names:
         if name == FAST_NAME:
-            factories[name] = fast(ImageFolder(root, transform=geometry))
+            ds = ImageFolder(root, transform=geometry)
+            for output in dict.fromkeys(outputs):
+                factories[output.name] = fast(ds, output)
         else:
             cls = PILImageFolder if name == PIL_NAME else OpenCVImageFolder
             factories[name] = reference(cls(root, geometry, seed=seed))
@@ -388,8 +434,9 @@ class ImageBenchResult:
         return self.added_pss_bytes(name) / base if base > 0 else float("nan")
 
     def goals(self) -> list[Goal]:
-        """Speed (>= 2.0x DataLoader+PIL images/s, stated at num_workers=2) and memory (peak PSS
-        and footprint <= every DataLoader pipeline's)."""
+        """Speed (>= 2.0x DataLoader+PIL images/s, stated at num_workers=2), layouts (every
+        FastLoader output format >= 0.95x NCHW float32's images/s, when both ran) and memory
+        (peak PSS and footprint <= every DataLoader pipeline's)."""
         names = [s.name for s in self.result.loaders]
         refs = [n for n in names if n != FAST_NAME]
         goals = []
@@ -406,6 +453,22 @@ class ImageBenchResult:
                 details.append("too noisy to call: raise --rounds, on a quieter machine")
             goals.append(Goal(f"{self.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME} images/s",
                               speed, GOAL_SPEEDUP, met and not status, "; ".join(details), status))
+        fast = [n for n in names if n.startswith(FAST_NAME)]
+        layout_ref = LAYOUT_REFERENCE.name
+        if layout_ref in names and len(fast) > 1:
+            for n in fast:
+                if n == layout_ref:
+                    continue
+                value = self.result.ratio(n, layout_ref)
+                paired = statistics.median(self.result.paired_ratios(n, layout_ref))
+                met = value >= GOAL_LAYOUT
+                status = "" if met == (paired >= GOAL_LAYOUT) else "inconclusive"
+                detail = f"median per-round ratio {paired:.2f}x"
+                if status:
+                    detail += "; too noisy to call: raise --rounds, on a quieter machine"
+                goals.append(Goal(f"{n} >= {GOAL_LAYOUT:.2f}x {layout_ref} images/s", value,
+                                  GOAL_LAYOUT, met and not status, detail, status))
+        refs = [n for n in refs if not n.startswith(FAST_NAME)]
         if FAST_NAME in names and refs:
             for label, ratio in (("peak PSS", self.result.memory_ratio),
                                  ("peak footprint", self.result.footprint_ratio)):
@@ -502,6 +565,8 @@ def run_image_bench(
     resize: int = 256,
     include_pil: bool | None = None,
     on_round: RoundCallback | None = None,
+    outputs: Iterable[Output] = (Output(),),
+    include_reference: bool = True,
 ) -> ImageBenchResult:
     """Compares the three pipelines on ``root`` in alternating rounds, then FastLoader's memory
     over ``num_epochs`` epochs (0: skip) with persistent workers.
@@ -510,16 +575,23 @@ def run_image_bench(
     last, partial batch is left out so every counted batch has ``batch_size`` images).
     ``include_pil``: None = when Pillow imports (otherwise the OpenCV pipeline is the baseline).
     ``on_round(name)`` is called after each round and each flatness epoch (progress bars).
+    ``outputs``: FastLoader's output formats, one loader each (the flatness check runs the
+    first); ``include_reference=False`` leaves the DataLoader pipelines out (layout runs).
     """
     if transform not in TRANSFORMS:
         raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {shorten(transform)}.")
     if batch_size < 1 or num_workers < 0:
         raise ValueError(f"`batch_size` must be >= 1 and `num_workers` >= 0. "
                          f"Found: {batch_size}, {num_workers}.")
-    with_pil = pil_available() if include_pil is None else include_pil
-    names = ([PIL_NAME] if with_pil else []) + [CV_NAME, FAST_NAME]
+    outputs = tuple(dict.fromkeys(outputs))
+    if not outputs:
+        raise ValueError("`outputs` must hold at least one Output.")
+    with_pil = include_reference and (pil_available() if include_pil is None else include_pil)
+    include = ([PIL_NAME] if with_pil else []) + ([CV_NAME] if include_reference else []) + [FAST_NAME]
     factories = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
-                                 seed=seed, size=size, resize=resize, include=names)
+                                 seed=seed, size=size, resize=resize, include=include,
+                                 outputs=outputs)
+    names = list(factories)
     from gpufeed.sources import ImageFolder
 
     num_images = len(ImageFolder(root))
@@ -535,13 +607,15 @@ def run_image_bench(
     env = image_environment(num_workers)
     with single_threaded_cv2():
         result = compare(factories, num_batches=num_batches, num_rounds=num_rounds,
-                         num_warmup_rounds=num_warmup_rounds, baseline=names[0], environment=env)
+                         num_warmup_rounds=num_warmup_rounds, environment=env,
+                         baseline=names[0] if include_reference or LAYOUT_REFERENCE not in outputs
+                         else LAYOUT_REFERENCE.name)
         flatness = None
         if num_epochs > 0:
             persistent = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
                                           seed=seed, size=size, resize=resize, include=[FAST_NAME],
-                                          persistent_workers=True)[FAST_NAME]
-            flatness = measure_flatness(FAST_NAME, persistent, num_epochs=num_epochs,
+                                          persistent_workers=True, outputs=outputs[:1])[outputs[0].name]
+            flatness = measure_flatness(outputs[0].name, persistent, num_epochs=num_epochs,
                                         num_batches=None if full_batches <= 2 * num_batches else num_batches,
                                         on_epoch=on_round)
     counted = {n: tuple(b[-num_rounds:]) for n, b in baselines.items()}

@@ -4,6 +4,8 @@
 
     gpufeed bench ROOT [--transform eval|train] [--workers N[,N...]] [--batch-size 64]
                   [--batches N] [--rounds 3] [--warmup 1] [--epochs 3] [--json OUT]
+                  [--dtype uint8|float32|float16|bfloat16[,...]|all]
+                  [--channels-last [on|off|both]] [--no-reference]
     gpufeed demo [--dir ./demo-data] [--images 1000] [--batches N] [--rounds 3]
 
 Output goes through :func:`write` (stdout); progress bars (tqdm, when installed and stderr is a
@@ -26,11 +28,14 @@ from typing import Any
 from gpufeed._observe.memory import format_bytes
 from gpufeed.bench.images import (
     CV_NAME,
+    DTYPES,
     FAST_NAME,
     GOAL_SPEEDUP,
+    LAYOUT_REFERENCE,
     PIL_NAME,
     TRANSFORMS,
     ImageBenchResult,
+    Output,
     pil_available,
     run_image_bench,
 )
@@ -38,8 +43,8 @@ from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.cli._util import write
 
-__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "prepare_demo_data",
-           "run_bench", "run_demo", "write"]
+__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "outputs_of",
+           "prepare_demo_data", "run_bench", "run_demo", "write"]
 
 DEMO_MARKER = ".gpufeed-demo.json"
 DEMO_SIZE = ((320, 380), (370, 430))  # (min_h, max_h), (min_w, max_w): ~400x350 photos
@@ -54,6 +59,25 @@ def _worker_counts(value: str) -> list[int]:
     if not counts:
         raise argparse.ArgumentTypeError("expected N or N,N,... (e.g. 2 or 1,2,4)")
     return counts
+
+
+def _dtypes(value: str) -> list[str]:
+    names = list(DTYPES) if value.strip() == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a comma list of {', '.join(DTYPES)}")
+    return names
+
+
+def outputs_of(dtypes: list[str], channels_last: str) -> list[Output]:
+    """FastLoader's output formats for ``--dtype`` and ``--channels-last`` ("off", "on",
+    "both"): every combination, with NCHW float32 (the layout goal's reference) first when
+    any format other than uint8 NCHW is asked for."""
+    layouts = {"off": [False], "on": [True], "both": [False, True]}[channels_last]
+    outputs = [Output(d, cl) for d in dtypes for cl in layouts]
+    if outputs != [Output()]:
+        outputs = [LAYOUT_REFERENCE, *(o for o in outputs if o != LAYOUT_REFERENCE)]
+    return outputs
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, rounds: int) -> None:
@@ -85,6 +109,16 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--size", type=_positive, default=224, help="output side in pixels (224)")
     p.add_argument("--resize", type=_positive, default=256,
                    help="eval: shorter side before the centre crop, pixels (256)")
+    p.add_argument("--dtype", type=_dtypes, default=["uint8"], metavar="D[,D...]",
+                   help="FastLoader output dtype(s): uint8, float32, float16, bfloat16 (float: "
+                        "ImageNet-normalized), a comma list or 'all'; one FastLoader per format, "
+                        "with NCHW float32 added as the reference of the layout goal (default uint8)")
+    p.add_argument("--channels-last", nargs="?", const="on", default="off",
+                   choices=("off", "on", "both"),
+                   help="FastLoader output in channels_last memory format; 'both' runs NCHW and "
+                        "channels_last (default off)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="leave out the DataLoader pipelines (compare FastLoader's formats only)")
     _add_run_options(p, rounds=3)
     p.add_argument("--json", metavar="OUT", help="also write every round and the environment here")
     p.set_defaults(run=run_bench)
@@ -98,8 +132,12 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--images", type=_positive, default=1000,
                    help=f"number of images, in {DEMO_CLASSES} classes (default 1000)")
     p.add_argument("--workers", type=_non_negative, default=2, help="num_workers (default 2)")
+    p.add_argument("--large", action="store_true",
+                   help="phone-sized photos (3000x2250 to 4000x3000, quality 95, 2.5-4.5 MB each; "
+                        "~2 s per image to make): pass a --dir of its own and fewer --images")
     _add_run_options(p, rounds=4)
-    p.set_defaults(run=run_demo, size=224, resize=256)
+    p.set_defaults(run=run_demo, size=224, resize=256, dtype=["uint8"], channels_last="off",
+                   no_reference=False)
 
 
 # ---------------------------------------------------------------------------------- running
@@ -124,14 +162,15 @@ def _progress(total: int, enabled: bool) -> tuple[Callable[[str], None] | None, 
 def _run_one(args: argparse.Namespace, root: str, transform: str, workers: int,
              warmup: int | None = None) -> ImageBenchResult:
     warmup = args.warmup if warmup is None else warmup
-    num_loaders = 3 if pil_available() else 2
+    outputs = outputs_of(args.dtype, args.channels_last)
+    num_loaders = len(outputs) + (0 if args.no_reference else 2 if pil_available() else 1)
     tick, close = _progress(num_loaders * (args.rounds + warmup) + args.epochs, not args.no_progress)
     try:
         return run_image_bench(
             root, transform, num_workers=workers, batch_size=args.batch_size,
             num_batches=args.batches, num_rounds=args.rounds, num_warmup_rounds=warmup,
             num_epochs=args.epochs, seed=args.seed, size=args.size, resize=args.resize,
-            on_round=tick)
+            on_round=tick, outputs=outputs, include_reference=not args.no_reference)
     finally:
         close()
 
@@ -165,19 +204,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int, bool]:
+def prepare_demo_data(directory: str | Path, num_images: int,
+                      large: bool = False) -> tuple[Path, int, bool]:
     """The demo image folder: made once with ``gpufeed.synth.make_image_folder`` and reused.
+    ``large``: phone-sized photos (``gpufeed.synth.LARGE_SIZE``, JPEG quality 95, 2.5-4.5 MB)
+    instead of ~400x350 ones at quality 90.
 
     Returns (root, number of images, reused). A folder this function made before for another
     ``num_images`` is remade; any other non-empty folder is refused (ValueError).
     """
-    from gpufeed.synth import make_image_folder
+    from gpufeed.synth import LARGE_SIZE, make_image_folder
 
     root = Path(directory)
     classes = min(DEMO_CLASSES, num_images)
     per_class = num_images // classes
     images = classes * per_class
-    want = {"images": images, "classes": classes, "size": DEMO_SIZE, "seed": 0}
+    size, quality = (LARGE_SIZE, 95) if large else (DEMO_SIZE, 90)
+    want: dict[str, Any] = {"images": images, "classes": classes, "size": size, "seed": 0}
+    if large:
+        want.update(large=True, quality=quality)
     marker = root / DEMO_MARKER
     if marker.exists():
         have = json.loads(marker.read_text(encoding="utf-8"))
@@ -189,7 +234,8 @@ def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int
     elif root.exists() and any(root.iterdir()):
         raise ValueError(f"{root} exists and is not a gpufeed demo folder (no {DEMO_MARKER}); "
                          f"pass --dir with a new or empty folder")
-    made = make_image_folder(root, num_classes=classes, per_class=per_class, size=DEMO_SIZE, seed=0)
+    made = make_image_folder(root, num_classes=classes, per_class=per_class, size=size, seed=0,
+                             quality=quality, large=large)
     marker.write_text(json.dumps({"params": want, "class_dirs": list(made.classes)}), encoding="utf-8")
     return root, made.num_images, False
 
@@ -197,8 +243,9 @@ def prepare_demo_data(directory: str | Path, num_images: int) -> tuple[Path, int
 def run_demo(args: argparse.Namespace) -> int:
     """``gpufeed demo``: demo images (once), then the eval and train benchmarks."""
     t0 = time.perf_counter()
-    write(f"gpufeed demo: photo-like JPEGs (~400x350, quality 90) in {args.dir}")
-    root, count, reused = prepare_demo_data(args.dir, args.images)
+    what = "3000x2250-4000x3000, quality 95" if args.large else "~400x350, quality 90"
+    write(f"gpufeed demo: photo-like JPEGs ({what}) in {args.dir}")
+    root, count, reused = prepare_demo_data(args.dir, args.images, large=args.large)
     write(f"  {'reused' if reused else 'generated'} {count} images in "
           f"{min(DEMO_CLASSES, args.images)} classes ({time.perf_counter() - t0:.1f} s)\n")
     runs: list[ImageBenchResult] = []
@@ -231,8 +278,13 @@ def format_report(run: ImageBenchResult) -> str:
     lines = [f"{run.transform}: {run.num_images} images in {run.root}, {run.geometry}, "
              f"batch {run.batch_size}, num_workers={run.num_workers}, {res.num_batches} batches/round, "
              f"{res.num_rounds} round(s) (+{res.num_warmup_rounds} warm-up) alternating"]
+    names = [s.name for s in res.loaders]
+    speed_refs = list(refs)
+    if LAYOUT_REFERENCE.name in names and sum(n.startswith(FAST_NAME) for n in names) > 1:
+        speed_refs.append(LAYOUT_REFERENCE.name)  # the layout goal's reference
+        short[LAYOUT_REFERENCE.name] = "f32"
     w = max(len("loader"), *(len(s.name) for s in res.loaders))
-    ratio_cols = "".join(f" {'x ' + short[r]:>8}" for r in refs)
+    ratio_cols = "".join(f" {'x ' + short[r]:>8}" for r in speed_refs)
     mem_cols = "".join(f" {'PSS x ' + short[r]:>12}" for r in refs)
     header = (f"{'loader':<{w}} {'images/s':>9} {'min..max':>11} {'startup':>8} {'w/ start':>9}"
               f"{ratio_cols} {'peak PSS':>10} {'footprint':>10}{mem_cols}")
@@ -242,13 +294,15 @@ def format_report(run: ImageBenchResult) -> str:
         total_ips = statistics.median(r.num_samples / r.total_s for r in s.rounds)
         row = (f"{s.name:<{w}} {s.median_samples_per_s:>9.0f} {f'{min(ips):.0f}..{max(ips):.0f}':>11} "
                f"{s.median_startup_s:>7.2f}s {total_ips:>9.0f}")
-        row += "".join(f" {res.ratio(s.name, r):>7.2f}x" for r in refs)
+        row += "".join(f" {res.ratio(s.name, r):>7.2f}x" for r in speed_refs)
         row += f" {format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10}"
         row += "".join(f" {res.memory_ratio(s.name, r):>11.2f}x" for r in refs)
         lines.append(row)
     lines.append("(images/s: median steady rate, first batch excluded; startup: loader + workers + "
                  "first batch, paid every round; w/ start: images/s including it; memory: peak over "
-                 "rounds, summed over the process tree; footprint counts shared memory whole)")
+                 "rounds, summed over the process tree; footprint counts shared memory whole"
+                 + ("; x f32: over FastLoader NCHW float32; float output is ImageNet-normalized"
+                    if LAYOUT_REFERENCE.name in speed_refs else "") + ")")
     added = ", ".join(f"{s.name} {format_bytes(run.added_pss_bytes(s.name))}" for s in res.loaders
                       if math.isfinite(run.added_pss_bytes(s.name)))
     if added:
@@ -272,7 +326,7 @@ def format_report(run: ImageBenchResult) -> str:
         value = f"{g.value:.{digits}f}x" if math.isfinite(g.value) else "n/a"
         detail = f" [{g.detail.strip()}]" if g.detail else ""
         lines.append(f"goal: {g.name}: {g.status} ({value}){detail}")
-    if PIL_NAME not in refs:
+    if PIL_NAME not in refs and CV_NAME in refs:  # the DataLoader pipelines ran, without PIL
         lines.append(f"goal: {run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME}: not measured "
                      f"(Pillow is not installed: pip install 'gpufeed[bench]')")
     return "\n".join(lines)

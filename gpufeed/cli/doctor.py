@@ -40,7 +40,7 @@ def _default_workers() -> int:
 def add_doctor_parser(sub: Any) -> None:
     """Adds ``doctor`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
     p = sub.add_parser("doctor", help="run an image folder through FastLoader and name what limits "
-                                      "it: read, decode, transform, workers, transfer or compute")
+                                      "it: read, decode, transform, workers, transfer, compute or cache")
     p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
     p.add_argument("--transform", choices=("eval", "train"), default="eval",
                    help="eval: ResizeCenterCrop(224, 256); train: RandomResizedCrop(224) "

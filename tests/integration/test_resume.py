@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,13 +130,84 @@ def test_unknown_version_and_mid_epoch_load_are_clear_errors() -> None:
     loader.load_state_dict(state)  # no iterator alive: fine
 
 
-def test_in_order_false_is_not_implemented() -> None:
-    loader = generic(2, in_order=False)
-    it = iter(loader)
-    next(it)
-    with pytest.raises(NotImplementedError, match="in_order=False"):
-        loader.state_dict()
-    del it
+class GatedDataset(IndexDataset):
+    """Samples of ``held`` wait until ``gate`` (a file) exists: the batch holding them completes
+    only when the test says, so with in_order=False the batches after it go out first."""
+
+    def __init__(self, n: int, held: set[int], gate: Path) -> None:
+        super().__init__(n)
+        self.held, self.gate = held, gate
+
+    def __getitem__(self, i: int) -> Any:
+        if i in self.held:
+            deadline = time.monotonic() + 60
+            while not self.gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+def indices_of(batches: list[Any]) -> list[tuple[int, ...]]:
+    return [tuple(int(i) for i in b[0]) for b in batches]
+
+
+@pytest.mark.parametrize(("after", "after_in_order"), [(2, False), (0, True), (2, True)])
+def test_out_of_order_state_lists_the_batches_delivered_past_the_gap(tmp_path: Path, after: int,
+                                                                     after_in_order: bool) -> None:
+    """in_order=False: batch 1 is held back while batch 0 and two later ones go out; the state says
+    "1 batch, then these past the gap", and the resumed pass yields exactly the batches not received."""
+    gate = tmp_path / "open"
+    held = set(range(BATCH, 2 * BATCH))  # batch 1 (sequential sampler)
+    loader = FastLoader(GatedDataset(N, held, gate), batch_size=BATCH, num_workers=2, in_order=False)
+    head = []
+    for batch in loader:
+        head.append(batch)
+        if len(head) == 3:
+            state = json.loads(json.dumps(loader.state_dict()))
+            gate.touch()
+            break
+    numbers = [b[0][0].item() // BATCH for b in head]  # which batches of the epoch went out
+    assert 0 in numbers and 1 not in numbers  # batch 1 is held back; 0 is not
+    assert state["batches_yielded"] == 1 and state["samples_yielded"] == BATCH
+    assert state["delivered_beyond"] == sorted(n - 1 for n in numbers if n > 1)
+    resumed = FastLoader(IndexDataset(N), batch_size=BATCH, num_workers=after, in_order=after_in_order)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    full = indices_of(list(FastLoader(IndexDataset(N), batch_size=BATCH)))
+    assert sorted(indices_of(head) + indices_of(rest)) == sorted(full)  # each batch exactly once
+    assert len(list(resumed)) == len(full)  # the next pass is a whole epoch again
+
+
+def test_out_of_order_state_taken_again_after_a_resume(tmp_path: Path) -> None:
+    """A resumed out-of-order pass checkpointed again: its state combines the skipped batches
+    with the ones received since, and a second resume completes the epoch exactly once."""
+    gen = torch.Generator().manual_seed(8)
+    order = indices_of(list(FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True,
+                                       generator=torch.Generator().manual_seed(8))))
+    gate = tmp_path / "open"
+    loader = FastLoader(GatedDataset(N, set(order[0]), gate), batch_size=BATCH, shuffle=True, generator=gen,
+                        num_workers=2, in_order=False)
+    first: list[Any] = []
+    for batch in loader:
+        first.append(batch)
+        if len(first) == 2:
+            state = loader.state_dict()
+            gate.touch()
+            break
+    assert state["batches_yielded"] == 0 and len(state["delivered_beyond"]) == 2
+    second_loader = FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True,
+                               generator=torch.Generator().manual_seed(99), num_workers=2, in_order=False)
+    second_loader.load_state_dict(state)
+    second: list[Any] = []
+    for batch in second_loader:
+        second.append(batch)
+        if len(second) == 2:
+            state2 = json.loads(json.dumps(second_loader.state_dict()))
+            break
+    third_loader = FastLoader(IndexDataset(N), batch_size=BATCH, shuffle=True, num_workers=0)
+    third_loader.load_state_dict(state2)
+    third = list(third_loader)
+    got = indices_of(first) + indices_of(second) + indices_of(third)
+    assert sorted(got) == sorted(order)  # the generator's epoch, each batch exactly once
 
 
 @pytest.mark.parametrize("k", [1, 2])

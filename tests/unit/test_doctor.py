@@ -166,7 +166,8 @@ def test_every_verdict_has_short_reasons_and_a_fix():
              (cpu_bound(decode_s=9.0, idle_cores=2.0), "workers"),
              (starving(num_workers=0), "workers"), (cpu_bound(h2d_s=9.0), "transfer"),
              (starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9, state_samples=10),
-              "read")]
+              "read"),
+             (starving(parent_batches=90, parent_s=0.3), "cache")]
     for ev, expected in cases:
         bottleneck, reasons, fix = decide(ev)
         assert bottleneck == expected and reasons and fix

@@ -1,0 +1,72 @@
+"""`gpufeed bench --dtype/--channels-last/--no-reference`: one FastLoader per output format,
+each checked against NCHW float32 (the layout goal), in one alternating run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gpufeed.bench.images import FAST_NAME, LAYOUT_REFERENCE, Output, loader_factories
+from gpufeed.cli import main
+from gpufeed.cli.bench import outputs_of
+from gpufeed.synth import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-layouts") / "folder"
+    make_image_folder(root, num_classes=2, per_class=4, size=(120, 150), seed=3)
+    return root
+
+
+def test_outputs_are_every_combination_with_the_reference_first():
+    assert outputs_of(["uint8"], "off") == [Output()]
+    both = outputs_of(["uint8", "float32", "float16", "bfloat16"], "both")
+    assert both[0] == LAYOUT_REFERENCE and len(both) == len(set(both)) == 8
+    assert outputs_of(["float16"], "on") == [LAYOUT_REFERENCE, Output("float16", True)]
+    assert Output().name == FAST_NAME
+    assert Output("bfloat16", True).name == "FastLoader channels_last bfloat16"
+    with pytest.raises(ValueError, match="`dtype`"):
+        Output("float64")
+
+
+def test_each_output_loader_yields_its_format(folder):
+    outputs = outputs_of(["uint8", "float16"], "both")
+    factories = loader_factories(folder, "eval", batch_size=4, num_workers=0, include=[FAST_NAME],
+                                 outputs=outputs, size=64, resize=72)
+    assert list(factories) == [o.name for o in outputs]
+    for output in outputs:
+        images, _ = next(iter(factories[output.name]()))
+        assert images.shape == (4, 3, 64, 64)
+        assert images.dtype == {"uint8": torch.uint8, "float32": torch.float32,
+                                "float16": torch.float16}[output.dtype]
+        fmt = torch.channels_last if output.channels_last else torch.contiguous_format
+        assert images.is_contiguous(memory_format=fmt)
+
+
+@pytest.mark.timeout(180)
+def test_bench_cli_compares_every_format_with_nchw_float32(folder, tmp_path, capsys):
+    out = tmp_path / "layouts.json"
+    rc = main(["bench", str(folder), "--dtype", "uint8,bfloat16", "--channels-last", "--no-reference",
+               "--workers", "1", "--batch-size", "2", "--batches", "2", "--rounds", "1",
+               "--warmup", "0", "--epochs", "0", "--size", "64", "--resize", "72", "--no-progress",
+               "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    names = [LAYOUT_REFERENCE.name, "FastLoader channels_last uint8", "FastLoader channels_last bfloat16"]
+    for name in names[1:]:
+        assert f"goal: {name} >= 0.95x {LAYOUT_REFERENCE.name} images/s" in text
+    assert "DataLoader" not in text.split("environment:")[0]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [lo["name"] for lo in run["loaders"]] == names
+    assert run["baseline"] == LAYOUT_REFERENCE.name
+
+
+def test_touch_pages_maps_channels_last_batches_like_nchw_ones():
+    from gpufeed.bench.compare import touch_pages
+
+    nchw = torch.zeros((4, 3, 64, 64), dtype=torch.float16)
+    cl = nchw.contiguous(memory_format=torch.channels_last)
+    assert touch_pages((cl,)) == touch_pages((nchw,)) == nchw.numel() * 2
