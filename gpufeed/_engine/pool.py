@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import multiprocessing.connection as mpc
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -98,6 +100,9 @@ class WorkerPool:
         self._workers: list[_Worker | None] = [None] * num_workers
         self.closed = False
         self.started = 0  # processes started so far, replacements included
+        # What ``wait`` polls, built once per change of the workers (a poll set made on every
+        # call, as multiprocessing.connection.wait does, costs O(workers) per batch).
+        self._watch: tuple[Any, dict[int, tuple[int, str]]] | None = None
         if lazy:
             return
         try:
@@ -157,6 +162,7 @@ class WorkerPool:
             task_r.close()
             res_w.close()
         self._workers[worker_id] = _Worker(proc, task_w, res_r)
+        self._watch = None
         self.started += 1
 
     def send(self, worker_id: int, msg: ToWorker) -> None:
@@ -175,16 +181,10 @@ class WorkerPool:
         """
         if timeout_s <= 0 and all(w is None for w in self._workers):
             return [], []  # a lazy pool with no worker yet: nothing to wait on (a full-hit epoch)
-        by_obj: dict[Any, tuple[int, str]] = {}  # a result pipe or a process sentinel
-        for i, w in enumerate(self._workers):
-            if w is not None:
-                by_obj[w.results] = (i, "r")
-                by_obj[w.process.sentinel] = (i, "s")
-        ready = mpc.wait(list(by_obj), timeout_s)
+        ready = self._ready(timeout_s)
         messages: list[tuple[int, FromWorker]] = []
         dead: list[int] = []
-        for obj in ready:
-            worker_id, kind = by_obj[obj]
+        for worker_id, kind in ready:
             w = self._workers[worker_id]
             assert w is not None
             if kind == "r":
@@ -198,6 +198,30 @@ class WorkerPool:
             assert w is not None
             w.process.join(timeout=1.0)
         return messages, dead
+
+    def _ready(self, timeout_s: float) -> list[tuple[int, str]]:
+        """(worker id, "r" for its result pipe or "s" for its sentinel) of what is readable
+        (data, EOF or exit) within ``timeout_s``, as ``multiprocessing.connection.wait`` tells."""
+        if not hasattr(select, "poll"):  # no poll(2): the selector made per call
+            by_obj: dict[Any, tuple[int, str]] = {}
+            for i, w in enumerate(self._workers):
+                if w is not None:
+                    by_obj[w.results] = (i, "r")
+                    by_obj[w.process.sentinel] = (i, "s")
+            return [by_obj[obj] for obj in mpc.wait(list(by_obj), timeout_s)]
+        if self._watch is None:
+            poller = select.poll()
+            by_fd: dict[int, tuple[int, str]] = {}
+            for i, w in enumerate(self._workers):
+                if w is not None:
+                    for fd, kind in ((w.results.fileno(), "r"), (w.process.sentinel, "s")):
+                        poller.register(fd, select.POLLIN)
+                        by_fd[fd] = (i, kind)
+            self._watch = (poller, by_fd)
+        poller, by_fd = self._watch
+        # Any event counts, as for the selector: POLLHUP (EOF) and POLLERR are read as ready.
+        events = poller.poll(max(0, math.ceil(timeout_s * 1e3)))
+        return [by_fd[fd] for fd, _ in events if fd in by_fd]
 
     @staticmethod
     def _drain(worker_id: int, conn: mpc.Connection, out: list[tuple[int, FromWorker]]) -> bool:
@@ -219,6 +243,7 @@ class WorkerPool:
         if old is not None:
             self._stop([old])
         self._workers[worker_id] = None
+        self._watch = None
         self._start(worker_id)
         return self.pid(worker_id)
 
@@ -236,6 +261,7 @@ class WorkerPool:
         ids = [i for i, w in enumerate(self._workers) if w is not None]
         workers = [w for w in self._workers if w is not None]
         self._workers = [None] * len(self._workers)
+        self._watch = None
         return self._stop(workers, ids)
 
     def _stop(self, workers: list[_Worker], ids: list[int] | None = None) -> list[tuple[int, FromWorker]]:
