@@ -6,7 +6,7 @@ Four loaders, each yielding uint8 ``[N, 3, H, W]`` batches with the geometry of
 gpufeed's crop boxes):
 
 ``DataLoader+PIL``
-    :class:`~gpufeed.bench.images.PILImageFolder`: full-size decode, then resize.
+    :class:`~gpufeed.bench.references.PILImageFolder`: full-size decode, then resize.
 ``DataLoader+PIL draft``
     :class:`PILDraftImageFolder`: ``Image.draft("RGB", size)`` first, with ``size`` the smallest
     that keeps the crop at least as large as the output (PIL then decodes at 1/2, 1/4 or 1/8),
@@ -38,14 +38,13 @@ from gpufeed.bench.images import (
     FAST_NAME,
     PIL_NAME,
     Goal,
-    _cv2_interpolation,
     _ignore_sigint,
-    _ReferenceFolder,
     image_environment,
     loader_factories,
     make_transform,
     single_threaded_cv2,
 )
+from gpufeed.bench.references import _cv2_interpolation, _ReferenceFolder
 from gpufeed.errors import shorten
 from gpufeed.transforms import ImageTransform, ResizeCenterCrop
 
