@@ -152,9 +152,12 @@ class Engine:
         tasks_in_flight: int = 0,
         max_task_retries: int | None = None,
         lazy_workers: bool = False,
+        restart_window_s: float | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
+        if restart_window_s is not None and not restart_window_s > 0:
+            raise ValueError(f"`restart_window_s` must be > 0 seconds or None. Found: {restart_window_s}.")
         self._context = context
         self._stats = context.stats
         self._config = context.config
@@ -181,6 +184,10 @@ class Engine:
         self.epoch = 0
         self._next_idx = 0
         self._restarts = 0
+        # With a window (a long-lived driver such as a server), max_worker_restarts bounds the
+        # replacements within any restart_window_s seconds, not over the engine's whole life.
+        self.restart_window_s = restart_window_s
+        self._restart_times: deque[float] = deque()
         self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
         self._completed: deque[Arrival] = deque()  # tasks the plug-in completed, not polled yet
         self._ledger = SlotLedger(self._arena, num_workers)
@@ -449,13 +456,19 @@ class Engine:
         if on_death is not None:
             on_death(death)
         limit = self._config.max_worker_restarts
-        if self._restarts >= limit:
+        now = time.monotonic()
+        window = self.restart_window_s
+        while window is not None and self._restart_times and self._restart_times[0] <= now - window:
+            self._restart_times.popleft()
+        if len(self._restart_times) >= limit:
             self.close()
+            span = "in this iterator" if window is None else f"in the last {window:g} s"
             raise WorkerError(
-                f"{death.where}; {self._restarts} worker(s) were already replaced in this iterator, the limit "
+                f"{death.where}; {len(self._restart_times)} worker(s) were already replaced {span}, the limit "
                 f"set by max_worker_restarts={limit}. In flight: "
                 f"{death.in_flight}. Fix the crash, or raise max_worker_restarts."
             )
+        self._restart_times.append(now)
         self._restarts += 1
         self._stats.worker_restarts += 1
         new_pid = self._pool.replace(worker_id)

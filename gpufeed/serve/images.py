@@ -160,9 +160,10 @@ class ImageBatcher:
     A request that does not decode fails alone with :class:`~gpufeed.errors.DecodeError` naming
     it (``request #N``); the rest of its batch is served. A dead worker is replaced and its batch
     decoded again, once: if that kills a worker too, the batch's requests fail with
-    :class:`~gpufeed.errors.WorkerError`. After ``max_worker_restarts`` replacements in the
-    batcher's life every request fails with ``WorkerError``. Deadlines, cancellation, backpressure
-    (:class:`~gpufeed.serve.Overloaded`), ``stats()`` and ``close()`` are the DynamicBatcher's.
+    :class:`~gpufeed.errors.WorkerError`. Once ``max_worker_restarts`` replacements happened
+    within ``restart_window_s`` (a crash loop), every request fails with ``WorkerError``.
+    Deadlines, cancellation, backpressure (:class:`~gpufeed.serve.Overloaded`), ``stats()`` and
+    ``close()`` are the DynamicBatcher's.
 
     Args:
         model: called with the batch tensor; returns one result per image, batch dimension first
@@ -185,7 +186,10 @@ class ImageBatcher:
             with ``ValueError``. Sizes the arena slots (virtual memory: pages are used only when written).
         decode_timeout_s: longest wait for a batch's decode (seconds) before its requests fail
             with ``TimeoutError``; deaths are noticed and handled meanwhile.
-        max_worker_restarts: dead workers replaced in the batcher's life.
+        max_worker_restarts: dead workers replaced within ``restart_window_s`` before the
+            batcher gives up (a crash loop).
+        restart_window_s: the window of ``max_worker_restarts`` (seconds); None counts over the
+            batcher's whole life. Occasional deaths over a long-running service never add up.
         mp_context: start method of the workers ("forkserver", "spawn" or "fork").
         name: the batcher's name in messages, thread names and metrics.
         clock: time source of the batch rule and deadlines (tests inject a ManualClock).
@@ -215,6 +219,7 @@ class ImageBatcher:
         max_request_bytes: int = 8 << 20,
         decode_timeout_s: float = 60.0,
         max_worker_restarts: int = 16,
+        restart_window_s: float | None = 60.0,
         mp_context: str = "forkserver",
         name: str = "images",
         clock: Clock | None = None,
@@ -231,6 +236,10 @@ class ImageBatcher:
             raise ValueError(f"`max_request_bytes` must be an int >= 1. Found: {shorten(max_request_bytes)}.")
         if not isinstance(decode_timeout_s, (int, float)) or not decode_timeout_s > 0:
             raise ValueError(f"`decode_timeout_s` must be a number > 0 (seconds). Found: {shorten(decode_timeout_s)}.")
+        if restart_window_s is not None and (
+                not isinstance(restart_window_s, (int, float)) or not restart_window_s > 0):
+            raise ValueError(f"`restart_window_s` must be a number > 0 (seconds) or None. "
+                             f"Found: {shorten(restart_window_s)}.")
         if mp_context not in multiprocessing.get_all_start_methods():
             raise ValueError(f"`mp_context` must be one of {multiprocessing.get_all_start_methods()}. "
                              f"Found: {shorten(mp_context)}.")
@@ -256,6 +265,7 @@ class ImageBatcher:
         self.max_request_bytes = max_request_bytes
         self.decode_timeout_s = float(decode_timeout_s)
         self.max_worker_restarts = max_worker_restarts
+        self.restart_window_s = restart_window_s
         self.mp_context = mp_context
         self._device = resolve_device(device)
         on_gpu = self._device is not None and self._device.type == "cuda"
@@ -277,7 +287,8 @@ class ImageBatcher:
         )
         engine = Engine(context, WorkerSpec(dataset=RequestSource()), num_workers,
                         mp_context=multiprocessing.get_context(mp_context),
-                        tasks_in_flight=max_concurrent_batches, max_task_retries=1)
+                        tasks_in_flight=max_concurrent_batches, max_task_retries=1,
+                        restart_window_s=restart_window_s)
         self._engine, self._context = engine, context
         try:
             self._runner = runner = _Runner(model, EngineDriver(engine), cuda, self.decode_timeout_s, name)

@@ -155,3 +155,38 @@ def test_a_task_that_kills_its_worker_is_retried_once_then_failed():
     arena = context.current_arena
     assert arena is not None and arena.free_slots() == arena.num_slots
     context.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("window_s", [None, 0.3])
+def test_max_worker_restarts_counts_deaths_within_the_restart_window(window_s):
+    """A long-lived driver (a server) bounds crash loops, not deaths over its whole life: with
+    restart_window_s, replacements older than the window no longer count."""
+    from gpufeed.errors import WorkerError
+
+    context = EngineContext(EngineConfig(max_batch_bytes=1 << 16, max_worker_restarts=1), Stats())
+    engine = Engine(context, WorkerSpec(dataset=Poison()), num_workers=1, max_task_retries=0,
+                    restart_window_s=window_s)
+    try:
+        record = engine.submit([Poison.POISON])
+        (got, reply), = engine.wait(timeout_s=30.0)
+        assert got is record and isinstance(reply, Failed)  # one death: replaced, task given up
+        time.sleep(0.6)  # the first replacement is now older than a 0.3 s window
+        engine.submit([Poison.POISON])
+        if window_s is None:
+            with pytest.raises(WorkerError, match="already replaced in this iterator"):
+                while True:
+                    engine.wait(timeout_s=30.0)
+        else:
+            (_, reply), = engine.wait(timeout_s=30.0)
+            assert isinstance(reply, Failed) and engine.restarts == 2
+    finally:
+        engine.close()
+        context.close()
+
+
+def test_restart_window_must_be_positive():
+    context = EngineContext(EngineConfig(max_batch_bytes=1 << 16), Stats())
+    with pytest.raises(ValueError, match="restart_window_s"):
+        Engine(context, WorkerSpec(dataset=Poison()), num_workers=1, restart_window_s=0)
+    context.close()

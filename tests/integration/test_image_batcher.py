@@ -312,6 +312,8 @@ def test_bad_arguments_fail_before_any_process_starts():
         ImageBatcher(Recorder(), max_batch_size=0)
     with pytest.raises(ValueError, match="normalize"):
         ImageBatcher(Recorder(), normalize=((0.5, 0.5), (0.2, 0.2)))
+    with pytest.raises(ValueError, match="restart_window_s"):
+        ImageBatcher(Recorder(), restart_window_s=-1.0)
     assert {c.pid for c in live_children()} == children
 
 
