@@ -18,7 +18,7 @@ from gpufeed._resume import (
     base_sampler,
     next_pass_state,
     pass_received,
-    sampler_kind,
+    resolve,
 )
 from gpufeed.errors import shorten
 
@@ -98,7 +98,7 @@ class ResumableLoader(DataLoader):
             # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
             state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
                          sampler=None)
-            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            next_sampler = next_pass_state(super()._index_sampler, p)
             if next_sampler is not None:
                 state["next_sampler"] = next_sampler
             return state
@@ -110,7 +110,9 @@ class ResumableLoader(DataLoader):
             )
         run, samples, beyond = p.position()
         sampler_state = dict(p.sampler_state or {})
-        if sampler_state.get("kind") == "gpufeed_distributed":
+        if p.custom is not None:
+            sampler_state = p.custom.state(run, p.skipped_samples + samples)
+        elif sampler_state.get("kind") == "gpufeed_distributed":
             sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
         state.update(
             epoch=p.aug_epoch,
@@ -159,7 +161,7 @@ class ResumableLoader(DataLoader):
             return
         sampler = state_dict.get("sampler")
         if sampler is not None:
-            kind = sampler_kind(base_sampler(super()._index_sampler))
+            kind = resolve(super()._index_sampler)[0]
             if kind != sampler.get("kind"):
                 raise ValueError(
                     f"the state was taken with a {sampler.get('kind')!r} sampler; this loader's is "
@@ -168,7 +170,7 @@ class ResumableLoader(DataLoader):
                 )
         next_sampler = state_dict.get("next_sampler")
         if sampler is None and next_sampler is not None:
-            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
+            apply_next_pass(super()._index_sampler, next_sampler)
         self._epoch = int(state_dict["epoch"])
         self._resume = dict(state_dict) if sampler is not None else None
         self._pass = None
