@@ -71,7 +71,28 @@ class ResumableLoader(DataLoader):
         ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
         ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
-        ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
+        ``num_workers=0``.
+
+        A ``sampler`` or ``batch_sampler`` of yours resumes (without fetching a skipped batch)
+        when either holds:
+
+        - it has ``state_dict()``/``load_state_dict()`` (torchdata's protocol): its state taken
+          once the received batches' indices were drawn from it is saved, and after
+          ``load_state_dict()`` its next ``iter()`` must continue from there, as with
+          torchdata's ``StatefulDataLoader`` (``state_dict()`` may return tensors, numpy arrays,
+          bytes and tuples besides JSON types; return a new object, not one you change later);
+        - or its order is a function of random state drawn when its first index is taken: its
+          own ``generator`` (a ``torch.Generator`` attribute), torch's, python's or numpy's global
+          RNG, and its ``epoch`` if it has ``set_epoch``. Those states are recorded at the start
+          of the pass; on resume they are set while the pass's order is redrawn and the received
+          batches' indices are skipped, then the process's own global RNG states are put back.
+
+        A sampler that draws from anything else (an unseeded or private RNG, or a global RNG
+        after its first index) cannot be resumed exactly: resuming compares its first indices
+        with the checkpointed pass's and raises ``ValueError`` naming it where they differ; add
+        ``state_dict()``/``load_state_dict()`` to it. Raises ``NotImplementedError`` for an
+        ``IterableDataset`` without them, and for a sampler of yours inside Accelerate's
+        ``BatchSamplerShard``.
         """
         image_seed = self._image_feed.plan.seed if self._image_feed is not None else None
         state: dict[str, Any] = {"version": STATE_VERSION}

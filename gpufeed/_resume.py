@@ -26,6 +26,9 @@ State, version 1 (a JSON-serialisable dict)::
                          (WeightedRandomSampler, SubsetRandomSampler: the state of the generator
                          the epoch's order was drawn from, theirs or torch's global one)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
+                     {"kind": "stateful", ...} or {"kind": "custom", ...}  (a sampler or batch
+                         sampler of the user's: with its own state_dict(), or redrawn from the RNG
+                         states its pass started from; described in gpufeed/_sampler_state.py)
                      {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
                          "drop_last": bool, "num_replicas": int, "dataset_len": int}
                          (torch's DistributedSampler, e.g. the one Lightning injects: its order is a
@@ -38,6 +41,8 @@ State, version 1 (a JSON-serialisable dict)::
                          base64}  (the sampler's own generator now)
                      {"kind": "torch_distributed" or "gpufeed_distributed", "epoch": int}  (the
                          epoch of the last pass + 1, as a set_epoch(epoch) loop counts)
+                     {"kind": "custom", "sampler": class name, "generator_state": base64 and/or
+                         "epoch": int}  (a custom sampler with its own generator or set_epoch)
     dataset          IterableDataset only: its own ``state_dict()``
     accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
                      "iteration"} (Accelerate's sharding: resume on the same number of processes)

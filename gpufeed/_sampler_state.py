@@ -75,11 +75,15 @@ def custom_kind(obj: Any) -> tuple[str, Any]:
 
 
 def _own(obj: Any, name: str) -> Any:
-    """``obj.name``, else ``obj.sampler.name`` (a batch sampler's sampler), else None."""
-    value = getattr(obj, name, None)
-    if value is None:
-        value = getattr(getattr(obj, "sampler", None), name, None)
-    return value
+    """``obj.name``, else that of the sampler ``obj`` draws from: a batch sampler's ``sampler``,
+    or the user's sampler inside Lightning's ``DistributedSamplerWrapper`` (``dataset._sampler``);
+    else None."""
+    inner = (getattr(obj, "sampler", None), getattr(getattr(obj, "dataset", None), "_sampler", None))
+    for owner in (obj, *inner):
+        value = getattr(owner, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def _epoch_owner(obj: Any) -> Any:

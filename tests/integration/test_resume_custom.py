@@ -203,3 +203,35 @@ def test_out_of_order_custom_sampler_skips_the_batches_delivered_past_the_gap(tm
     resumed = FastLoader(IndexDataset(N), batch_size=BATCH, sampler=make_sampler(), num_workers=2)
     resumed.load_state_dict(state)
     assert sorted(indices_of(head) + indices_of(list(resumed))) == sorted(order)
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_lightnings_distributed_sampler_wrapper_resumes_every_rank_from_rank_0s_state(seeded: bool) -> None:
+    """Under DDP Lightning wraps a sampler of the user's (here a WeightedRandomSampler, with its
+    own generator or drawing from torch's RNG, as seed_everything leaves it alike on every rank)
+    in its DistributedSamplerWrapper and checkpoints rank 0's loader state; every rank loads it."""
+    distributed = pytest.importorskip("lightning.fabric.utilities.distributed", reason="lightning is not installed")
+
+    def make(rank: int, num_workers: int) -> FastLoader:
+        gen = torch.Generator().manual_seed(3) if seeded else None
+        inner = torch.utils.data.WeightedRandomSampler(torch.linspace(0.2, 1.0, N), N, generator=gen)
+        sampler = distributed.DistributedSamplerWrapper(inner, num_replicas=2, rank=rank, shuffle=True, seed=1)
+        return FastLoader(IndexDataset(N), batch_size=3, sampler=sampler, num_workers=num_workers)
+
+    runs = {}
+    for rank in (0, 1):
+        seed_all(0)  # seed_everything: every rank alike
+        full = list(second_epoch(make(rank, 2)))
+        seed_all(0)
+        head, state = interrupted(second_epoch(make(rank, 2)), 2)
+        runs[rank] = (full, head, state)
+    state0 = runs[0][2]
+    assert state0["sampler"]["kind"] == "custom" and state0["sampler"]["rank"] == 0
+    assert state0["sampler"]["epoch"] == 1
+    assert ("generator_state" in state0["sampler"]) == seeded and ("rng" in state0["sampler"]) != seeded
+    for rank, (full, head, _) in runs.items():
+        seed_all(0)  # the restarted job seeds alike again; its RNGs have drawn other numbers since
+        torch.rand(5)
+        resumed = make(rank, 0)
+        resumed.load_state_dict(state0)
+        assert same(head + list(resumed), full)
