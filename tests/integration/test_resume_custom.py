@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,3 +237,47 @@ def test_lightnings_distributed_sampler_wrapper_resumes_every_rank_from_rank_0s_
         resumed = make(rank, 0)
         resumed.load_state_dict(state0)
         assert same(head + list(resumed), full)
+
+
+class Tracked(dict):
+    """A state that can be counted while alive."""
+
+
+class TrackedCursor(EpochCursor):
+    def __init__(self, n: int, seed: int) -> None:
+        super().__init__(n, seed)
+        self.states: list[weakref.ref[Tracked]] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        state = Tracked(super().state_dict())
+        self.states.append(weakref.ref(state))
+        return state
+
+    def live(self) -> int:
+        return sum(ref() is not None for ref in self.states)
+
+
+def test_stateful_sampler_states_are_kept_only_until_their_batch_is_received() -> None:
+    """gpufeed takes the sampler's state after each batch it pulls; once the user has received
+    the batch, the states before it are dropped: memory stays flat over a long epoch."""
+    sampler = TrackedCursor(240, seed=1)
+    loader = FastLoader(IndexDataset(240), batch_size=2, sampler=sampler, num_workers=2, prefetch_factor=2)
+    most = 0
+    for _ in loader:
+        most = max(most, sampler.live())  # a dict without cycles dies with its last reference
+    assert most <= 2 * 2 + 3  # the batches in flight, not the 120 of the epoch
+    _, state = interrupted(FastLoader(IndexDataset(240), batch_size=2, sampler=TrackedCursor(240, seed=1),
+                                      num_workers=2), 50)
+    assert state["sampler"]["state"]["yielded"] == 100
+
+
+def test_a_state_that_is_not_serialisable_is_a_clear_error() -> None:
+    class Opaque(EpochCursor):
+        def state_dict(self) -> dict[str, Any]:
+            return {"yielded": self.yielded, "lock": threading.Lock()}
+
+    loader = FastLoader(IndexDataset(N), batch_size=BATCH, sampler=Opaque(N, seed=1))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match=r"state_dict\(\) of .*Opaque\['lock'\] holds a lock"):
+        loader.state_dict()
