@@ -322,8 +322,9 @@ def pass_received(p: Pass, index_sampler: Any) -> bool:
 def next_pass_state(index_sampler: Any, p: Pass | None) -> dict[str, Any] | None:
     """Between passes: where the next pass's order comes from (``next_sampler``), or None."""
     kind, sampler = resolve(index_sampler)
+    kind = kind or sampler_kind(sampler)  # sharded again: no position within a pass, an epoch still
     if kind in CUSTOM_KINDS:
-        last = (p.custom.start or {}).get("epoch") if p is not None and p.custom is not None else None
+        last = p.custom.start.get("epoch") if p is not None and p.custom is not None else None
         return _sampler_state.next_pass(sampler, None if last is None else int(last))
     if kind in ("random", *_DRAWING.values()) and sampler.generator is not None:
         return {"kind": kind, "generator_state": _encode(sampler.generator.get_state())}
@@ -336,6 +337,7 @@ def next_pass_state(index_sampler: Any, p: Pass | None) -> dict[str, Any] | None
 def apply_next_pass(index_sampler: Any, state: dict[str, Any]) -> None:
     """Load ``next_sampler``: the next pass draws the order the checkpointed run's next pass drew."""
     kind, sampler = resolve(index_sampler)
+    kind = kind or sampler_kind(sampler)
     if state.get("kind") != kind:
         raise ValueError(
             f"the loaded state was taken with a {state.get('kind')!r} sampler; this loader's is "
