@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed import FastLoader
+from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
 
 from ._custom_samplers import (
     Backwards,
@@ -30,7 +30,7 @@ from ._custom_samplers import (
     VariableBatches,
 )
 from ._datasets import IndexDataset
-from .test_resume import GatedDataset, indices_of, interrupted, same
+from .test_resume import GatedDataset, image_root, indices_of, interrupted, same  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -281,3 +281,12 @@ def test_a_state_that_is_not_serialisable_is_a_clear_error() -> None:
     next(it)
     with pytest.raises(TypeError, match=r"state_dict\(\) of .*Opaque\['lock'\] holds a lock"):
         loader.state_dict()
+
+
+def test_image_path_with_a_sampler_of_the_users_is_byte_identical(image_root: Path) -> None:  # noqa: F811
+    def make(num_workers: int) -> FastLoader:
+        dataset = ImageFolder(image_root, transform=RandomResizedCrop(48))
+        return FastLoader(dataset, batch_size=4, sampler=OwnGeneratorShuffle(len(dataset), seed=2),
+                          num_workers=num_workers, seed=7)
+
+    resumes_exactly(make, before=2, after=0, k=2)
