@@ -223,7 +223,7 @@ def test_lightnings_distributed_sampler_wrapper_resumes_every_rank_from_rank_0s_
     runs = {}
     for rank in (0, 1):
         seed_all(0)  # seed_everything: every rank alike
-        full = list(second_epoch(make(rank, 2)))
+        full = list(second_epoch(make(rank, 0)))
         seed_all(0)
         head, state = interrupted(second_epoch(make(rank, 2)), 2)
         runs[rank] = (full, head, state)
@@ -290,3 +290,28 @@ def test_image_path_with_a_sampler_of_the_users_is_byte_identical(image_root: Pa
                           num_workers=num_workers, seed=7)
 
     resumes_exactly(make, before=2, after=0, k=2)
+
+
+@pytest.mark.parametrize("make_sampler", [lambda: OwnGeneratorShuffle(N, seed=8), lambda: EpochCursor(N, seed=8)],
+                         ids=["custom", "stateful"])
+def test_persistent_workers_state_mid_second_epoch(make_sampler: Any) -> None:
+    """Lightning's usual set-up: persistent workers (the iterator of epoch 0 is reused, and pulls
+    the next epoch's first batches before the loop asks), set_epoch before each epoch."""
+
+    def make() -> FastLoader:
+        return FastLoader(IndexDataset(N), batch_size=3, sampler=make_sampler(), num_workers=2,
+                          persistent_workers=True)
+
+    loader = make()
+    list(loader)
+    loader.set_epoch(1)
+    it = iter(loader)
+    head = [next(it), next(it)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = list(it)
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert same(list(resumed), rest)
+    resumed.close()
+    assert state["batches_yielded"] == 2 and len(head) == 2
