@@ -18,7 +18,7 @@ from gpufeed._resume import (
     base_sampler,
     next_pass_state,
     pass_received,
-    sampler_kind,
+    resolve,
 )
 from gpufeed.errors import shorten
 
@@ -71,7 +71,28 @@ class ResumableLoader(DataLoader):
         ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
         ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way;
         an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
-        ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
+        ``num_workers=0``.
+
+        A ``sampler`` or ``batch_sampler`` of yours resumes (without fetching a skipped batch)
+        when either holds:
+
+        - it has ``state_dict()``/``load_state_dict()`` (torchdata's protocol): its state taken
+          once the received batches' indices were drawn from it is saved, and after
+          ``load_state_dict()`` its next ``iter()`` must continue from there, as with
+          torchdata's ``StatefulDataLoader`` (``state_dict()`` may return tensors, numpy arrays,
+          bytes and tuples besides JSON types; return a new object, not one you change later);
+        - or its order is a function of random state drawn when its first index is taken: its
+          own ``generator`` (a ``torch.Generator`` attribute), torch's, python's or numpy's global
+          RNG, and its ``epoch`` if it has ``set_epoch``. Those states are recorded at the start
+          of the pass; on resume they are set while the pass's order is redrawn and the received
+          batches' indices are skipped, then the process's own global RNG states are put back.
+
+        A sampler that draws from anything else (an unseeded or private RNG, or a global RNG
+        after its first index) cannot be resumed exactly: resuming compares its first indices
+        with the checkpointed pass's and raises ``ValueError`` naming it where they differ; add
+        ``state_dict()``/``load_state_dict()`` to it. Raises ``NotImplementedError`` for an
+        ``IterableDataset`` without them, and for a sampler of yours inside Accelerate's
+        ``BatchSamplerShard``.
         """
         image_seed = self._image_feed.plan.seed if self._image_feed is not None else None
         state: dict[str, Any] = {"version": STATE_VERSION}
@@ -98,7 +119,7 @@ class ResumableLoader(DataLoader):
             # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
             state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
                          sampler=None)
-            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            next_sampler = next_pass_state(super()._index_sampler, p)
             if next_sampler is not None:
                 state["next_sampler"] = next_sampler
             return state
@@ -110,7 +131,9 @@ class ResumableLoader(DataLoader):
             )
         run, samples, beyond = p.position()
         sampler_state = dict(p.sampler_state or {})
-        if sampler_state.get("kind") == "gpufeed_distributed":
+        if p.custom is not None:
+            sampler_state = p.custom.state(run, p.skipped_samples + samples)
+        elif sampler_state.get("kind") == "gpufeed_distributed":
             sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
         state.update(
             epoch=p.aug_epoch,
@@ -159,7 +182,7 @@ class ResumableLoader(DataLoader):
             return
         sampler = state_dict.get("sampler")
         if sampler is not None:
-            kind = sampler_kind(base_sampler(super()._index_sampler))
+            kind = resolve(super()._index_sampler)[0]
             if kind != sampler.get("kind"):
                 raise ValueError(
                     f"the state was taken with a {sampler.get('kind')!r} sampler; this loader's is "
@@ -168,7 +191,7 @@ class ResumableLoader(DataLoader):
                 )
         next_sampler = state_dict.get("next_sampler")
         if sampler is None and next_sampler is not None:
-            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
+            apply_next_pass(super()._index_sampler, next_sampler)
         self._epoch = int(state_dict["epoch"])
         self._resume = dict(state_dict) if sampler is not None else None
         self._pass = None

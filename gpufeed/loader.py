@@ -87,7 +87,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
     ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's ``DistributedSampler`` (the one
     Lightning injects; rank 0's state resumes every rank)
-    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way
+    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), or a sampler or
+    ``batch_sampler`` of yours (the rule is in ``state_dict()``), ``in_order`` either way
     (with ``in_order=False`` the state also lists the batches delivered out of order); an
     ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise.

@@ -6,6 +6,7 @@ not in pytest's process. Samples are image-path samples whose label is the sampl
 
     python _lightning_script.py ddp    ROOT OUT {hook|fit}
     python _lightning_script.py resume ROOT OUT [--pause-at STEP] [--ckpt PATH] [--devices N]
+                                       [--workers N] [--sampler {shuffle|global}]
 
 ``ddp``: ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` for 2 epochs; each rank writes
 ``OUT/rank-R.json``: the loader Lightning iterated (type, options, sampler), the first batch's
@@ -14,7 +15,8 @@ dtype and range, and the indices each epoch trained on.
 ``resume``: trains for 2 epochs with a checkpoint every ``CKPT_EVERY`` steps (``save_last``);
 ``training_step`` appends ``global_step rank indices`` to ``OUT/trained-R.txt`` (flushed, fsynced)
 before the optimizer step. ``--pause-at STEP`` writes ``OUT/paused`` at that step and sleeps (the
-test SIGKILLs it); ``--ckpt`` resumes from a checkpoint.
+test SIGKILLs it); ``--ckpt`` resumes from a checkpoint. ``--sampler global``: the loader's
+sampler is one of the user's (``GlobalShuffle``) instead of ``shuffle=True``.
 """
 
 from __future__ import annotations
@@ -46,12 +48,30 @@ def indexed_images(root: str) -> ImageDataset:
     return ImageDataset([(path, i) for i, (path, _) in enumerate(folder.samples)], transform=RandomResizedCrop(32))
 
 
-def make_loader(root: str, num_workers: int = 1) -> FastLoader:
+class GlobalShuffle(torch.utils.data.Sampler[int]):
+    """A sampler of the user's: a new order each pass from torch's global RNG (which Lightning's
+    checkpoint does not hold; the loader's state does)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def make_loader(root: str, num_workers: int = 1, sampler: str = "shuffle") -> FastLoader:
+    dataset = indexed_images(root)
+    order: dict[str, Any] = (
+        {"shuffle": True, "generator": torch.Generator().manual_seed(3)}  # later resumed epochs are exact too
+        if sampler == "shuffle" else {"sampler": GlobalShuffle(len(dataset))}
+    )
     return FastLoader(
-        indexed_images(root), batch_size=BATCH, shuffle=True, num_workers=num_workers,
+        dataset, batch_size=BATCH, num_workers=num_workers,
         normalize=(MEAN, STD), dtype=torch.float32, cache_bytes="64MB", seed=11,
-        max_batch_bytes=1 << 22, shutdown_timeout_s=4.0,
-        generator=torch.Generator().manual_seed(3),  # resumed epochs after the first are exact too
+        max_batch_bytes=1 << 22, shutdown_timeout_s=4.0, **order,
     )
 
 
@@ -138,6 +158,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--ckpt")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--sampler", choices=("shuffle", "global"), default="shuffle")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pl.seed_everything(5, verbose=False)
@@ -156,7 +177,7 @@ def main(argv: list[str]) -> None:
                                   save_top_k=-1, filename="{step}")
     model = Tiny(args.root, args.out, in_hook=False, pause_at=args.pause_at)
     run = trainer(args.devices, out, callbacks=[checkpoints])
-    run.fit(model, train_dataloaders=make_loader(args.root, args.workers), ckpt_path=args.ckpt)
+    run.fit(model, train_dataloaders=make_loader(args.root, args.workers, args.sampler), ckpt_path=args.ckpt)
 
 
 if __name__ == "__main__":

@@ -131,11 +131,11 @@ def _full_run(image_root: Path, out: Path, *extra: str) -> dict[int, list[tuple[
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("pause_at", "workers"),
-    [(9, "1"), (7, "0")],
-    ids=["mid-epoch-with-a-worker", "after-epoch-end-without-workers"],
+    ("pause_at", "workers", "sampler"),
+    [(9, "1", "shuffle"), (7, "0", "shuffle"), (9, "1", "global")],
+    ids=["mid-epoch-with-a-worker", "after-epoch-end-without-workers", "mid-epoch-with-a-sampler-of-the-users"],
 )
-def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(image_root, tmp_path, pause_at, workers):
+def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(image_root, tmp_path, pause_at, workers, sampler):
     """One process, 6 steps/epoch, a checkpoint every 2 steps. Killed at step 9: its last
     checkpoint (step 8) is mid-epoch 1, with the worker holding batches prefetched beyond it.
     Killed at step 7: its last checkpoint (step 6) is right after epoch 0's last batch. The steps
@@ -144,8 +144,9 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(image_root, tmp_
 
     (One kill per run: Lightning 2.6.6 itself miscounts epoch 1 in a run resumed from an epoch-end
     checkpoint, so a second kill of that run resumes it as a fresh epoch, whatever the loader.)
+    A sampler of the user's shuffling with torch's global RNG (issue 11) resumes exactly too.
     """
-    extra = ("--workers", workers)
+    extra = ("--workers", workers, "--sampler", sampler)
     full = _full_run(image_root, tmp_path / "full", *extra)
     out = tmp_path / "killed"
     out.mkdir()
