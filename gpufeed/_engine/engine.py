@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 # IDLE_TRIM_MIN_S): the loader stalled, and warm slots waiting are not needed soon.
 IDLE_TRIM_TASKS = 2.0
 IDLE_TRIM_MIN_S = 0.1
+MAX_SKELETONS = 16  # layouts of parent-made batches whose packed skeleton is kept
 TASK_S_WEIGHT = 0.25  # weight of the newest task in the running mean of a worker's task time
 
 TaskKey = tuple[int, int]  # (epoch, idx)
@@ -194,6 +195,7 @@ class Engine:
         self._restart_times: deque[float] = deque()
         self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
         self._completed: deque[Arrival] = deque()  # tasks the plug-in completed, not polled yet
+        self._skeletons = context.skeletons  # parent-made batches' packed skeletons by layout
         self.task_s: float | None = None  # running mean of a worker's seconds per task (None: no reply yet)
         self._ledger = SlotLedger(self._arena, num_workers)
         self._arena.attach()
@@ -294,9 +296,17 @@ class Engine:
         made = complete(record.index, record.extra, slot_view)
         if made is None:
             return None
-        data, report = made
+        data, report = made[0], made[1]
+        layout = made[2] if len(made) > 2 else None
         t0 = time.perf_counter()
-        skeleton, used, overflow = pack_views(data, slot_view)
+        packed = None if layout is None else self._skeletons.get(layout)
+        if packed is None:
+            packed = pack_views(data, slot_view)
+            if layout is not None and packed[2] == 0:  # nothing went inline: the same for every batch
+                if len(self._skeletons) >= MAX_SKELETONS:
+                    self._skeletons.clear()
+                self._skeletons[layout] = packed
+        skeleton, used, overflow = packed
         pack_s = time.perf_counter() - t0
         return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
                     overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
