@@ -192,8 +192,7 @@ class ImageFeed:
             task.done = tuple(done)
         else:
             given, cursor = [], staging
-            for pos, index in enumerate(indices):
-                hit = self.cache.get(index) if count else self.cache.peek(index)
+            for pos, hit in enumerate(self.cache.get_many(indices, count)):
                 if hit is not None:
                     buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
                     given.append((pos, cursor, len(hit)))
