@@ -1,4 +1,4 @@
-"""The host-memory cache: one byte-budgeted LRU per loader, in the main process.
+"""The host-memory cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
 
 Workers never hold a cache of their own (N workers would mean N copies and N cold starts).
 The parent looks samples up when it dispatches a batch and writes hits straight into the batch's
@@ -10,9 +10,9 @@ deterministic (evaluation, inference), the encoded bytes when it is random (trai
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 
+import cachetools
 import psutil
 
 from gpufeed.errors import shorten
@@ -61,16 +61,12 @@ def parse_cache_bytes(value: CacheSize) -> int:
 
 
 class HostCache:
-    """A byte-budgeted LRU of ``bytes`` values keyed by sample index; counts hits and misses.
-
-    An ``OrderedDict`` in recency order (oldest first): a look-up is two C calls, which matters
-    when a fully cached batch is served from here (64 look-ups per batch, next to 64 row copies).
-    """
+    """A byte-budgeted LRU (``cachetools.LRUCache``) of ``bytes`` values keyed by sample index;
+    counts hits and misses."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._lru: OrderedDict[int, bytes] = OrderedDict()
-        self._nbytes = 0
+        self._lru: cachetools.LRUCache[int, bytes] = cachetools.LRUCache(maxsize=budget_bytes, getsizeof=len)
         self.hits = 0
         self.misses = 0
 
@@ -79,53 +75,40 @@ class HostCache:
         if value is None:
             self.misses += 1
         else:
-            self._lru.move_to_end(key)
             self.hits += 1
         return value
 
     def get_many(self, keys: Sequence[int], count: bool = True) -> list[bytes | None]:
-        """The values of ``keys`` (None for a miss), in order. With ``count``, as ``get`` each
-        (hits and misses counted, hits made most recent); without, as ``peek``."""
-        lru = self._lru
-        values = [lru.get(key) for key in keys]
-        if count:
-            found = 0
-            touch = lru.move_to_end
-            for key, value in zip(keys, values):
-                if value is not None:
-                    touch(key)
-                    found += 1
-            self.hits += found
-            self.misses += len(values) - found
+        """The values of ``keys`` (None for a miss), in order: one call per batch. With ``count``,
+        as ``get`` each (hits and misses counted, hits made most recent); without, as ``peek``."""
+        if not count:
+            return [self.peek(key) for key in keys]
+        values = [self._lru.get(key) for key in keys]  # about 0.45 us per key (64 keys: ~30 us)
+        found = sum(1 for value in values if value is not None)
+        self.hits += found
+        self.misses += len(values) - found
         return values
 
     def peek(self, key: int) -> bytes | None:
         """The value without counting a hit or refreshing its LRU position."""
-        return self._lru.get(key)
+        try:
+            return cachetools.Cache.__getitem__(self._lru, key)  # the base class: no LRU update
+        except KeyError:
+            return None
 
     def put(self, key: int, value: bytes) -> None:
         """Add (or replace) ``key``; the least recently used values go until the total fits the
         budget. A value larger than the whole budget is not kept."""
-        size = len(value)
-        if size > self.budget_bytes:
-            return
-        lru = self._lru
-        old = lru.pop(key, None)
-        if old is not None:
-            self._nbytes -= len(old)
-        while lru and self._nbytes + size > self.budget_bytes:
-            self._nbytes -= len(lru.popitem(last=False)[1])
-        lru[key] = value
-        self._nbytes += size
+        if len(value) <= self.budget_bytes:  # cachetools raises for a value over the budget
+            self._lru[key] = value
 
     @property
     def nbytes(self) -> int:
         """Bytes held now (never above ``budget_bytes``)."""
-        return self._nbytes
+        return int(self._lru.currsize)
 
     def __len__(self) -> int:
         return len(self._lru)
 
     def clear(self) -> None:
         self._lru.clear()
-        self._nbytes = 0
