@@ -141,6 +141,8 @@ class ResumableLoader(DataLoader):
             if p is not None and not p.finished and p.workers is not None:
                 # each worker's copy: its state after the last batch received from it
                 state.update(epoch=p.aug_epoch, workers=p.workers.state(p.yielded))
+            else:
+                self._add_continuing_workers(state)
             return state
         if self._resume is not None:  # loaded, not applied yet
             return dict(self._resume)
@@ -153,6 +155,7 @@ class ResumableLoader(DataLoader):
             next_sampler = next_pass_state(super()._index_sampler, p)
             if next_sampler is not None:
                 state["next_sampler"] = next_sampler
+            self._add_continuing_workers(state)
             return state
         if p.unsupported is not None:
             raise NotImplementedError(
@@ -222,12 +225,22 @@ class ResumableLoader(DataLoader):
         self._resume = dict(state_dict) if sampler is not None else None
         workers = state_dict.get("workers")
         self._resume_workers = None
-        if sampler is not None and self.num_workers > 0 and isinstance(workers, dict) \
-                and workers.get("num_workers") == self.num_workers:
+        if self.num_workers > 0 and isinstance(workers, dict) and workers.get("num_workers") == self.num_workers:
             # With another worker count the workers' random states are ignored: the position alone
             # still gives every remaining sample once (docs/design/resume.md).
             self._set_resume_workers(WorkerResume.parse(workers, self.num_workers, iterable=False))
         self._pass = None
+
+    def _add_continuing_workers(self, state: dict[str, Any]) -> None:
+        """Between passes, with persistent workers alive: their states go into ``state``, since
+        the next pass continues them (and draws no base seed) where a fresh iterator would not."""
+        if self._resume_workers is not None:  # loaded, not applied yet
+            state["workers"] = dict(self._resume_workers.raw)
+            return
+        iterator: Any = self._iterator
+        positions = getattr(iterator, "positions", None)
+        if self.persistent_workers and positions is not None:
+            state["workers"] = positions.between_passes()
 
     def _set_resume_workers(self, workers: WorkerResume) -> None:
         """Apply ``workers`` at the next pass; persistent workers seeded from another base seed

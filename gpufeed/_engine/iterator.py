@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_init_fn
@@ -79,11 +80,20 @@ class FastIter(_BaseDataLoaderIter):
 
     def __init__(self, loader: DataLoader[Any], context: EngineContext, aug_epoch: int,
                  resume: WorkerResume | None = None) -> None:
+        # ``resume``: the workers' part of a loaded state. Its base seed replaces the one torch
+        # draws here, and that draw is undone: the resumed run draws what the checkpointed one did
+        # (a persistent iterator's later passes draw none).
+        generator = loader.generator
+        drawn_from: Any = None if resume is None else (generator.get_state() if generator is not None
+                                                  else torch.get_rng_state())
         super().__init__(loader)
-        # ``resume``: the workers' part of a loaded state; its base seed replaces the one drawn.
         self._resume = resume
         if resume is not None:
             self._base_seed = resume.base_seed
+            if generator is not None:
+                generator.set_state(drawn_from)
+            else:
+                torch.set_rng_state(drawn_from)
         prefetch_factor = loader.prefetch_factor
         if prefetch_factor is None or prefetch_factor <= 0:  # torch accepts 0 at construction and fails here
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")

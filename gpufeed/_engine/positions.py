@@ -40,6 +40,7 @@ class WorkerResume:
     rng: list[RngState]
     datasets: list[Any] | None  # IterableDataset only
     exhausted: list[bool]
+    raw: dict[str, Any]  # as loaded (state_dict() before the pass that applies it returns it)
 
     @classmethod
     def parse(cls, data: Any, num_workers: int, iterable: bool) -> WorkerResume:
@@ -62,7 +63,7 @@ class WorkerResume:
             raise ValueError(f"{where} does not describe {num_workers} workers. Found: {shorten(data)}.")
         rng = [decode(part, f"{where}['rng'][{w}]") for w, part in enumerate(rng_data)]
         exhausted = [w in exhausted_ids for w in range(n)]
-        return cls(base_seed, next_worker, rng, datasets, exhausted)
+        return cls(base_seed, next_worker, rng, datasets, exhausted, dict(data))
 
 
 class WorkerPositions:
@@ -111,6 +112,16 @@ class WorkerPositions:
         start in the next pass)."""
         self.fold(self._folded + len(self._handouts))
         return list(self._rng)
+
+    def between_passes(self) -> dict[str, Any]:
+        """The ``workers`` part after this pass, for the next one (persistent workers): every
+        worker's random states after all its batches; IterableDataset copies start afresh."""
+        rng = self.carry()
+        out: dict[str, Any] = {"num_workers": self.num_workers, "base_seed": self.base_seed, "next": 0,
+                               "rng": [encode(r) for r in rng]}
+        if self._datasets is not None:
+            out.update(datasets=[None] * self.num_workers, exhausted=[])
+        return out
 
     def state(self, received: int) -> dict[str, Any]:
         """The ``workers`` part of the loader's state after ``received`` batches of the pass."""

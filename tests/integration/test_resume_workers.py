@@ -100,6 +100,22 @@ def test_second_epoch_with_persistent_workers() -> None:
         assert same(list(target), epochs[2])  # the workers and the generator carry on as uninterrupted
 
 
+def test_state_between_passes_continues_persistent_workers() -> None:
+    """The next pass of persistent workers draws no base seed and continues their random states:
+    a state taken at an epoch's end carries them (and the order of the next epoch)."""
+    uninterrupted = drawing(2, persistent_workers=True)
+    epochs = [list(uninterrupted) for _ in range(3)]
+    loader = drawing(2, persistent_workers=True)
+    list(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["sampler"] is None and state["workers"]["next"] == 0
+    resumed = drawing(2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # loaded, not applied yet
+    assert same(list(resumed), epochs[1])
+    assert same(list(resumed), epochs[2])
+
+
 def test_resume_in_a_fresh_process(tmp_path: Path) -> None:
     full = list(drawing(2))
     _, state = take(drawing(2), 3)
