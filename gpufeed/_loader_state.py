@@ -90,15 +90,16 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
-        protocol): a small JSON-serialisable dict, version 1 (described in ``gpufeed/_resume.py``).
+        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume.py``).
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
         rest of the epoch. Map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
         ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
-        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way;
-        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
-        ``num_workers=0``.
+        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way (with
+        the same ``num_workers``, the workers' random states too: docs/design/resume.md);
+        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` (with workers:
+        each worker's copy's, for the same ``num_workers``).
 
         A ``sampler`` or ``batch_sampler`` of yours resumes (without fetching a skipped batch)
         when either holds:

@@ -26,10 +26,10 @@ BATCH = 4  # 6 batches, the last of 3
 REPO = Path(__file__).resolve().parents[2]
 
 
-def drawing(num_workers: int, **kw: Any) -> FastLoader:
+def drawing(num_workers: int, seed: int = 3, **kw: Any) -> FastLoader:
     """Every sample draws from torch, random and numpy in its worker."""
     return FastLoader(RandomDataset(N), batch_size=BATCH, shuffle=True, num_workers=num_workers,
-                      generator=torch.Generator().manual_seed(3), **kw)
+                      generator=torch.Generator().manual_seed(seed), **kw)
 
 
 def leaves(batch: Any) -> list[torch.Tensor]:
@@ -98,6 +98,29 @@ def test_second_epoch_with_persistent_workers() -> None:
         target.load_state_dict(state)
         assert same(list(target), epochs[1][3:])
         assert same(list(target), epochs[2])  # the workers and the generator carry on as uninterrupted
+
+
+def test_later_epochs_without_persistent_workers() -> None:
+    uninterrupted = drawing(2)
+    epochs = [list(uninterrupted) for _ in range(3)]
+    loader = drawing(2)
+    list(loader)
+    _, state = take(loader, 2)
+    resumed = drawing(2)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), epochs[1][2:])
+    assert same(list(resumed), epochs[2])
+
+
+def test_persistent_workers_seeded_otherwise_are_restarted() -> None:
+    full = list(drawing(2))
+    _, state = take(drawing(2), 2)
+    other = drawing(2, seed=4, persistent_workers=True)
+    list(other)  # its workers are alive, seeded from another base seed
+    pids = other.worker_pids()
+    other.load_state_dict(state)
+    assert same(list(other), full[2:])
+    assert not set(pids) & set(other.worker_pids())
 
 
 def test_state_between_passes_continues_persistent_workers() -> None:
