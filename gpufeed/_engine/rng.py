@@ -26,7 +26,8 @@ import torch
 
 from gpufeed.errors import shorten
 
-# torch state bytes, random.getstate(), numpy.random.get_state(); None: as after set-up.
+# torch state bytes, random's (getstate(), or (its words in place, gauss_next)),
+# numpy.random.get_state(); None: as after set-up.
 RngState = tuple[bytes | None, tuple[Any, ...] | None, tuple[Any, ...] | None]
 
 _MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
@@ -69,6 +70,15 @@ def _random_reader() -> Callable[[], bytes] | None:
     return functools.partial(ctypes.string_at, address, _RANDOM_BYTES)
 
 
+def _as_getstate(part: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A random component as ``random.getstate()`` gives it (from the in-place form, too)."""
+    if len(part) != 2:
+        return part
+    raw, gauss_next = part
+    index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
+    return (3, (*np.frombuffer(raw, dtype=np.uint32, offset=4).tolist(), index), gauss_next)
+
+
 def _numpy_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return a[2:] == b[2:] and a[0] == b[0] and np.array_equal(a[1], b[1])
 
@@ -81,14 +91,15 @@ class RngTracker:
         self._base: tuple[bytes, tuple[Any, ...], tuple[Any, ...]] = (
             _torch_state(), random.getstate(), _numpy_state())
         self._sent: list[Any] = [None, None, None]  # the last state sent (or restored)
-        self._torch, self._random, self._numpy = self._base
+        self._torch, _, self._numpy = self._base
         self._numpy_raw = _numpy_raw()
         self._random_read = _random_reader()
         self._random_raw = self._random_now()
 
-    def _random_now(self) -> Any:
-        """What tells whether ``random`` moved: its words in place and its cached gaussian, or
-        (without the in-place read) its state."""
+    def _random_now(self) -> tuple[Any, ...]:
+        """``random``'s state: its words in place and its cached gaussian (a 2.5 KB bytes object
+        is cheaper to compare, pickle and send than ``getstate()``'s 625 ints), or (without the
+        in-place read) ``getstate()``."""
         if self._random_read is None:
             return random.getstate()
         return self._random_read(), random._inst.gauss_next  # type: ignore[attr-defined]
@@ -102,11 +113,8 @@ class RngTracker:
             changed = True
         now = self._random_now()
         if now != self._random_raw:
-            self._random_raw = now
-            r = now if self._random_read is None else random.getstate()
-            if r != self._random:
-                self._random = self._sent[1] = r
-                changed = True
+            self._random_raw = self._sent[1] = now
+            changed = True
         raw = _numpy_raw()
         # A cached gaussian (has_gauss) can be consumed without moving the MT words.
         if raw is None or raw != self._numpy_raw or self._numpy[3]:
@@ -122,9 +130,9 @@ class RngTracker:
         parts: list[Any] = [base if part is None else part for part, base in zip(state, self._base)]
         t, r, n = parts
         torch.set_rng_state(torch.frombuffer(bytearray(t), dtype=torch.uint8))
-        random.setstate(r)
+        random.setstate(_as_getstate(r))
         np.random.set_state(n)
-        self._torch, self._random, self._numpy = t, random.getstate(), _numpy_state()
+        self._torch, self._numpy = t, _numpy_state()
         self._numpy_raw = _numpy_raw()
         self._random_raw = self._random_now()
         self._sent = list(state)
@@ -152,7 +160,7 @@ def encode(state: RngState | None) -> dict[str, Any] | None:
     if t is not None:
         out["torch"] = _b64(zlib.compress(t))  # half of its 5056 bytes are zero
     if r is not None:
-        version, internal, gauss_next = r
+        version, internal, gauss_next = _as_getstate(r)
         if version != 3:
             raise ValueError(f"random.getstate() version {version!r} is not supported (3 is).")
         out["random"] = [_b64(np.asarray(internal, dtype=np.uint32).tobytes()), gauss_next]
