@@ -16,6 +16,7 @@ import base64
 import ctypes
 import functools
 import random
+import struct
 import sys
 import zlib
 from collections.abc import Callable
@@ -26,12 +27,13 @@ import torch
 
 from gpufeed.errors import shorten
 
-# torch state bytes, random's (getstate(), or (its words in place, gauss_next)),
-# numpy.random.get_state(); None: as after set-up.
+# Components: torch's state bytes; random's, as getstate() or (its words in place, gauss_next);
+# numpy's, as get_state() or (its MT19937 words in place, has_gauss, gauss). None: as after set-up.
 RngState = tuple[bytes | None, tuple[Any, ...] | None, tuple[Any, ...] | None]
 
-_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
 _RANDOM_BYTES = 4 + 624 * 4  # CPython's RandomObject after its header: int index, uint32 state[624]
+_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
+_GAUSS = struct.Struct("=i4xd")  # numpy's aug_bitgen_t after its pointer: int has_gauss, double gauss
 
 
 def _torch_state() -> bytes:
@@ -41,18 +43,6 @@ def _torch_state() -> bytes:
 def _numpy_state() -> tuple[Any, ...]:
     state: Any = np.random.get_state()  # legacy form: ("MT19937", key, pos, has_gauss, cached_gaussian)
     return tuple(state)
-
-
-def _numpy_raw() -> bytes | None:
-    """The raw MT19937 words of numpy's global RandomState (a 0.4 us read; ``get_state()``
-    takes ~40 us), or None where the private handle is not there (then get_state is used)."""
-    try:
-        bitgen = np.random.mtrand._rand._bit_generator
-        if type(bitgen).__name__ != "MT19937":
-            return None
-        return ctypes.string_at(bitgen.ctypes.state_address, _MT_BYTES)
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 def _random_reader() -> Callable[[], bytes] | None:
@@ -70,6 +60,39 @@ def _random_reader() -> Callable[[], bytes] | None:
     return functools.partial(ctypes.string_at, address, _RANDOM_BYTES)
 
 
+def _numpy_reader() -> Callable[[], tuple[bytes, int, float]] | None:
+    """A ~1 us read of numpy's global RandomState in place: its MT19937 words and its cached
+    gaussian (``get_state()`` takes ~40 us). The gaussian's place in the object is found once by
+    setting two probe states (the state is put back) and checked; None where anything differs
+    (then ``get_state()`` is used)."""
+    rs = getattr(np.random.mtrand, "_rand", None)
+    bitgen = getattr(rs, "_bit_generator", None)
+    if type(rs) is not np.random.RandomState or type(bitgen) is not np.random.MT19937:
+        return None
+    words = bitgen.ctypes.state_address
+    size = type(rs).__basicsize__
+    saved = _numpy_state()
+    at = -1
+    try:
+        for has_gauss, probe in ((1, 1.2345678901234567e-5), (0, -9876.54321098765)):
+            np.random.set_state((*saved[:3], has_gauss, probe))
+            raw = ctypes.string_at(id(rs), size)
+            if at < 0:
+                at = raw.find(struct.pack("=d", probe)) - 8
+                if at < 0:
+                    return None
+            if _GAUSS.unpack_from(raw, at) != (has_gauss, probe):
+                return None
+    finally:
+        np.random.set_state(saved)
+    gauss = id(rs) + at
+
+    def read() -> tuple[bytes, int, float]:
+        return (ctypes.string_at(words, _MT_BYTES), *_GAUSS.unpack(ctypes.string_at(gauss, _GAUSS.size)))
+
+    return read
+
+
 def _as_getstate(part: tuple[Any, ...]) -> tuple[Any, ...]:
     """A random component as ``random.getstate()`` gives it (from the in-place form, too)."""
     if len(part) != 2:
@@ -79,7 +102,18 @@ def _as_getstate(part: tuple[Any, ...]) -> tuple[Any, ...]:
     return (3, (*np.frombuffer(raw, dtype=np.uint32, offset=4).tolist(), index), gauss_next)
 
 
-def _numpy_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+def _as_get_state(part: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A numpy component as ``numpy.random.get_state()`` gives it (from the in-place form, too)."""
+    if len(part) != 3:
+        return part
+    raw, has_gauss, gauss = part
+    key = np.frombuffer(raw, dtype=np.uint32, count=624).copy()
+    return ("MT19937", key, int.from_bytes(raw[-4:], sys.byteorder, signed=True), has_gauss, gauss)
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    if len(a) != 5 or len(b) != 5:  # not numpy's get_state() form (arrays do not compare as ==)
+        return a == b
     return a[2:] == b[2:] and a[0] == b[0] and np.array_equal(a[1], b[1])
 
 
@@ -91,50 +125,35 @@ class RngTracker:
         self._base: tuple[bytes, tuple[Any, ...], tuple[Any, ...]] = (
             _torch_state(), random.getstate(), _numpy_state())
         self._sent: list[Any] = [None, None, None]  # the last state sent (or restored)
-        self._torch, _, self._numpy = self._base
-        self._numpy_raw = _numpy_raw()
         self._random_read = _random_reader()
-        self._random_raw = self._random_now()
+        self._numpy_read = _numpy_reader()
+        self._now: list[Any] = self._read()  # each generator's state as last compared
 
-    def _random_now(self) -> tuple[Any, ...]:
-        """``random``'s state: its words in place and its cached gaussian (a 2.5 KB bytes object
-        is cheaper to compare, pickle and send than ``getstate()``'s 625 ints), or (without the
-        in-place read) ``getstate()``."""
+    def _read(self) -> list[Any]:
+        """The three states now, in the cheapest form at hand."""
         if self._random_read is None:
-            return random.getstate()
-        return self._random_read(), random._inst.gauss_next  # type: ignore[attr-defined]
+            r: tuple[Any, ...] = random.getstate()
+        else:
+            r = (self._random_read(), random._inst.gauss_next)  # type: ignore[attr-defined]
+        n = _numpy_state() if self._numpy_read is None else self._numpy_read()
+        return [_torch_state(), r, n]
 
     def changes(self) -> RngState | None:
         """The state now if any generator moved since the last send, else None."""
         changed = False
-        t = _torch_state()
-        if t != self._torch:
-            self._torch = self._sent[0] = t
-            changed = True
-        now = self._random_now()
-        if now != self._random_raw:
-            self._random_raw = self._sent[1] = now
-            changed = True
-        raw = _numpy_raw()
-        # A cached gaussian (has_gauss) can be consumed without moving the MT words.
-        if raw is None or raw != self._numpy_raw or self._numpy[3]:
-            n = _numpy_state()
-            self._numpy_raw = raw
-            if not _numpy_same(n, self._numpy):
-                self._numpy = self._sent[2] = n
+        for i, part in enumerate(self._read()):
+            if not _same(part, self._now[i]):
+                self._now[i] = self._sent[i] = part
                 changed = True
         return (self._sent[0], self._sent[1], self._sent[2]) if changed else None
 
     def restore(self, state: RngState) -> None:
         """Set the generators to ``state`` (None components: as after set-up)."""
-        parts: list[Any] = [base if part is None else part for part, base in zip(state, self._base)]
-        t, r, n = parts
+        t, r, n = (base if part is None else part for part, base in zip(state, self._base))
         torch.set_rng_state(torch.frombuffer(bytearray(t), dtype=torch.uint8))
-        random.setstate(_as_getstate(r))
-        np.random.set_state(n)
-        self._torch, self._numpy = t, _numpy_state()
-        self._numpy_raw = _numpy_raw()
-        self._random_raw = self._random_now()
+        random.setstate(_as_getstate(r))  # type: ignore[arg-type]
+        np.random.set_state(_as_get_state(n))  # type: ignore[arg-type]
+        self._now = self._read()
         self._sent = list(state)
 
 
@@ -165,7 +184,7 @@ def encode(state: RngState | None) -> dict[str, Any] | None:
             raise ValueError(f"random.getstate() version {version!r} is not supported (3 is).")
         out["random"] = [_b64(np.asarray(internal, dtype=np.uint32).tobytes()), gauss_next]
     if n is not None:
-        _, key, pos, has_gauss, cached = n
+        _, key, pos, has_gauss, cached = _as_get_state(n)
         out["numpy"] = [_b64(np.asarray(key, dtype=np.uint32).tobytes()), int(pos), int(has_gauss), float(cached)]
     return out
 

@@ -80,3 +80,25 @@ def test_malformed_state_is_a_clear_error() -> None:
         decode({"numpy": ["AAAA", 1]}, "where")
     with pytest.raises(ValueError, match="keys torch/random/numpy"):
         decode({"cuda": "x"}, "where")
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_in_place_reads_and_their_fallback(in_place: bool) -> None:
+    """The in-place reads (random's and numpy's words, numpy's cached gaussian) are found on this
+    CPython/numpy; without them getstate()/get_state() give the same answers."""
+    tracker = RngTracker()
+    assert (tracker._random_read is not None) and (tracker._numpy_read is not None)
+    if not in_place:
+        tracker._random_read = tracker._numpy_read = None
+        tracker._now = tracker._read()
+    draws()
+    state = tracker.changes()
+    assert all(part is not None for part in state)
+    expected = [draws() for _ in range(2)]
+    tracker.restore(state)  # the forms the worker sends, without JSON
+    assert [draws() for _ in range(2)] == expected
+    tracker.restore(state)
+    np.random.randn()  # makes two, caches one
+    tracker.changes()
+    np.random.randn()  # takes the cached one: no MT word moves
+    assert tracker.changes() is not None
