@@ -6,9 +6,9 @@ decode); the image path's augmentation is keyed by ``(seed, epoch, index)``, so 
 epoch is byte-identical. ``gpufeed.DistributedSampler`` keeps its own world-size-independent
 position instead (``state_dict(samples_per_rank=k)``), so its ranks may change on resume.
 
-State, version 1 (a JSON-serialisable dict)::
+State, version 2 (a JSON-serialisable dict; version 1, the same without ``workers``, still loads)::
 
-    version          1
+    version          2
     epoch            augmentation epoch of the pass (the next pass, if none is in progress)
     batches_yielded  batches of that pass received by the user, counted as the longest run from
                      the pass's start with none missing (with in_order=True: all of them)
@@ -43,7 +43,11 @@ State, version 1 (a JSON-serialisable dict)::
                          epoch of the last pass + 1, as a set_epoch(epoch) loop counts)
                      {"kind": "custom", "sampler": class name, "generator_state": base64 and/or
                          "epoch": int}  (a custom sampler with its own generator or set_epoch)
-    dataset          IterableDataset only: its own ``state_dict()``
+    dataset          IterableDataset at num_workers=0 only: its own ``state_dict()``
+    workers          with num_workers > 0, mid-pass: the workers' random states, the pass's base
+                     seed and round-robin position, and for an IterableDataset each worker's copy's
+                     ``state_dict()`` (``gpufeed/_engine/positions.py``); used with the same
+                     num_workers only (docs/design/resume.md)
     accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
                      "iteration"} (Accelerate's sharding: resume on the same number of processes)
 """
@@ -68,7 +72,8 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 from gpufeed import _sampler_state
 from gpufeed._sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # states this gpufeed loads
 
 SUPPORTED = (
     "SequentialSampler, RandomSampler, WeightedRandomSampler, SubsetRandomSampler, torch's or gpufeed's "
@@ -103,6 +108,7 @@ class Pass:
     # in_order=False: the pulls of the batches handed out, in the order handed out (FastIter's
     # order_log); None while batches go out in the order they were pulled.
     delivery: list[int] | None = None
+    workers: Any = None  # with workers: their states in this pass (gpufeed._engine.positions.WorkerPositions)
 
     @property
     def batches_received(self) -> int:

@@ -48,6 +48,7 @@ from gpufeed._engine.messages import (
     FromWorker,
     InitFailed,
     Reset,
+    Restore,
     Task,
     WorkerException,
 )
@@ -81,6 +82,9 @@ class TaskRecord:
     tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
     swap: bool  # the worker may write a warm slot instead (see gpufeed._engine.arena)
     deaths: int = 0  # workers that died while running this task (not while it was queued)
+    # With state tracking: (the worker's random states, its dataset's state) after this task, as
+    # its reply said (the random states resolved: a reply sends them only when they changed).
+    after: tuple[Any, Any] | None = None
 
     @property
     def key(self) -> TaskKey:
@@ -194,6 +198,9 @@ class Engine:
         self.restart_window_s = restart_window_s
         self._restart_times: deque[float] = deque()
         self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
+        self._track = spec.track_rng or spec.track_dataset
+        self._rng: list[Any] = [None] * num_workers  # each worker's random states, as last sent
+        self._restores: dict[int, Restore] = {}  # for workers not started yet (lazy)
         self._completed: deque[Arrival] = deque()  # tasks the plug-in completed, not polled yet
         self._skeletons = context.skeletons  # parent-made batches' packed skeletons by layout
         self.task_s: float | None = None  # running mean of a worker's seconds per task (None: no reply yet)
@@ -322,6 +329,19 @@ class Engine:
             if self._pool.is_started(worker_id):  # one started later begins with a fresh iterator
                 self._pool.send(worker_id, Reset(epoch=self.epoch))
 
+    def restore(self, worker_id: int, msg: Restore) -> None:
+        """Send ``msg`` to ``worker_id`` before any later task (a lazy worker gets it when it
+        starts): a resumed pass's random and dataset states (docs/design/resume.md)."""
+        if self._pool.is_started(worker_id):
+            self._send_restore(worker_id, msg)
+        else:
+            self._restores[worker_id] = msg
+
+    def _send_restore(self, worker_id: int, msg: Restore) -> None:
+        if msg.rng is not None:
+            self._rng[worker_id] = msg.rng  # what the worker's next replies are relative to
+        self._pool.send(worker_id, msg)
+
     def _prepare(self, record: TaskRecord, count: bool, slot_view: Any = None) -> Any:
         if self._plugin is None:
             return None
@@ -337,6 +357,9 @@ class Engine:
         except BaseException:
             self.close()  # e.g. an unpicklable dataset under spawn: stop the workers started
             raise
+        restore = self._restores.pop(record.worker_id, None)
+        if restore is not None:
+            self._send_restore(record.worker_id, restore)
         self._pool.send(record.worker_id, task)
 
     # -- replies ----------------------------------------------------------------------------
@@ -406,6 +429,8 @@ class Engine:
         if isinstance(msg, Claim):
             self._ledger.claim(key, msg.slot)
             return
+        if isinstance(msg, Done) and msg.rng is not None:
+            self._rng[worker_id] = msg.rng  # the worker's states, whether this reply is read or not
         if not self._ledger.answered(key, worker_id):
             return  # a duplicate (worker died after replying) or a dropped task
         record = self._records.pop(key)
@@ -416,6 +441,8 @@ class Engine:
         if isinstance(msg, Done):
             took_s = msg.fetch_s + msg.collate_s + msg.pack_s
             self.task_s = took_s if self.task_s is None else self.task_s + TASK_S_WEIGHT * (took_s - self.task_s)
+            if self._track:
+                record.after = (self._rng[worker_id], msg.dataset_state)
             report = msg.report
             samples = report.samples if report is not None else _num_samples(record.index)
             self._stats.add_batch(samples=samples, fetch_s=msg.fetch_s, collate_s=msg.collate_s,
@@ -494,6 +521,7 @@ class Engine:
         self._restarts += 1
         self._stats.worker_restarts += 1
         new_pid = self._pool.replace(worker_id)
+        self._rng[worker_id] = None  # the replacement's random states are those of its set-up
         given_up: list[Arrival] = []
         for position, record in enumerate(death.tasks):
             self._ledger.drop_claim(record.key)

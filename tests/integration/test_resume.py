@@ -119,7 +119,7 @@ def test_image_resume_is_byte_identical(image_root: Path, before: int, after: in
 def test_unknown_version_and_mid_epoch_load_are_clear_errors() -> None:
     loader = generic(0)
     state = loader.state_dict()
-    assert state["version"] == 1 and state["sampler"] is None
+    assert state["version"] == 2 and state["sampler"] is None
     with pytest.raises(ValueError, match="version 99 is not supported"):
         loader.load_state_dict({**state, "version": 99})
     it = iter(loader)
