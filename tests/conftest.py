@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The fork server (started by the first forkserver loader or ImageBatcher) imports torch
+    once, so its workers start with torch imported instead of importing it each (~2 s of CPU
+    per worker on a busy 2-core host). The workers still unpickle the dataset and import
+    gpufeed and the test modules themselves; "spawn" tests still start fresh interpreters.
+    Measured on the forkserver tests of test_parity_workers, test_image_batcher and
+    test_serve_http, alternating, 2 busy cores: 86 s -> 43 s and 57 s -> 27 s wall.
+    """
+    multiprocessing.set_forkserver_preload(["torch"])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
