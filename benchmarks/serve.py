@@ -545,9 +545,10 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     slo_ms = getattr(args, f"slo_ms_{spec.name}") or spec.slo_ms
     slo_s = slo_ms / 1000.0
     pipe = Pipeline(spec)
-    capacity = args.capacity = calibrate(pipe, spec, jpegs, args)
+    capacity = args.capacity = args.batch1_capacity or calibrate(pipe, spec, jpegs, args)
     mcb = args.max_concurrent_batches or spec.max_concurrent_batches
-    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity (measured) "
+    how = "given" if args.batch1_capacity else "measured"
+    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity ({how}) "
           f"{capacity:.1f} req/s; batch-1: {args.cores} handlers x 1 torch thread; batcher: submit "
           f"in the generator, preprocess + model in fn, {mcb} model thread(s) x {max(1, args.cores // mcb)} "
           f"torch threads, "
@@ -632,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", nargs="*", type=float, default=[0.5, 0.7, 0.85, 1.0, 1.2, 1.4],
                    help="offered rates as multiples of batch-1's capacity measured at start-up (saturated)")
     p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
+    p.add_argument("--batch1-capacity", type=float, default=None,
+                   help="batch-1's capacity (req/s) to use instead of measuring it: the same offered rates in "
+                   "runs compared against each other")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of arrivals per point")
     p.add_argument("--max-requests", type=int, default=5000, help="cap on arrivals per point")
     p.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1),
