@@ -581,10 +581,12 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
         if mode == "batch-1" or not args.rates:
             continue
         bb = sustained[mode] = best(mode)
-        ratio = bb / b1 if b1 else math.inf if bb else math.nan
+        ratio = bb / b1 if b1 else math.nan
         sustained[f"{mode}/batch-1"] = ratio
+        verdict = (f"goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'}" if b1 else
+                   "no ratio: batch-1 sustained no rate of the sweep; add lower --rates")
         print(f"{spec.name}: highest sustained offered rate: {mode} {bb:.1f}/s, batch-1 {b1:.1f}/s -> "
-              f"{ratio:.2f}x (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'})")
+              f"{ratio:.2f}x ({verdict})")
     if b1 and args.overload:  # overload: 1.5x the highest rate batch-1 sustained, every mode
         rate = 1.5 * b1
         by = {mode: run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=99) for mode in modes}
