@@ -419,17 +419,22 @@ def make_service(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes],
 def run_open(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rate: float, args: argparse.Namespace,
              slo_s: float, seed: int) -> Result:
     service = make_service(mode, pipe, spec, jpegs, args)
+    end: list[float] = []
+
+    def stop() -> None:  # CPU read before close: closing ends the ImageBatcher's worker processes
+        end.extend([tree_cpu_s(), host_busy_s()[0], time.perf_counter()])
+        service.close()
+
     try:
-        cpu0, host0, t0 = tree_cpu_s(), host_busy_s(), time.perf_counter()
-        offered, lat, refused, failed = open_loop(service.send, service.close, jpegs, rate, args.duration,
+        cpu0, host0, t0 = tree_cpu_s(), host_busy_s()[0], time.perf_counter()
+        offered, lat, refused, failed = open_loop(service.send, stop, jpegs, rate, args.duration,
                                                   args.max_requests, max(2.0, 4 * slo_s), seed)
-        cpu1, host1, wall = tree_cpu_s(), host_busy_s(), time.perf_counter() - t0
         mean_batch = service.mean_batch()
     finally:
         service.close()
     r = summarize(mode, rate, offered, lat, refused, failed, mean_batch, slo_s, args.duration)
-    r.our_cores = (cpu1 - cpu0) / wall
-    r.host_cores = (host1[0] - host0[0]) / wall  # busy seconds of all CPUs per second
+    r.our_cores = (end[0] - cpu0) / (end[2] - t0)
+    r.host_cores = (end[1] - host0) / (end[2] - t0)  # busy seconds of all CPUs per second
     return r
 
 
