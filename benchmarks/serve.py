@@ -31,7 +31,7 @@ request (this process and its children), as ratios against batch-1 measured in t
     python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
                                [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
-                               [--image-workers 1] [--clients 16] [--json OUT]
+                               [--image-workers 1] [--clients 16] [--batch1-capacity RPS] [--json OUT]
 
 Goals (2 cores): sustained rate at the SLO >= 1.2x batch-1's for the small CNN and >= 1.0x for
 ResNet-18; at 1.5x batch-1's capacity the batchers' p99 of answered requests stays under the SLO.
