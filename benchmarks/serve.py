@@ -14,7 +14,8 @@ image folder go to
   worker processes decode + crop + normalize each batch into a shared-memory slot; the model
   threads (as for batcher, ``--image-torch-threads`` torch threads) only run the model.
 
-A full queue (``--max-queue``) refuses a request at once (``Overloaded``).
+A full queue (``--max-queue``; default: batch-1's measured capacity x SLO / 2, so that a full queue
+drains in about half the SLO) refuses a request at once (``Overloaded``).
 
 Open loop (``--rates``): Poisson arrivals, bounded by ``--duration`` seconds and
 ``--max-requests``, at offered rates that are multiples of batch-1's capacity measured at
@@ -30,7 +31,7 @@ request (this process and its children), as ratios against batch-1 measured in t
     python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
                                [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
-                               [--image-workers 1] [--clients 16] [--json OUT]
+                               [--image-workers 1] [--clients 16] [--batch1-capacity RPS] [--json OUT]
 
 Goals (2 cores): sustained rate at the SLO >= 1.2x batch-1's for the small CNN and >= 1.0x for
 ResNet-18; at 1.5x batch-1's capacity the batchers' p99 of answered requests stays under the SLO.
@@ -174,6 +175,8 @@ class Result:
     mean_batch: float = 1.0
     sustained: bool = False
     cpu_ms_per_request: float = math.nan  # closed loop: CPU of this process and its children per answer
+    our_cores: float = math.nan  # open loop: CPU of this process and its children / wall time (cores)
+    host_cores: float = math.nan  # open loop: CPU busy on the whole host / wall time (cores; Linux)
     latencies_s: list[float] = field(default_factory=list, repr=False)
 
 
@@ -336,7 +339,7 @@ class Batcher(_FutureService):
             lambda items: pipe.run([pipe.preprocess(data) for data in items]),
             max_batch_size=max_batch,
             max_delay_ms=spec.max_delay_ms if args.max_delay_ms is None else args.max_delay_ms,
-            max_queue=args.max_queue or max_batch * mcb,
+            max_queue=max_queue(args, spec),
             max_concurrent_batches=mcb,
             name=f"bench-{spec.name}",
         )
@@ -360,7 +363,7 @@ class Images(_FutureService):
             num_workers=args.image_workers,
             max_batch_size=max_batch,
             max_delay_ms=spec.max_delay_ms if args.max_delay_ms is None else args.max_delay_ms,
-            max_queue=args.max_queue or max_batch * mcb,
+            max_queue=max_queue(args, spec),
             max_concurrent_batches=mcb,
             mp_context=args.mp_context,
             name=f"bench-images-{spec.name}",
@@ -373,6 +376,31 @@ class Images(_FutureService):
         h = self.batcher.stats()["batch_size_hist"]
         count = h["count"] - self.base["count"]
         return (h["sum"] - self.base["sum"]) / count if count else 0.0
+
+
+def max_queue(args: argparse.Namespace, spec: ModelSpec) -> int:
+    """``--max-queue``, else enough requests for half the SLO at batch-1's measured capacity
+    (``args.capacity``, set per model; a full queue then drains in about SLO / 2 at that rate),
+    at least one batch per model thread. Smaller refuses Poisson bursts at rates the model keeps
+    up with (16 refused 0.2-3% at 1.2x batch-1's rate for the small CNN); larger lets the p99 of
+    accepted requests grow past the SLO under overload."""
+    if args.max_queue:
+        return int(args.max_queue)
+    max_batch = args.max_batch_size or spec.max_batch_size
+    mcb = args.max_concurrent_batches or spec.max_concurrent_batches
+    slo_s = (getattr(args, f"slo_ms_{spec.name}", None) or spec.slo_ms) / 1000.0
+    return max(max_batch * mcb, int(getattr(args, "capacity", 0.0) * slo_s / 2))
+
+
+def host_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole host since boot, from /proc/stat; NaN elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return math.nan, math.nan
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz
 
 
 def image_torch_threads(args: argparse.Namespace) -> int:
@@ -391,13 +419,23 @@ def make_service(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes],
 def run_open(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rate: float, args: argparse.Namespace,
              slo_s: float, seed: int) -> Result:
     service = make_service(mode, pipe, spec, jpegs, args)
+    end: list[float] = []
+
+    def stop() -> None:  # CPU read before close: closing ends the ImageBatcher's worker processes
+        end.extend([tree_cpu_s(), host_busy_s()[0], time.perf_counter()])
+        service.close()
+
     try:
-        offered, lat, refused, failed = open_loop(service.send, service.close, jpegs, rate, args.duration,
+        cpu0, host0, t0 = tree_cpu_s(), host_busy_s()[0], time.perf_counter()
+        offered, lat, refused, failed = open_loop(service.send, stop, jpegs, rate, args.duration,
                                                   args.max_requests, max(2.0, 4 * slo_s), seed)
         mean_batch = service.mean_batch()
     finally:
         service.close()
-    return summarize(mode, rate, offered, lat, refused, failed, mean_batch, slo_s, args.duration)
+    r = summarize(mode, rate, offered, lat, refused, failed, mean_batch, slo_s, args.duration)
+    r.our_cores = (end[0] - cpu0) / (end[2] - t0)
+    r.host_cores = (end[1] - host0) / (end[2] - t0)  # busy seconds of all CPUs per second
+    return r
 
 
 def closed_loop(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace,
@@ -512,17 +550,20 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     slo_ms = getattr(args, f"slo_ms_{spec.name}") or spec.slo_ms
     slo_s = slo_ms / 1000.0
     pipe = Pipeline(spec)
-    capacity = calibrate(pipe, spec, jpegs, args)
+    capacity = args.capacity = args.batch1_capacity or calibrate(pipe, spec, jpegs, args)
     mcb = args.max_concurrent_batches or spec.max_concurrent_batches
-    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity (measured) "
+    how = "given" if args.batch1_capacity else "measured"
+    print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity ({how}) "
           f"{capacity:.1f} req/s; batch-1: {args.cores} handlers x 1 torch thread; batcher: submit "
           f"in the generator, preprocess + model in fn, {mcb} model thread(s) x {max(1, args.cores // mcb)} "
           f"torch threads, "
-          f"max_batch_size={args.max_batch_size or spec.max_batch_size}; images: ImageBatcher, "
+          f"max_batch_size={args.max_batch_size or spec.max_batch_size}, max_queue={max_queue(args, spec)}; "
+          "images: ImageBatcher, "
           f"{args.image_workers} decode worker(s) ({args.mp_context}), {mcb} model thread(s) x "
           f"{image_torch_threads(args)} torch threads")
     print(f"{'offered/s':>9} {'mode':<8} {'offered':>7} {'answered':>8} {'refused':>7} {'QPS':>7} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'batch':>6}  ok")
+          f"{'p50 ms':>8} {'p99 ms':>8} {'batch':>6}  ok  {'ours':>4} {'host':>4}  (CPU cores busy: this process tree, "
+          f"the whole host of {os.cpu_count()})")
     rows: list[Result] = []
     modes = args.modes
     for i, mult in enumerate(args.rates):
@@ -531,7 +572,8 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
             r = run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=i)
             rows.append(r)
             print(f"{rate:9.1f} {r.mode:<8} {r.offered:7d} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} "
-                  f"{r.p50_ms:8.1f} {r.p99_ms:8.1f} {r.mean_batch:6.2f}  {'yes' if r.sustained else 'no'}")
+                  f"{r.p50_ms:8.1f} {r.p99_ms:8.1f} {r.mean_batch:6.2f}  {'yes' if r.sustained else 'no ':<3} "
+                  f"{r.our_cores:4.2f} {r.host_cores:4.2f}")
             sys.stdout.flush()
 
     def best(mode: str) -> float:
@@ -544,10 +586,12 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
         if mode == "batch-1" or not args.rates:
             continue
         bb = sustained[mode] = best(mode)
-        ratio = bb / b1 if b1 else math.inf if bb else math.nan
+        ratio = bb / b1 if b1 else math.nan
         sustained[f"{mode}/batch-1"] = ratio
+        verdict = (f"goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'}" if b1 else
+                   "no ratio: batch-1 sustained no rate of the sweep; add lower --rates")
         print(f"{spec.name}: highest sustained offered rate: {mode} {bb:.1f}/s, batch-1 {b1:.1f}/s -> "
-              f"{ratio:.2f}x (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'})")
+              f"{ratio:.2f}x ({verdict})")
     if b1 and args.overload:  # overload: 1.5x the highest rate batch-1 sustained, every mode
         rate = 1.5 * b1
         by = {mode: run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=99) for mode in modes}
@@ -596,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", nargs="*", type=float, default=[0.5, 0.7, 0.85, 1.0, 1.2, 1.4],
                    help="offered rates as multiples of batch-1's capacity measured at start-up (saturated)")
     p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
+    p.add_argument("--batch1-capacity", type=float, default=None,
+                   help="batch-1's capacity (req/s) to use instead of measuring it: the same offered rates in "
+                   "runs compared against each other")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of arrivals per point")
     p.add_argument("--max-requests", type=int, default=5000, help="cap on arrivals per point")
     p.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1),
@@ -606,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-delay-ms", type=float, default=None, help="default per model (smallcnn 2, resnet18 10)")
     p.add_argument("--max-concurrent-batches", type=int, default=None,
                    help="default per model: 2 (one torch thread each, as batch-1)")
-    p.add_argument("--max-queue", type=int, default=None, help="default max_batch_size * max_concurrent_batches")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="default: batch-1's measured capacity x SLO / 2, "
+                   "at least max_batch_size x max_concurrent_batches")
     p.add_argument("--images", type=int, default=64, help="distinct demo JPEGs (350x400)")
     p.add_argument("--modes", nargs="+", default=["batch-1", "batcher", "images"],
                    choices=["batch-1", "batcher", "images"], help="batch-1 first: ratios are against it")

@@ -10,9 +10,12 @@ Lifecycle (one scheduler thread ``gpufeed-batcher``, ``max_concurrent_batches`` 
    ``TimeoutError``, and dispatches a batch when a model slot is free and the batch is full or
    its oldest request has waited ``max_delay_ms`` (counted from that request's arrival).
    Otherwise it waits on the condition until the oldest request's timer or the nearest
-   deadline, at most ``MAX_WAIT_S``; submit, cancel, a finished batch and close wake it.
-3. A model thread marks the batch's futures running (a cancelled one is left out), pads, calls
-   ``fn``, and settles the futures outside any lock; then it frees its slot.
+   deadline, at most ``MAX_WAIT_S``; a submit that changes what it waits for (the first
+   request, a full batch, an earlier deadline), cancel, a freed slot and close wake it.
+3. A model thread pads, calls ``fn``, and settles the futures outside any lock. Then, under the
+   condition, it applies the same rule itself: if the next batch may go now it takes it and
+   runs it (the busy path needs no scheduler wake-up and no hand-off), else it frees its slot
+   and wakes the scheduler.
 4. ``close(drain=True)`` stops intake, dispatches what is queued without waiting for the timer,
    joins the threads within ``timeout_s``, and cancels what is still queued after that.
    ``close(drain=False)`` cancels every queued request at once and waits for running batches.
@@ -89,6 +92,7 @@ class _Core:
         self.work: queue.SimpleQueue[tuple[int, list[_Request]] | None] = queue.SimpleQueue()
         self.stats = BatcherStats(config.max_batch_size)
         self.threads: list[threading.Thread] = []
+        self.delay_s = config.max_delay_ms / 1000.0
 
     # -- scheduler ------------------------------------------------------------------------------
 
@@ -96,7 +100,7 @@ class _Core:
         if future.cancelled():
             with self.cond:
                 self.dirty = True
-                self.cond.notify_all()
+                self.cond.notify()
 
     def drop_cancelled(self) -> None:
         """Remove cancelled requests from the queue now (the scheduler may not have woken yet)."""
@@ -143,8 +147,38 @@ class _Core:
                 self.stats.add("cancelled")
         return batch
 
+    def _ready(self, now: float, expired: list[_Request]) -> list[_Request]:
+        """(cond held, queue purged) The next batch if the rule lets it go now, else ``[]``.
+
+        A batch goes when a slot is free and it is full, or its oldest request has waited
+        ``max_delay_ms``, or the batcher is closing (drain). Taking it claims the slot."""
+        while self.queue and self.free_slots > 0:
+            if not (
+                len(self.queue) >= self.config.max_batch_size
+                or now - self.queue[0].arrival >= self.delay_s
+                or self.closing
+            ):
+                return []
+            batch = self._take(now, expired)
+            if batch:
+                self.free_slots -= 1
+                self.batch_seq += 1
+                return batch
+        return []
+
+    def _fail_expired(self, expired: list[_Request], now: float) -> None:
+        if expired:
+            self.stats.add("expired", len(expired))
+            for r in expired:
+                r.future.set_exception(_timeout_error(r, now, self.config.name))
+
+    def _observe_dispatch(self, batch: list[_Request], now: float) -> None:
+        with self.stats.lock:
+            self.stats.batch_size.observe(len(batch))
+            for r in batch:
+                self.stats.queue_wait_s.observe(max(0.0, now - r.arrival))
+
     def schedule(self) -> None:
-        delay_s = self.config.max_delay_ms / 1000.0
         while True:
             expired: list[_Request] = []
             cancel: list[_Request] = []
@@ -159,15 +193,9 @@ class _Core:
                         self.queue.clear()
                         stop = True
                         break
-                    if self.queue and self.free_slots > 0:
-                        oldest = self.queue[0].arrival
-                        if len(self.queue) >= self.config.max_batch_size or now - oldest >= delay_s or self.closing:
-                            batch = self._take(now, expired)
-                            if batch:
-                                self.free_slots -= 1
-                                self.batch_seq += 1
-                                break
-                            continue
+                    batch = self._ready(now, expired)
+                    if batch:
+                        break
                     if self.closing and not self.queue:
                         stop = True
                         break
@@ -175,22 +203,17 @@ class _Core:
                         break
                     timeout: float | None = None
                     if self.queue and self.free_slots > 0:
-                        timeout = self.queue[0].arrival + delay_s - now
+                        timeout = self.queue[0].arrival + self.delay_s - now
                     if self.next_expiry < math.inf:
                         timeout = min(self.next_expiry - now, math.inf if timeout is None else timeout)
                     self.clock.wait(self.cond, timeout)
                 seq = self.batch_seq
-            for r in expired:
-                self.stats.add("expired")
-                r.future.set_exception(_timeout_error(r, now, self.config.name))
+            self._fail_expired(expired, now)
             for r in cancel:
                 if r.future.cancel():
                     self.stats.add("cancelled")
             if batch:
-                with self.stats.lock:
-                    self.stats.batch_size.observe(len(batch))
-                    for r in batch:
-                        self.stats.queue_wait_s.observe(max(0.0, now - r.arrival))
+                self._observe_dispatch(batch, now)
                 self.work.put((seq, batch))
             if stop:
                 for _ in range(self.config.max_concurrent_batches):
@@ -200,20 +223,45 @@ class _Core:
     # -- model threads --------------------------------------------------------------------------
 
     def serve_batches(self) -> None:
+        job: tuple[int, list[_Request]] | None = None
         while True:
-            try:
-                job = self.work.get(timeout=MAX_WAIT_S)
-            except queue.Empty:
-                continue
             if job is None:
-                return
+                try:
+                    job = self.work.get(timeout=MAX_WAIT_S)
+                except queue.Empty:
+                    continue
+                if job is None:
+                    return
             seq, batch = job
             try:
                 self._run(seq, batch)
-            finally:
+            except BaseException:
                 with self.cond:
                     self.free_slots += 1
-                    self.cond.notify_all()
+                    self.cond.notify()
+                raise
+            job = self._next_job()
+
+    def _next_job(self) -> tuple[int, list[_Request]] | None:
+        """A model thread's batch has ended: take the next batch here if the rule lets it go now
+        (no hand-off through the scheduler, which costs two thread wake-ups and GIL hand-offs
+        per batch), else free the slot and wake the scheduler."""
+        expired: list[_Request] = []
+        batch: list[_Request] = []
+        with self.cond:
+            now = self.clock.now()
+            self.free_slots += 1
+            if not self.closing:
+                self._purge(now, expired)
+                batch = self._ready(now, expired)
+            if not batch:
+                self.cond.notify()
+            seq = self.batch_seq
+        self._fail_expired(expired, now)
+        if not batch:
+            return None
+        self._observe_dispatch(batch, now)
+        return seq, batch
 
     def _run(self, seq: int, batch: list[_Request]) -> None:
         n = len(batch)
@@ -240,14 +288,17 @@ class _Core:
                 r.future.set_exception(exc)
             self._observe_latency(batch)
             return
+        failed = 0
         for i, r in enumerate(batch):
             result = results[i]
             if isinstance(result, BaseException):
-                self.stats.add("failed")
+                failed += 1
                 r.future.set_exception(add_note(result, where + f", item {i}"))
             else:
-                self.stats.add("completed")
                 r.future.set_result(result)
+        with self.stats.lock:
+            self.stats.counters["completed"] += n - failed
+            self.stats.counters["failed"] += failed
         self._observe_latency(batch)
 
     def _observe_latency(self, batch: list[_Request]) -> None:
@@ -422,9 +473,15 @@ class DynamicBatcher:
             now = self.clock.now()
             deadline = math.inf if timeout_s is None else now + timeout_s
             core.queue.append(_Request(x, future, now, deadline, timeout_s))
-            core.next_expiry = min(core.next_expiry, deadline)
             core.stats.add("requests")
-            core.cond.notify_all()
+            # Wake the scheduler only when this request changes what it waits for: the first
+            # request starts the oldest-request timer, a full batch may go now, an earlier
+            # deadline moves its wake-up. (One wake-up per request cost a thread switch and a
+            # GIL hand-off each, taken from the model threads.)
+            depth = len(core.queue)
+            if depth == 1 or depth == self.config.max_batch_size or deadline < core.next_expiry:
+                core.cond.notify()
+            core.next_expiry = min(core.next_expiry, deadline)
         future.add_done_callback(core.on_done)
         return future
 

@@ -172,6 +172,48 @@ def test_a_busy_slot_holds_requests_which_go_as_soon_as_it_frees(make, clock):
 
 
 @pytest.mark.timeout(30)
+def test_a_freed_slot_takes_full_batches_in_order_and_a_partial_one_still_waits_for_its_timer(make, clock):
+    gate = threading.Event()
+    fn = Recorder(gate)
+    b = make(fn, max_concurrent_batches=1)
+    first = b.submit(0)
+    clock.advance(0.25)
+    assert fn.started.wait(WAIT_S)
+    queued = [b.submit(i) for i in range(1, 20)]  # two full batches of 8, then 3
+    gate.set()
+    assert results([first, *queued[:16]]) == [2 * i for i in range(17)]
+    clock.wait_idle()
+    assert fn.calls == [[0], list(range(1, 9)), list(range(9, 17))]  # no clock advance: they were full
+    assert not any(f.done() for f in queued[16:])  # their oldest has waited 0 of 0.25 s
+    clock.advance(0.25)
+    assert results(queued[16:]) == [34, 36, 38]
+    assert fn.calls[-1] == [17, 18, 19]
+    stats = b.stats()
+    assert stats["batches"] == 4 and stats["completed"] == 20 and stats["queue_depth"] == 0
+    assert stats["running_batches"] == 0 and stats["batch_size_hist"]["count"] == 4
+
+
+@pytest.mark.timeout(30)
+def test_a_request_expiring_while_every_slot_is_busy_fails_at_its_deadline(make, clock):
+    gate = threading.Event()
+    fn = Recorder(gate)
+    b = make(fn, max_concurrent_batches=1)
+    running = b.submit(1)
+    clock.advance(0.25)
+    assert fn.started.wait(WAIT_S)
+    doomed = b.submit(2, timeout_s=0.125)
+    kept = b.submit(3)
+    clock.advance(0.125)
+    with pytest.raises(TimeoutError, match="never reached the model"):
+        doomed.result(timeout=WAIT_S)  # while the only slot is still busy
+    assert not running.done()
+    gate.set()
+    clock.advance(0.125)  # kept's timer (it arrived at 0.25)
+    assert results([running, kept]) == [2, 6]
+    assert fn.calls == [[1], [3]] and b.stats()["expired"] == 1
+
+
+@pytest.mark.timeout(30)
 def test_concurrent_batches_run_at_once(make, clock):
     seen = threading.Barrier(3, timeout=WAIT_S)
 
