@@ -85,36 +85,41 @@ class Reading:
     parent_s: float  # after the first batch
     parent_total_s: float  # from iter(), start-up included
     worker_s: float
-    trim_s: float = 0.0  # parent CPU in idle trims after the first batch (part of parent_s)
-    trims: int = 0
+    trim_s: float = 0.0  # parent CPU giving slot pages back after the first batch (part of parent_s)
+    trims: int = 0  # slots emptied after the first batch (each one a refault for the worker that next writes it)
+    worker_faults: int = 0  # the workers' page faults (minor + major) over the epoch
+    wall_s: float = 0.0  # wall seconds after the first batch
+    resident_mean: float = 0.0  # arena bytes resident, sampled at each batch after the first (mean)
+    resident_peak: int = 0  # and the largest sample
 
 
 class TrimClock:
-    """Times ``Arena.trim_waiting`` in this process (the real method runs): the idle trim the
-    parent does after waiting 10 ms for data, returning waiting warm slots' pages (MADV_REMOVE).
-    Its CPU is reported apart: it only happens while the parent is idle (see the README)."""
+    """Times ``Arena._empty`` in this process (the real method runs): every return of a free
+    slot's pages to the OS (MADV_REMOVE), whether at a free (surplus) or in an idle trim while
+    the parent waits for data. Its CPU is reported apart (see the README), and each emptied slot
+    costs page faults in the worker that writes it next."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.calls = 0
-        self._original = Arena.trim_waiting
+        self._original = Arena._empty
 
     def __enter__(self) -> TrimClock:
         original, clock = self._original, self
 
-        def timed(arena: Arena) -> int:
+        def timed(arena: Arena, slot: int) -> None:
             t0 = time.process_time()
             try:
-                return original(arena)
+                original(arena, slot)
             finally:
                 clock.seconds += time.process_time() - t0
                 clock.calls += 1
 
-        Arena.trim_waiting = timed  # type: ignore[method-assign]
+        Arena._empty = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        Arena.trim_waiting = self._original  # type: ignore[method-assign]
+        Arena._empty = self._original  # type: ignore[method-assign]
 
 
 class SmallTensors(Dataset):
@@ -145,14 +150,26 @@ def cases() -> list[Case]:
     return out
 
 
-def _cpu_of(pids: Iterable[int], seen: dict[int, float]) -> None:
-    """Record each live pid's user+system CPU seconds (the last reading wins)."""
+def _faults_of(pid: int) -> int:
+    """Minor + major page faults of ``pid`` so far (Linux ``/proc/PID/stat``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[7]) + int(fields[9])  # minflt, majflt (fields 10 and 12 of stat)
+
+
+def _cpu_of(pids: Iterable[int], seen: dict[int, float], faults: dict[int, int] | None = None) -> None:
+    """Record each live pid's user+system CPU seconds, and page faults (the last reading wins)."""
     for pid in pids:
         try:
             t = psutil.Process(pid).cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         seen[pid] = t.user + t.system
+        if faults is not None:
+            faults[pid] = _faults_of(pid)
 
 
 def worker_pids(loader: Any) -> list[int]:
@@ -166,28 +183,44 @@ def worker_pids(loader: Any) -> list[int]:
 def measure_epoch(loader: Any, trims: TrimClock) -> Reading:
     """Iterate one epoch of ``loader``; parent and worker CPU seconds (see the module doc)."""
     before: dict[int, float] = {}
-    _cpu_of(worker_pids(loader), before)  # persistent workers: their CPU so far
+    faults_before: dict[int, int] = {}
+    _cpu_of(worker_pids(loader), before, faults_before)  # persistent workers: their CPU so far
     gc.collect()
     t_start = time.process_time()
     t_first = t_start
+    wall_first = time.perf_counter()
     n = samples = first = 0
     after: dict[int, float] = {}
+    faults_after: dict[int, int] = {}
+    resident: list[int] = []
+    sampling_s = 0.0  # CPU spent sampling the arena's resident bytes: not the loader's
     for _, labels in loader:
         n += 1
         samples += len(labels)
         if n == 1:
-            t_first, first = time.process_time(), samples
+            t_first, first, wall_first = time.process_time(), samples, time.perf_counter()
             trim_s, trim_calls = trims.seconds, trims.calls
+        else:
+            t0 = time.process_time()
+            arena = getattr(loader, "_arena", None)  # FastLoader's (None for torch's DataLoader)
+            if arena is not None:
+                resident.append(arena.resident_bytes())
+            sampling_s += time.process_time() - t0
         if n % 4 == 0:  # non-persistent workers exit after the epoch: read them while alive
-            _cpu_of(worker_pids(loader), after)
-    t_end = time.process_time()
-    _cpu_of(worker_pids(loader), after)
+            t0 = time.process_time()
+            _cpu_of(worker_pids(loader), after, faults_after)
+            sampling_s += time.process_time() - t0
+    t_end, wall_end = time.process_time(), time.perf_counter()
+    _cpu_of(worker_pids(loader), after, faults_after)
     worker_s = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    worker_faults = sum(f - faults_before.get(pid, 0) for pid, f in faults_after.items())
     if n < 2:
         raise ValueError(f"an epoch gave {n} batch(es); need at least 2 (more images, smaller --batch-size)")
     size = loader.batch_size or 1
-    return Reading(samples / size, (samples - first) / size, t_end - t_first, t_end - t_start, worker_s,
-                   trims.seconds - trim_s, trims.calls - trim_calls)
+    return Reading(samples / size, (samples - first) / size, t_end - t_first - sampling_s,
+                   t_end - t_start - sampling_s, worker_s, trims.seconds - trim_s, trims.calls - trim_calls,
+                   worker_faults, wall_end - wall_first, statistics.fmean(resident) if resident else 0.0,
+                   max(resident, default=0))
 
 
 def make_factory(case: Case, root: Path, args: argparse.Namespace) -> Callable[[], Any]:
@@ -236,7 +269,8 @@ def run_round(case: Case, factory: Callable[[], Any]) -> Reading:
 
 
 def summarize(results: dict[str, list[Reading]], all_cases: list[Case],
-              batch_bytes: dict[str, int]) -> list[dict[str, Any]]:
+              batch_bytes: dict[str, int], size: int) -> list[dict[str, Any]]:
+    """One row per case (medians over rounds); ``size``: the batch size (for images/s)."""
     rows = []
     for case in all_cases:
         readings = results[case.name]
@@ -257,10 +291,15 @@ def summarize(results: dict[str, list[Reading]], all_cases: list[Case],
             "rounds": len(readings),
             "parent_cpu_ms_per_batch": parent * 1e3,
             "parent_cpu_with_startup_ms_per_batch": parent_total * 1e3,
-            "idle_trim_cpu_ms_per_batch": trim * 1e3,
-            "idle_trims_per_batch": statistics.median(r.trims / r.after_first for r in readings),
+            "trim_cpu_ms_per_batch": trim * 1e3,
+            "slots_emptied_per_batch": statistics.median(r.trims / r.after_first for r in readings),
             "parent_cpu_without_trims_ms_per_batch": kept * 1e3,
             "worker_cpu_ms_per_batch": worker * 1e3,
+            "worker_faults_per_batch": statistics.median(r.worker_faults / r.batches for r in readings),
+            "resident_batches_mean": statistics.median(r.resident_mean for r in readings) / batch_bytes[case.name],
+            "resident_batches_peak": statistics.median(r.resident_peak for r in readings) / batch_bytes[case.name],
+            "images_per_s": statistics.median(r.after_first * size / r.wall_s if r.wall_s > 0 else float("nan")
+                                              for r in readings),
             "uncached_worker_cpu_ms_per_batch": base_worker * 1e3,
             "parent_over_worker": ratio,
             "max_workers": 1.0 / ratio if ratio > 0 else float("inf"),
@@ -292,14 +331,18 @@ def memcpy_mb_per_s(nbytes: int, chunks: int = 16, repeats: int = 48) -> float:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'case':<36} {'parent ms':>9} {'trim ms':>7} {'parent+start':>12} {'worker ms':>9} "
-            f"{'parent/worker':>13} {'w/o trims':>9} {'x workers':>9} {'w/o trims':>9}")
+    head = (f"{'case':<36} {'parent ms':>9} {'trim ms':>7} {'emptied':>7} {'parent+start':>12} {'worker ms':>9} "
+            f"{'faults':>7} {'parent/worker':>13} {'w/o trims':>9} {'x workers':>9} {'w/o trims':>9} {'img/s':>6} "
+            f"{'resident':>8}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['name']:<36} {r['parent_cpu_ms_per_batch']:>9.3f} {r['idle_trim_cpu_ms_per_batch']:>7.3f} "
+        lines.append(f"{r['name']:<36} {r['parent_cpu_ms_per_batch']:>9.3f} {r['trim_cpu_ms_per_batch']:>7.3f} "
+                     f"{r['slots_emptied_per_batch']:>7.2f} "
                      f"{r['parent_cpu_with_startup_ms_per_batch']:>12.3f} {r['worker_cpu_ms_per_batch']:>9.2f} "
+                     f"{r['worker_faults_per_batch']:>7.0f} "
                      f"{100 * r['parent_over_worker']:>12.2f}% {100 * r['parent_over_worker_without_trims']:>8.2f}% "
-                     f"{r['max_workers']:>9.1f} {r['max_workers_without_trims']:>9.1f}")
+                     f"{r['max_workers']:>9.1f} {r['max_workers_without_trims']:>9.1f} {r['images_per_s']:>6.0f} "
+                     f"{r['resident_batches_mean']:>4.1f}/{r['resident_batches_peak']:<3.1f}")
     return "\n".join(lines)
 
 
@@ -353,14 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     pixels = args.size * args.size * 3 * args.batch_size
     batch_bytes = {c.name: (int(torch.tensor(GENERIC_SHAPE).prod()) * args.batch_size if c.kind.startswith("generic")
                             else pixels * (4 if c.dtype == "float32" else 1)) for c in all_cases}
-    rows = summarize(results, all_cases, batch_bytes)
+    rows = summarize(results, all_cases, batch_bytes, args.batch_size)
     memcpy = memcpy_mb_per_s(pixels)
     print()
     print(format_table(rows))
-    print("parent ms: parent CPU per batch after the first batch (trim ms of it: idle trims, which run only "
-          "after the parent waited 10 ms for data); parent+start: per batch from iter(), start-up included; "
-          "worker ms: all workers' CPU per batch; parent/worker: parent ms over the uncached worker ms of the "
-          "same pipeline (w/o trims: without the idle trims); x workers: its inverse")
+    print("parent ms: parent CPU per batch after the first batch (trim ms of it: giving free slots' pages "
+          "back, MADV_REMOVE; emptied: slots emptied per batch, each a refault for the worker that writes it "
+          "next); parent+start: per batch from iter(), start-up included; worker ms: all workers' CPU per "
+          "batch (faults: their page faults per batch); parent/worker: parent ms over the uncached worker ms "
+          "of the same pipeline (w/o trims: without the trims); x workers: its inverse; img/s: wall-clock "
+          "rate after the first batch; resident: the arena's resident bytes in batches, mean/peak of a "
+          "sample at each batch")
     for r in rows:
         if r["cache"] and r["kind"] == "eval" and r["dtype"] == "uint8":
             print(f"{r['name']}: the parent copies {r['parent_mb_per_s']:.0f} MB of batch per CPU second, "
@@ -368,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{pixels / 1e6:.1f} MB buffers)")
     uncached = [r for r in rows if not r["cache"] and not r["kind"].startswith("generic")]
     for key, label in (("parent_over_worker", "all parent CPU"),
-                       ("parent_over_worker_without_trims", "without idle trims")):
+                       ("parent_over_worker_without_trims", "without trims")):
         if not uncached:
             break
         worst = max(uncached, key=lambda r: r[key])

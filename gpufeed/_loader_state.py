@@ -9,7 +9,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from gpufeed._engine.positions import WorkerResume
 from gpufeed._resume import (
+    READABLE_VERSIONS,
     STATE_VERSION,
     SUPPORTED,
     Pass,
@@ -18,7 +20,7 @@ from gpufeed._resume import (
     base_sampler,
     next_pass_state,
     pass_received,
-    sampler_kind,
+    resolve,
 )
 from gpufeed.errors import shorten
 
@@ -27,6 +29,7 @@ class ResumableLoader(DataLoader):
     """``state_dict`` / ``load_state_dict`` for ``FastLoader`` (which sets the attributes below)."""
 
     _resume: dict[str, Any] | None
+    _resume_workers: WorkerResume | None
     _pass: Pass | None
     _user_iter: weakref.ref[Any] | None
     _epoch: int
@@ -48,6 +51,30 @@ class ResumableLoader(DataLoader):
         state, self._resume = self._resume, None
         return state
 
+    def _take_resume_workers(self) -> WorkerResume | None:
+        """The loaded workers' part, for the pass that starts now (FastIter)."""
+        workers, self._resume_workers = self._resume_workers, None
+        if workers is not None and isinstance(self.dataset, IterableDataset):
+            self._resume = None  # applied (a map-style state is applied by its index stream)
+        return workers
+
+    def _track_pass(self, iterator: Any) -> Pass | None:
+        """The position record of the pass ``iterator`` starts, connected to it when it has
+        workers (map-style: the pass the index stream started; an IterableDataset with workers:
+        a new one, finished by the iterator)."""
+        from gpufeed._engine.iterator import FastIter
+
+        fast = isinstance(iterator, FastIter)
+        if isinstance(self.dataset, IterableDataset):
+            if not fast:
+                return None
+            self._pass = Pass(started=True, aug_epoch=self._epoch - 1)
+        p = self._pass
+        if p is not None and fast:
+            iterator.position = p
+            p.workers = iterator.positions
+        return p
+
     def _mark_pass(self, aug_epoch: int) -> None:
         if self._pass is not None:
             self._pass.aug_epoch = aug_epoch
@@ -63,15 +90,37 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
-        protocol): a small JSON-serialisable dict, version 1 (described in ``gpufeed/_resume.py``).
+        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume.py``).
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
         rest of the epoch. Map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
         ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's or gpufeed's
-        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way;
-        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at
-        ``num_workers=0``. Raises ``NotImplementedError`` for the rest.
+        ``DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way (with
+        the same ``num_workers``, the workers' random states too: docs/design/resume.md);
+        an ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` (with workers:
+        each worker's copy's, for the same ``num_workers``).
+
+        A ``sampler`` or ``batch_sampler`` of yours resumes (without fetching a skipped batch)
+        when either holds:
+
+        - it has ``state_dict()``/``load_state_dict()`` (torchdata's protocol): its state taken
+          once the received batches' indices were drawn from it is saved, and after
+          ``load_state_dict()`` its next ``iter()`` must continue from there, as with
+          torchdata's ``StatefulDataLoader`` (``state_dict()`` may return tensors, numpy arrays,
+          bytes and tuples besides JSON types; return a new object, not one you change later);
+        - or its order is a function of random state drawn when its first index is taken: its
+          own ``generator`` (a ``torch.Generator`` attribute), torch's, python's or numpy's global
+          RNG, and its ``epoch`` if it has ``set_epoch``. Those states are recorded at the start
+          of the pass; on resume they are set while the pass's order is redrawn and the received
+          batches' indices are skipped, then the process's own global RNG states are put back.
+
+        A sampler that draws from anything else (an unseeded or private RNG, or a global RNG
+        after its first index) cannot be resumed exactly: resuming compares its first indices
+        with the checkpointed pass's and raises ``ValueError`` naming it where they differ; add
+        ``state_dict()``/``load_state_dict()`` to it. Raises ``NotImplementedError`` for an
+        ``IterableDataset`` without them, and for a sampler of yours inside Accelerate's
+        ``BatchSamplerShard``.
         """
         image_seed = self._image_feed.plan.seed if self._image_feed is not None else None
         state: dict[str, Any] = {"version": STATE_VERSION}
@@ -83,12 +132,18 @@ class ResumableLoader(DataLoader):
                     f"{type(self.dataset).__name__} has no state_dict()/load_state_dict(). Add them, "
                     "or checkpoint at epoch boundaries."
                 )
-            if self.num_workers > 0:
-                raise NotImplementedError(
-                    "state_dict() of a loader over an IterableDataset is supported with num_workers=0 "
-                    "only (each worker holds its own copy of the dataset's position)."
-                )
-            state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
+            if self.num_workers == 0:
+                state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
+                return state
+            if self._resume is not None:  # loaded, not applied yet
+                return dict(self._resume)
+            p = self._pass
+            state.update(epoch=self._epoch, image_seed=image_seed)
+            if p is not None and not p.finished and p.workers is not None:
+                # each worker's copy: its state after the last batch received from it
+                state.update(epoch=p.aug_epoch, workers=p.workers.state(p.yielded))
+            else:
+                self._add_continuing_workers(state)
             return state
         if self._resume is not None:  # loaded, not applied yet
             return dict(self._resume)
@@ -98,9 +153,10 @@ class ResumableLoader(DataLoader):
             # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
             state.update(epoch=self._epoch, batches_yielded=0, samples_yielded=0, image_seed=image_seed,
                          sampler=None)
-            next_sampler = next_pass_state(base_sampler(super()._index_sampler), p)
+            next_sampler = next_pass_state(super()._index_sampler, p)
             if next_sampler is not None:
                 state["next_sampler"] = next_sampler
+            self._add_continuing_workers(state)
             return state
         if p.unsupported is not None:
             raise NotImplementedError(
@@ -110,7 +166,9 @@ class ResumableLoader(DataLoader):
             )
         run, samples, beyond = p.position()
         sampler_state = dict(p.sampler_state or {})
-        if sampler_state.get("kind") == "gpufeed_distributed":
+        if p.custom is not None:
+            sampler_state = p.custom.state(run, p.skipped_samples + samples)
+        elif sampler_state.get("kind") == "gpufeed_distributed":
             sampler_state["state"] = base_sampler(super()._index_sampler).state_dict(samples_per_rank=samples)
         state.update(
             epoch=p.aug_epoch,
@@ -121,6 +179,8 @@ class ResumableLoader(DataLoader):
         )
         if beyond:
             state["delivered_beyond"] = beyond
+        if p.workers is not None:
+            state["workers"] = p.workers.state(p.yielded)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -128,10 +188,10 @@ class ResumableLoader(DataLoader):
         if not isinstance(state_dict, dict) or "version" not in state_dict:
             raise ValueError(f"`state_dict` must be a dict from FastLoader.state_dict(). Found: {shorten(state_dict)}.")
         version = state_dict["version"]
-        if version != STATE_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(
-                f"FastLoader state version {version!r} is not supported; this gpufeed reads version "
-                f"{STATE_VERSION}. Load it with the gpufeed version that wrote it."
+                f"FastLoader state version {version!r} is not supported; this gpufeed reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}. Load it with the gpufeed version that wrote it."
             )
         if self._pass_in_progress():
             raise RuntimeError(
@@ -148,18 +208,11 @@ class ResumableLoader(DataLoader):
                     f"{ours.plan.seed}, so the rest of the epoch would differ. Build it with seed={image_seed}."
                 )
         if isinstance(self.dataset, IterableDataset):
-            load = getattr(self.dataset, "load_state_dict", None)
-            if not callable(load) or "dataset" not in state_dict:
-                raise NotImplementedError(
-                    f"{type(self.dataset).__name__} has no load_state_dict() (or the state has no dataset "
-                    "part): an IterableDataset resumes through its own state."
-                )
-            load(state_dict["dataset"])
-            self._epoch = int(state_dict["epoch"])
+            self._load_iterable(state_dict)
             return
         sampler = state_dict.get("sampler")
         if sampler is not None:
-            kind = sampler_kind(base_sampler(super()._index_sampler))
+            kind = resolve(super()._index_sampler)[0]
             if kind != sampler.get("kind"):
                 raise ValueError(
                     f"the state was taken with a {sampler.get('kind')!r} sampler; this loader's is "
@@ -168,8 +221,59 @@ class ResumableLoader(DataLoader):
                 )
         next_sampler = state_dict.get("next_sampler")
         if sampler is None and next_sampler is not None:
-            apply_next_pass(base_sampler(super()._index_sampler), next_sampler)
+            apply_next_pass(super()._index_sampler, next_sampler)
         self._epoch = int(state_dict["epoch"])
         self._resume = dict(state_dict) if sampler is not None else None
+        workers = state_dict.get("workers")
+        self._resume_workers = None
+        if self.num_workers > 0 and isinstance(workers, dict) and workers.get("num_workers") == self.num_workers:
+            # With another worker count the workers' random states are ignored: the position alone
+            # still gives every remaining sample once (docs/design/resume.md).
+            self._set_resume_workers(WorkerResume.parse(workers, self.num_workers, iterable=False))
         self._pass = None
+
+    def _add_continuing_workers(self, state: dict[str, Any]) -> None:
+        """Between passes, with persistent workers alive: their states go into ``state``, since
+        the next pass continues them (and draws no base seed) where a fresh iterator would not."""
+        if self._resume_workers is not None:  # loaded, not applied yet
+            state["workers"] = dict(self._resume_workers.raw)
+            return
+        iterator: Any = self._iterator
+        positions = getattr(iterator, "positions", None)
+        if self.persistent_workers and positions is not None:
+            state["workers"] = positions.between_passes()
+
+    def _set_resume_workers(self, workers: WorkerResume) -> None:
+        """Apply ``workers`` at the next pass; persistent workers seeded from another base seed
+        are stopped first (they cannot take the states of workers seeded otherwise)."""
+        iterator: Any = self._iterator
+        if iterator is not None and getattr(iterator, "base_seed", workers.base_seed) != workers.base_seed:
+            iterator.close()
+            self._iterator = None
+        self._resume_workers = workers
+
+    def _load_iterable(self, state_dict: dict[str, Any]) -> None:
+        name = type(self.dataset).__name__
+        load = getattr(self.dataset, "load_state_dict", None)
+        workers = state_dict.get("workers")
+        if not callable(load) or ("dataset" not in state_dict and workers is None and self.num_workers == 0):
+            raise NotImplementedError(
+                f"{name} has no load_state_dict() (or the state has no dataset part): an IterableDataset "
+                "resumes through its own state."
+            )
+        taken_with = 0 if "dataset" in state_dict else (workers or {}).get("num_workers")
+        if taken_with is not None and taken_with != self.num_workers:
+            raise ValueError(
+                f"the state of {name} was taken with num_workers={taken_with}; this loader has "
+                f"num_workers={self.num_workers}. Each worker holds its own copy of the dataset's position: "
+                f"resume with num_workers={taken_with}."
+            )
+        self._resume_workers = None
+        self._resume = None
+        if "dataset" in state_dict:
+            load(state_dict["dataset"])
+        elif workers is not None:
+            self._set_resume_workers(WorkerResume.parse(workers, self.num_workers, iterable=True))
+            self._resume = dict(state_dict)
+        self._epoch = int(state_dict["epoch"])
 

@@ -6,9 +6,9 @@ decode); the image path's augmentation is keyed by ``(seed, epoch, index)``, so 
 epoch is byte-identical. ``gpufeed.DistributedSampler`` keeps its own world-size-independent
 position instead (``state_dict(samples_per_rank=k)``), so its ranks may change on resume.
 
-State, version 1 (a JSON-serialisable dict)::
+State, version 2 (a JSON-serialisable dict; version 1, the same without ``workers``, still loads)::
 
-    version          1
+    version          2
     epoch            augmentation epoch of the pass (the next pass, if none is in progress)
     batches_yielded  batches of that pass received by the user, counted as the longest run from
                      the pass's start with none missing (with in_order=True: all of them)
@@ -26,6 +26,9 @@ State, version 1 (a JSON-serialisable dict)::
                          (WeightedRandomSampler, SubsetRandomSampler: the state of the generator
                          the epoch's order was drawn from, theirs or torch's global one)
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
+                     {"kind": "stateful", ...} or {"kind": "custom", ...}  (a sampler or batch
+                         sampler of the user's: with its own state_dict(), or redrawn from the RNG
+                         states its pass started from; described in gpufeed/_sampler_state.py)
                      {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
                          "drop_last": bool, "num_replicas": int, "dataset_len": int}
                          (torch's DistributedSampler, e.g. the one Lightning injects: its order is a
@@ -38,7 +41,13 @@ State, version 1 (a JSON-serialisable dict)::
                          base64}  (the sampler's own generator now)
                      {"kind": "torch_distributed" or "gpufeed_distributed", "epoch": int}  (the
                          epoch of the last pass + 1, as a set_epoch(epoch) loop counts)
-    dataset          IterableDataset only: its own ``state_dict()``
+                     {"kind": "custom", "sampler": class name, "generator_state": base64 and/or
+                         "epoch": int}  (a custom sampler with its own generator or set_epoch)
+    dataset          IterableDataset at num_workers=0 only: its own ``state_dict()``
+    workers          with num_workers > 0, mid-pass: the workers' random states, the pass's base
+                     seed and round-robin position, and for an IterableDataset each worker's copy's
+                     ``state_dict()`` (``gpufeed/_engine/positions.py``); used with the same
+                     num_workers only (docs/design/resume.md)
     accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
                      "iteration"} (Accelerate's sharding: resume on the same number of processes)
 """
@@ -60,11 +69,16 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-STATE_VERSION = 1
+from gpufeed import _sampler_state
+from gpufeed._sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
+
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # states this gpufeed loads
 
 SUPPORTED = (
     "SequentialSampler, RandomSampler, WeightedRandomSampler, SubsetRandomSampler, torch's or gpufeed's "
-    "DistributedSampler (alone or in a torch BatchSampler)"
+    "DistributedSampler (alone or in a torch BatchSampler), or a sampler or batch_sampler of yours "
+    "(not inside another sharding sampler)"
 )
 
 # What torch's DistributedSampler's order is a function of (with the epoch), checked on resume.
@@ -81,6 +95,7 @@ class Pass:
     finished: bool = False  # the index stream is exhausted
     yielded: int = 0  # batches the user received (counted by the user-facing iterator)
     count_pulls: bool = True  # yielded == batches pulled (no prefetch between stream and user)
+    custom: CustomPosition | None = None  # a sampler of the user's: its start, or its states
     skipped_batches: int = 0  # batches skipped at resume (received before the state was taken)
     skipped_samples: int = 0
     aug_epoch: int = 0
@@ -93,6 +108,7 @@ class Pass:
     # in_order=False: the pulls of the batches handed out, in the order handed out (FastIter's
     # order_log); None while batches go out in the order they were pulled.
     delivery: list[int] | None = None
+    workers: Any = None  # with workers: their states in this pass (gpufeed._engine.positions.WorkerPositions)
 
     @property
     def batches_received(self) -> int:
@@ -160,6 +176,23 @@ def sampler_kind(sampler: Any) -> str | None:
     return None
 
 
+def resolve(index_sampler: Any) -> tuple[str | None, Any]:
+    """The kind of position of a loader's index sampler, and the sampler it is the position of:
+    a kind of ``sampler_kind``, "stateful" or "custom" (a sampler or batch sampler of the user's,
+    ``gpufeed/_sampler_state.py``), or None (no position: a custom sampler inside Accelerate's
+    shard, gpufeed's sampler sharded again)."""
+    sampler = base_sampler(index_sampler)
+    plain = sampler is index_sampler or type(index_sampler) is BatchSampler
+    if not plain and not is_batch_shard(index_sampler):
+        return custom_kind(index_sampler)  # a batch_sampler of the user's
+    kind = sampler_kind(sampler)
+    if kind == "gpufeed_distributed" and not plain:
+        return None, sampler  # sharded twice: the sampler's position no longer names the batches
+    if kind is None and plain:
+        return custom_kind(sampler)
+    return kind, sampler
+
+
 class PositionedIndices:
     """A loader's index sampler (``batch_sampler`` or ``sampler``) that records where each pass
     starts and resumes a loaded state. Yields exactly what the wrapped sampler yields."""
@@ -181,13 +214,9 @@ class PositionedIndices:
         # (torch's iterator calls iter() twice and drops the first stream unstarted).
         resume = self._loader._take_resume()
         p.started = True
-        sampler = base_sampler(self.inner)
-        plain = sampler is self.inner or type(self.inner) is BatchSampler
-        kind = sampler_kind(sampler) if plain or is_batch_shard(self.inner) else None
-        if kind == "gpufeed_distributed" and not plain:
-            kind = None  # sharded twice: the sampler's position no longer names the batches
+        kind, sampler = resolve(self.inner)
         if kind is None:
-            p.unsupported = f"{type(self.inner).__name__} over {type(sampler).__name__}"
+            p.unsupported = f"{type(self.inner).__name__} over {type(base_sampler(self.inner)).__name__}"
         loaded = resume["sampler"] if resume is not None else None
         skip = 0
         if loaded is not None and kind is not None:
@@ -206,6 +235,10 @@ class PositionedIndices:
                 p.skipped_batches = skip
                 p.skipped_samples = int(resume["samples_yielded"])
             p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
+        if kind in CUSTOM_KINDS:
+            p.custom = CustomPosition(kind, sampler, loaded, workers=self._loader.num_workers > 0)
+            if kind == "stateful":
+                skip = 0  # its loaded state is past the received batches (torchdata's protocol)
         restore_generator = False
         if kind == "random":
             if loaded is not None:
@@ -238,20 +271,32 @@ class PositionedIndices:
             p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
         elif kind == "torch_distributed":
             p.sampler_state = torch_distributed_state(sampler)
-        stream = iter(self.inner)
+        custom = p.custom
         try:
+            if custom is not None:
+                custom.begin()  # load its state, or record (resumed: set) the RNG states it draws from
+            stream = iter(self.inner)
             try:
                 first = next(stream)
             finally:
                 if restore_generator:
                     sampler.generator = None
+            if custom is not None:
+                custom.pulled(first)
             for _ in range(skip):  # indices only: nothing is fetched or decoded
                 first = next(stream)
+                if custom is not None:
+                    custom.pulled(first)
         except StopIteration:
             p.finished = True
             return
+        finally:
+            if custom is not None:
+                custom.end()  # the process's own global RNG states are back
         batch, number = first, 0
         while True:
+            if custom is not None:
+                custom.after_pull(number, p)
             if number in p.beyond:  # handed out before the state was taken (in_order=False)
                 p.beyond_lengths[number] = _length(batch)
             else:
@@ -263,6 +308,8 @@ class PositionedIndices:
                 batch = next(stream)
             except StopIteration:
                 break
+            if custom is not None:
+                custom.pulled(batch)
         p.finished = True
 
 
@@ -278,9 +325,13 @@ def pass_received(p: Pass, index_sampler: Any) -> bool:
     return p.skipped_batches + len(p.beyond) + p.batches_received >= total
 
 
-def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
+def next_pass_state(index_sampler: Any, p: Pass | None) -> dict[str, Any] | None:
     """Between passes: where the next pass's order comes from (``next_sampler``), or None."""
-    kind = sampler_kind(sampler)
+    kind, sampler = resolve(index_sampler)
+    kind = kind or sampler_kind(sampler)  # sharded again: no position within a pass, an epoch still
+    if kind in CUSTOM_KINDS:
+        last = p.custom.start.get("epoch") if p is not None and p.custom is not None else None
+        return _sampler_state.next_pass(sampler, None if last is None else int(last))
     if kind in ("random", *_DRAWING.values()) and sampler.generator is not None:
         return {"kind": kind, "generator_state": _encode(sampler.generator.get_state())}
     if kind in ("torch_distributed", "gpufeed_distributed"):
@@ -289,15 +340,18 @@ def next_pass_state(sampler: Any, p: Pass | None) -> dict[str, Any] | None:
     return None
 
 
-def apply_next_pass(sampler: Any, state: dict[str, Any]) -> None:
+def apply_next_pass(index_sampler: Any, state: dict[str, Any]) -> None:
     """Load ``next_sampler``: the next pass draws the order the checkpointed run's next pass drew."""
-    kind = sampler_kind(sampler)
+    kind, sampler = resolve(index_sampler)
+    kind = kind or sampler_kind(sampler)
     if state.get("kind") != kind:
         raise ValueError(
             f"the loaded state was taken with a {state.get('kind')!r} sampler; this loader's is "
             f"{kind or type(sampler).__name__!r}. Resume with the sampler of the checkpointed run ({SUPPORTED})."
         )
-    if kind in ("random", *_DRAWING.values()):
+    if kind == "custom":
+        _sampler_state.apply_next(sampler, state)
+    elif kind in ("random", *_DRAWING.values()):
         if sampler.generator is not None:
             sampler.generator.set_state(_decode(state["generator_state"]))
     else:

@@ -87,9 +87,12 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     any world size). Supported: map-style datasets with a ``SequentialSampler``, ``RandomSampler``,
     ``WeightedRandomSampler``, ``SubsetRandomSampler``, torch's ``DistributedSampler`` (the one
     Lightning injects; rank 0's state resumes every rank)
-    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), ``in_order`` either way
+    or ``gpufeed.DistributedSampler`` (alone or in a ``BatchSampler``), or a sampler or
+    ``batch_sampler`` of yours (the rule is in ``state_dict()``), ``in_order`` either way
     (with ``in_order=False`` the state also lists the batches delivered out of order); an
-    ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` at ``num_workers=0``.
+    ``IterableDataset`` with its own ``state_dict``/``load_state_dict`` (with workers, each
+    worker's copy's state, for the same ``num_workers``). Datasets that draw from the workers'
+    random generators resume exactly with the same ``num_workers``.
     ``state_dict()`` raises ``NotImplementedError`` otherwise.
     A state taken after a pass's last batch carries the next pass's order (the sampler's epoch or
     generator), set at ``load_state_dict()``: frameworks may ``iter()`` before ``set_epoch()``.
@@ -162,6 +165,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self._warned_epoch = False
         self._pass = None  # the position of the latest pass (map-style datasets)
         self._resume = None  # a loaded state, applied at the next iter()
+        self._resume_workers = None  # its workers' part, applied by the next FastIter pass
         self._user_iter = None  # the latest iterator handed out
         self.metrics_server = None
         if metrics_port is not None:
@@ -375,7 +379,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             from gpufeed._engine.iterator import FastIter
 
             self.check_worker_number_rationality()
-            iterator = FastIter(self, context, epoch)
+            iterator = FastIter(self, context, epoch, self._take_resume_workers())
         self._epoch = epoch + 1
         self._mark_pass(epoch)
         return iterator
@@ -391,15 +395,15 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             iterator = self._iterator
             assert isinstance(iterator, FastIter)
             epoch = self._begin_epoch()
-            iterator.next_epoch(self, epoch)
+            iterator.next_epoch(self, epoch, self._take_resume_workers())
             self._mark_pass(epoch)
         else:
             iterator = super().__iter__()
         user_iter: Any = iterator
         if self._cuda_feed is not None:
             user_iter = self._cuda_feed.wrap(iterator)
-        p = self._pass
-        if p is not None and not isinstance(self.dataset, IterableDataset):
+        p = self._track_pass(iterator)
+        if p is not None:
             # What the user received is counted where it is handed out: with workers or a CUDA
             # feed, batches are pulled from the index stream ahead of the user.
             p.count_pulls = self.num_workers == 0 and self._cuda_feed is None
@@ -407,7 +411,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 user_iter.on_yield = p
             from gpufeed._engine.iterator import FastIter
 
-            if isinstance(iterator, FastIter) and not self.in_order:
+            if isinstance(iterator, FastIter) and not self.in_order and not isinstance(self.dataset, IterableDataset):
                 p.delivery = []  # batches go out as they complete: record which ones did
                 iterator.order_log = p.delivery
         self._user_iter = weakref.ref(user_iter)

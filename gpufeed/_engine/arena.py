@@ -22,8 +22,11 @@ faulting fresh shared pages costs about 0.8 ms per MiB here (7 ms for a 9.6 MB b
 Resident memory is then the batches being built, waiting or held, not one batch per task
 dispatched. A freed slot that would be surplus gives its pages back (MADV_REMOVE) and turns
 cold: when ``warm_cap`` ids already wait (memory falls back after the user drops many held
-batches), or when at every release of a recent window some id was waiting anyway (a slot kept
-warm for nothing; trimming it costs one refault, not one per batch).
+batches), or when at every release of a recent window some ids were waiting anyway (slots kept
+warm for nothing: as many as waited throughout are emptied; each costs one refault, not one per
+batch). A spare that a worker took before each free is kept: it is what lets a worker that
+starts before the consumer frees its batch write warm pages. (``Engine.wait`` also empties the
+waiting slots when the loader stalls for much longer than a task takes.)
 The memfd has no name in any filesystem, so a killed process leaks nothing, and it is not
 bounded by the size of ``/dev/shm``.
 
@@ -64,7 +67,7 @@ def _round_up(n: int, to: int) -> int:
 
 
 CHUNK_BASE_SLOTS = 4
-TRIM_WINDOW = 8  # releases over which a warm id that always waited counts as surplus
+TRIM_WINDOW = 32  # releases over which warm ids that always waited count as surplus
 
 
 def chunk_of(slot: int) -> tuple[int, int, int]:
@@ -190,8 +193,11 @@ class Arena:
         """Free a slot that may have been written: its id goes to the warm pipe, unless it would
         be surplus; then its pages go back to the OS (MADV_REMOVE) and it turns cold.
 
-        Surplus: ``warm_cap`` ids already wait, or at every release of the last
-        ``TRIM_WINDOW`` at least one id was waiting, so one warm slot was never needed.
+        Surplus: ``warm_cap`` ids already wait (over budget), or the last ``TRIM_WINDOW``
+        releases each found at least one id waiting: that many ids were never needed in the
+        window, and they are all emptied (this slot first, the rest from the pipe). A spare id
+        that some worker took before the next free keeps its pages: it absorbs a free that comes
+        after the worker's take (see docs/design/engine-lifecycle.md, "Trimming").
 
         A no-op in a forked child: its copy of a batch died, but the parent still holds the slot,
         and the pipe is shared with the parent's workers.
@@ -204,20 +210,23 @@ class Arena:
             waiting = self.warm_waiting()
             self._window_min = min(self._window_min, waiting)
             self._window_count += 1
-            surplus = waiting >= self.warm_cap
+            unneeded = 0  # ids waiting at every release of a whole window
             if self._window_count >= TRIM_WINDOW:
-                surplus = surplus or self._window_min >= 1
+                unneeded = self._window_min
                 self._window_min, self._window_count = 1 << 30, 0
-            if not surplus or slot in self._pinned:
+            surplus = waiting >= self.warm_cap or unneeded > 0
+            if surplus and slot not in self._pinned:
+                self._empty(slot)
+            else:
                 try:
                     os.write(self._warm_w, struct.pack("<i", slot))
-                    return
                 except BlockingIOError:  # 16k ids waiting: cannot happen short of a leak
-                    pass
-            if slot in self._pinned:
-                self._cold.append(slot)
-            else:
-                self._empty(slot)
+                    if slot in self._pinned:
+                        self._cold.append(slot)
+                    else:
+                        self._empty(slot)
+            if unneeded > 1:
+                self._trim_pipe(unneeded - 1)
 
     def _empty(self, slot: int) -> None:
         """Give ``slot``'s pages back to the OS and make it cold (lock held; not pinned)."""
@@ -228,24 +237,29 @@ class Arena:
         self._cold.append(slot)
 
     def trim_waiting(self) -> int:
-        """Empty every warm slot waiting in the pipe (pinned ones excepted); returns how many.
+        """Empty every warm slot waiting in the pipe (pinned ones excepted); returns how many
+        ids it took from the pipe (pinned ones included, which go back).
 
-        For a parent that waits for data: workers that are mid-batch have their slots, and the
-        one that replies next will take the batch the consumer frees then, so a slot waiting now
-        is surplus.
+        For a parent that has waited far longer than a task takes (``Engine.wait``): the loader
+        is idle or stalled, and a slot waiting now is not needed soon.
         """
-        emptied = []
-        while (slot := take_warm(self._warm_r)) is not None:
-            emptied.append(slot)
+        return self._trim_pipe(None)
+
+    def _trim_pipe(self, limit: int | None) -> int:
+        """Take up to ``limit`` (None: all) ids from the pipe, oldest first, and empty their
+        slots; page-locked ones go back. Returns how many were taken."""
+        taken: list[int] = []
+        while (limit is None or len(taken) < limit) and (slot := take_warm(self._warm_r)) is not None:
+            taken.append(slot)
         with self._lock:
             if self._closed:
                 return 0
-            for slot in emptied:
+            for slot in taken:
                 if slot in self._pinned:
                     os.write(self._warm_w, struct.pack("<i", slot))
                 else:
                     self._empty(slot)
-        return len(emptied)
+        return len(taken)
 
     def free_slots(self) -> int:
         """Slots nobody holds: cold ones plus warm ids waiting in the pipe."""

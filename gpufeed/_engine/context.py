@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
@@ -44,6 +44,8 @@ class EngineContext:
         fork_guard: entered around each worker's ``Process.start()`` under fork.
         engines: the live engines (for worker pids and usage).
         registrar: page-locks arena slots for CUDA (created with the arena when wanted).
+        skeletons: the packed skeletons of batches the plug-in completed, by their layout
+            (``CompletingPlugin.complete``), reused by every engine of the loader.
 
     ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda.CudaFeed.registrar``, given
     by the loader), used only for ``cuda_output`` and when CUDA is available. Arena memory is
@@ -72,6 +74,7 @@ class EngineContext:
         self.fork_guard = fork_guard
         self.engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self.registrar: Registrar | None = None
+        self.skeletons: dict[Hashable, tuple[bytes, int, int]] = {}
         self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda.CudaFeed
         self._make_registrar = make_registrar
         self._arena: Arena | None = None

@@ -48,6 +48,7 @@ from gpufeed._engine.messages import (
     FromWorker,
     InitFailed,
     Reset,
+    Restore,
     Task,
     WorkerException,
 )
@@ -57,7 +58,12 @@ from gpufeed._engine.worker import WorkerSpec
 from gpufeed.errors import WorkerError, add_note
 
 log = logging.getLogger(__name__)
-IDLE_TRIM_S = 0.01  # a consumer that waited this long for data: warm slots waiting are surplus
+# A consumer that has waited this many of a worker's task times for data (and at least
+# IDLE_TRIM_MIN_S): the loader stalled, and warm slots waiting are not needed soon.
+IDLE_TRIM_TASKS = 2.0
+IDLE_TRIM_MIN_S = 0.1
+MAX_SKELETONS = 16  # layouts of parent-made batches whose packed skeleton is kept
+TASK_S_WEIGHT = 0.25  # weight of the newest task in the running mean of a worker's task time
 
 TaskKey = tuple[int, int]  # (epoch, idx)
 
@@ -76,6 +82,9 @@ class TaskRecord:
     tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
     swap: bool  # the worker may write a warm slot instead (see gpufeed._engine.arena)
     deaths: int = 0  # workers that died while running this task (not while it was queued)
+    # With state tracking: (the worker's random states, its dataset's state) after this task, as
+    # its reply said (the random states resolved: a reply sends them only when they changed).
+    after: tuple[Any, Any] | None = None
 
     @property
     def key(self) -> TaskKey:
@@ -189,7 +198,12 @@ class Engine:
         self.restart_window_s = restart_window_s
         self._restart_times: deque[float] = deque()
         self._records: dict[TaskKey, TaskRecord] = {}  # the unanswered tasks (the ledger's keys)
+        self._track = spec.track_rng or spec.track_dataset
+        self._rng: list[Any] = [None] * num_workers  # each worker's random states, as last sent
+        self._restores: dict[int, Restore] = {}  # for workers not started yet (lazy)
         self._completed: deque[Arrival] = deque()  # tasks the plug-in completed, not polled yet
+        self._skeletons = context.skeletons  # parent-made batches' packed skeletons by layout
+        self.task_s: float | None = None  # running mean of a worker's seconds per task (None: no reply yet)
         self._ledger = SlotLedger(self._arena, num_workers)
         self._arena.attach()
         try:
@@ -289,9 +303,17 @@ class Engine:
         made = complete(record.index, record.extra, slot_view)
         if made is None:
             return None
-        data, report = made
+        data, report = made[0], made[1]
+        layout = made[2] if len(made) > 2 else None
         t0 = time.perf_counter()
-        skeleton, used, overflow = pack_views(data, slot_view)
+        packed = None if layout is None else self._skeletons.get(layout)
+        if packed is None:
+            packed = pack_views(data, slot_view)
+            if layout is not None and packed[2] == 0:  # nothing went inline: the same for every batch
+                if len(self._skeletons) >= MAX_SKELETONS:
+                    self._skeletons.clear()
+                self._skeletons[layout] = packed
+        skeleton, used, overflow = packed
         pack_s = time.perf_counter() - t0
         return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
                     overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
@@ -306,6 +328,19 @@ class Engine:
         for worker_id in range(self.num_workers):
             if self._pool.is_started(worker_id):  # one started later begins with a fresh iterator
                 self._pool.send(worker_id, Reset(epoch=self.epoch))
+
+    def restore(self, worker_id: int, msg: Restore) -> None:
+        """Send ``msg`` to ``worker_id`` before any later task (a lazy worker gets it when it
+        starts): a resumed pass's random and dataset states (docs/design/resume.md)."""
+        if self._pool.is_started(worker_id):
+            self._send_restore(worker_id, msg)
+        else:
+            self._restores[worker_id] = msg
+
+    def _send_restore(self, worker_id: int, msg: Restore) -> None:
+        if msg.rng is not None:
+            self._rng[worker_id] = msg.rng  # what the worker's next replies are relative to
+        self._pool.send(worker_id, msg)
 
     def _prepare(self, record: TaskRecord, count: bool, slot_view: Any = None) -> Any:
         if self._plugin is None:
@@ -322,6 +357,9 @@ class Engine:
         except BaseException:
             self.close()  # e.g. an unpicklable dataset under spawn: stop the workers started
             raise
+        restore = self._restores.pop(record.worker_id, None)
+        if restore is not None:
+            self._send_restore(record.worker_id, restore)
         self._pool.send(record.worker_id, task)
 
     # -- replies ----------------------------------------------------------------------------
@@ -353,28 +391,33 @@ class Engine:
     def wait(self, timeout_s: float | None, on_death: DeathPolicy | None = None) -> list[Arrival]:
         """Block until at least one reply arrived (or ``timeout_s`` passed: then []).
 
-        Deaths are noticed every ``liveness_interval_s``. After ``IDLE_TRIM_S`` without a reply
-        the warm slots waiting in the arena are emptied: the consumer waits for data, so the
-        loader is the bottleneck, and the next worker to reply takes the batch the consumer frees
-        then (not when the plug-in binds slots).
+        Deaths are noticed every ``liveness_interval_s``. A wait longer than ``IDLE_TRIM_TASKS``
+        times a worker's task time (``task_s``; at least ``IDLE_TRIM_MIN_S``) empties the warm
+        slots waiting in the arena: the loader is stalled or idle, not merely between two
+        batches (never before the first reply, nor when the plug-in binds slots; see
+        docs/design/engine-lifecycle.md, "Trimming").
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        trim = not self.parent_binds
+        now = time.monotonic()
+        deadline = None if timeout_s is None else now + timeout_s
+        trim_at = None
+        if not self.parent_binds and self.task_s is not None:
+            trim_at = now + max(IDLE_TRIM_MIN_S, IDLE_TRIM_TASKS * self.task_s)
         while True:
+            now = time.monotonic()
             wait_s = self._config.liveness_interval_s
-            if trim:
-                wait_s = min(wait_s, IDLE_TRIM_S)
+            if trim_at is not None:
+                wait_s = min(wait_s, max(0.0, trim_at - now))
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0:
                     return []
                 wait_s = min(wait_s, remaining)
             arrived = self.poll(wait_s, on_death)
             if arrived:
                 return arrived
-            if trim:
-                self._arena.trim_waiting()  # the loader is the bottleneck: idle warm slots are surplus
-                trim = False
+            if trim_at is not None and time.monotonic() >= trim_at:
+                self._arena.trim_waiting()  # stalled: the slots waiting are not needed soon
+                trim_at = None
 
     def _accept(self, worker_id: int, msg: FromWorker, arrived: list[Arrival]) -> None:
         if isinstance(msg, InitFailed):
@@ -386,6 +429,8 @@ class Engine:
         if isinstance(msg, Claim):
             self._ledger.claim(key, msg.slot)
             return
+        if isinstance(msg, Done) and msg.rng is not None:
+            self._rng[worker_id] = msg.rng  # the worker's states, whether this reply is read or not
         if not self._ledger.answered(key, worker_id):
             return  # a duplicate (worker died after replying) or a dropped task
         record = self._records.pop(key)
@@ -394,6 +439,10 @@ class Engine:
             return
         self._ledger.settle(key)
         if isinstance(msg, Done):
+            took_s = msg.fetch_s + msg.collate_s + msg.pack_s
+            self.task_s = took_s if self.task_s is None else self.task_s + TASK_S_WEIGHT * (took_s - self.task_s)
+            if self._track:
+                record.after = (self._rng[worker_id], msg.dataset_state)
             report = msg.report
             samples = report.samples if report is not None else _num_samples(record.index)
             self._stats.add_batch(samples=samples, fetch_s=msg.fetch_s, collate_s=msg.collate_s,
@@ -472,6 +521,7 @@ class Engine:
         self._restarts += 1
         self._stats.worker_restarts += 1
         new_pid = self._pool.replace(worker_id)
+        self._rng[worker_id] = None  # the replacement's random states are those of its set-up
         given_up: list[Arrival] = []
         for position, record in enumerate(death.tasks):
             self._ledger.drop_claim(record.key)

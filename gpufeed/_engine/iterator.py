@@ -17,13 +17,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_init_fn
 
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Arrival, Engine, TaskRecord, WorkerDeath
-from gpufeed._engine.messages import Done, End, Failed
+from gpufeed._engine.messages import Done, End, Failed, Restore
+from gpufeed._engine.positions import WorkerPositions, WorkerResume
 from gpufeed._engine.worker import WorkerSpec, fetch_threads_of
 from gpufeed.errors import LoaderTimeoutError, WorkerError
 
@@ -71,9 +73,27 @@ class FastIter(_BaseDataLoaderIter):
     # With in_order=False: the pulls (places in the index stream) of the batches handed out, in
     # the order they were handed out (the loader's position record, list owned by its Pass).
     order_log: list[int] | None = None
+    # The loader's record of the pass (``yielded``: batches the user received; for an
+    # IterableDataset, ``finished`` is set here at its end). None: not resumable.
+    position: Any = None
+    positions: WorkerPositions  # per-worker states of this pass (docs/design/resume.md)
 
-    def __init__(self, loader: DataLoader[Any], context: EngineContext, aug_epoch: int) -> None:
+    def __init__(self, loader: DataLoader[Any], context: EngineContext, aug_epoch: int,
+                 resume: WorkerResume | None = None) -> None:
+        # ``resume``: the workers' part of a loaded state. Its base seed replaces the one torch
+        # draws here, and that draw is undone: the resumed run draws what the checkpointed one did
+        # (a persistent iterator's later passes draw none).
+        generator = loader.generator
+        drawn_from: Any = None if resume is None else (generator.get_state() if generator is not None
+                                                  else torch.get_rng_state())
         super().__init__(loader)
+        self._resume = resume
+        if resume is not None:
+            self._base_seed = resume.base_seed
+            if generator is not None:
+                generator.set_state(drawn_from)
+            else:
+                torch.set_rng_state(drawn_from)
         prefetch_factor = loader.prefetch_factor
         if prefetch_factor is None or prefetch_factor <= 0:  # torch accepts 0 at construction and fails here
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
@@ -95,6 +115,9 @@ class FastIter(_BaseDataLoaderIter):
             worker_init_fn=init_fn,
             shared_seed=self._shared_seed,
             fetch_threads=0 if self._is_iterable else fetch_threads_of(self._dataset),
+            track_rng=True,
+            track_dataset=self._is_iterable and all(
+                callable(getattr(self._dataset, name, None)) for name in ("state_dict", "load_state_dict")),
         )
         self._engine = Engine(
             context,
@@ -130,10 +153,21 @@ class FastIter(_BaseDataLoaderIter):
         self._engine.close()
 
     # -- epoch set-up -----------------------------------------------------------------------
-    def next_epoch(self, loader: DataLoader[Any], aug_epoch: int) -> None:
+    @property
+    def base_seed(self) -> int:
+        """The seed worker k's generators were seeded from (plus k)."""
+        return int(self._base_seed)
+
+    def next_epoch(self, loader: DataLoader[Any], aug_epoch: int, resume: WorkerResume | None = None) -> None:
         """Start another pass over ``loader`` (persistent workers), with augmentation epoch
-        ``aug_epoch``. (torch's ``DataLoader.__iter__`` calls ``_reset``; FastLoader calls this.)"""
+        ``aug_epoch``, resuming the workers' states of ``resume`` (taken with this base seed).
+        (torch's ``DataLoader.__iter__`` calls ``_reset``; FastLoader calls this.)"""
+        if resume is not None and resume.base_seed != self.base_seed:
+            raise RuntimeError(
+                f"gpufeed: resuming workers seeded from base seed {resume.base_seed} with persistent workers "
+                f"seeded from {self.base_seed}; the loader restarts its workers for such a state.")
         self._aug_epoch = aug_epoch
+        self._resume = resume
         self._reset(loader)
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
@@ -158,8 +192,31 @@ class FastIter(_BaseDataLoaderIter):
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         self._ready = []
+        self._start_positions()
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
+
+    def _start_positions(self) -> None:
+        """The pass's per-worker states: a resumed pass restores the loaded ones in the workers
+        (before their first task) and starts the round-robin at the loaded worker; otherwise
+        persistent workers carry theirs over from the last pass."""
+        resume, self._resume = self._resume, None
+        n = self._num_workers
+        previous = getattr(self, "positions", None)
+        if resume is None:
+            rng = previous.carry() if previous is not None else [None] * n
+            self.positions = WorkerPositions(n, self.base_seed, 0, rng, [None] * n if self._is_iterable else None)
+            return
+        self.positions = WorkerPositions(n, self.base_seed, resume.next_worker, list(resume.rng),
+                                         resume.datasets, resume.exhausted)
+        for worker_id in range(n):
+            dataset_state = resume.datasets[worker_id] if resume.datasets is not None else None
+            if resume.exhausted[worker_id]:
+                self._workers_status[worker_id] = False
+                dataset_state = None
+            self._engine.restore(worker_id, Restore(rng=resume.rng[worker_id], dataset_state=dataset_state))
+        for _ in range(resume.next_worker):
+            next(self._worker_queue_idx_cycle)
 
     # -- dispatch (torch's policy) ----------------------------------------------------------
     def _try_put_index(self) -> None:
@@ -204,8 +261,11 @@ class FastIter(_BaseDataLoaderIter):
                         break
                     del self._task_info[self._rcvd_idx]  # its worker ended and will never answer
                     self._engine.drop(task.record)
+                    self.positions.ended(task.worker_id)
                 self._rcvd_idx += 1
             else:
+                if self._is_iterable and self.position is not None:
+                    self.position.finished = True
                 if not self._persistent_workers:
                     self.close()
                 raise StopIteration
@@ -254,6 +314,9 @@ class FastIter(_BaseDataLoaderIter):
             raise self._engine.failure(task.record, reply)
         assert reply is not None
         data = self._engine.result(task.record, reply)
+        self.positions.handout(task.worker_id, task.record.after)
+        if self.position is not None:
+            self.positions.fold(self.position.yielded)  # keeps only what the user has not received
         if self.order_log is not None:
             self.order_log.append(task.pull)
         if self.on_yield is not None:

@@ -8,7 +8,7 @@ reference plus a tuple: a few microseconds per message, nothing next to a batch.
 A task is named by ``(epoch, idx)``: ``epoch`` counts the engine's passes (``Reset``), ``idx``
 the tasks submitted in that pass, from 0.
 
-parent -> worker: ``Task``, ``Reset``, ``Exit``
+parent -> worker: ``Task``, ``Reset``, ``Restore``, ``Exit``
 worker -> parent: ``Claim`` (zero or one per task, before ``Done``), then one of ``Done``,
 ``Failed``, ``End`` per task; ``InitFailed`` once, instead of any task reply, when the worker
 could not start.
@@ -100,6 +100,16 @@ class Reset(NamedTuple):
     epoch: int
 
 
+class Restore(NamedTuple):
+    """Before the first task of a resumed pass (docs/design/resume.md): set the worker's random
+    states to ``rng`` (a ``gpufeed._engine.rng.RngState``; None: leave them), and with
+    ``dataset_state`` not None, ``load_state_dict`` it into the worker's IterableDataset copy,
+    whose next iterator starts there."""
+
+    rng: Any
+    dataset_state: Any
+
+
 class Exit(NamedTuple):
     """Finish: return from the task loop (the tasks still queued are skipped)."""
 
@@ -119,7 +129,10 @@ class Claim(NamedTuple):
 class Done(NamedTuple):
     """Task ``(epoch, idx)`` is in its slot: ``skeleton`` (see ``transport.pack``) rebuilds it
     from the first ``used_bytes`` of the slot; ``overflow_bytes`` went inline in the skeleton.
-    Seconds per stage; ``report``: the filler's report (a ``FillReport``), None without one."""
+    Seconds per stage; ``report``: the filler's report (a ``FillReport``), None without one.
+    With state tracking (``WorkerSpec.track_state``): ``rng``, the worker's random states after
+    the task when they changed since its last send (else None), and ``dataset_state``, its
+    IterableDataset copy's ``state_dict()`` after the task (else None)."""
 
     epoch: int
     idx: int
@@ -130,6 +143,8 @@ class Done(NamedTuple):
     collate_s: float
     pack_s: float
     report: Any
+    rng: Any = None
+    dataset_state: Any = None
 
 
 class Failed(NamedTuple):
@@ -154,6 +169,6 @@ class InitFailed(NamedTuple):
     error: WorkerException
 
 
-ToWorker = Task | Reset | Exit
+ToWorker = Task | Reset | Restore | Exit
 FromWorker = Claim | Done | Failed | End | InitFailed
 Reply = Done | Failed | End  # the one answer each task gets

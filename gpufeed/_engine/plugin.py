@@ -27,6 +27,7 @@ the fork start method (OpenCV's thread pool must be single-threaded in a forked 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ class FillReport(Protocol):
     @property
     def samples(self) -> int:
         """Samples in the batch as filled (the ones a filler left out are not counted)."""
+
+
+# What ``CompletingPlugin.complete`` returns: (batch, report) or (batch, report, layout).
+Completed = tuple[Any, FillReport] | tuple[Any, FillReport, Hashable]
 
 
 class Prefetched(Protocol):
@@ -99,7 +104,11 @@ class CompletingPlugin(FillPlugin, Protocol):
     """A ``FillPlugin`` that may also complete tasks in the parent (``complete`` is optional:
     the engine looks it up, and a plug-in without it never completes a task)."""
 
-    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> tuple[Any, FillReport] | None:
+    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> Completed | None:
         """(batch, report) when the plug-in made the whole batch of ``index`` in ``slot`` (the
         whole slot as uint8, after ``prepare`` returned ``extra``): the batch's tensors are
-        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it."""
+        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it.
+
+        Or (batch, report, layout): ``layout`` is a hashable that fixes the batch's structure,
+        dtypes, shapes and places in the slot (the image path: the batch size). The engine
+        packs the first batch of each layout and reuses its skeleton for the next ones."""

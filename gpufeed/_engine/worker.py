@@ -35,13 +35,16 @@ from gpufeed._engine.messages import (
     Failed,
     InitFailed,
     Reset,
+    Restore,
     Task,
     ToWorker,
     WorkerException,
 )
+from gpufeed._engine.rng import RngTracker
 from gpufeed._engine.signals import ignore_sigint
 from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
+from gpufeed.errors import add_note
 
 if TYPE_CHECKING:
     from gpufeed._engine.plugin import BatchFiller, FillReport, Prefetched
@@ -80,6 +83,8 @@ class WorkerSpec:
     log_dir: str | None = None  # per-worker log files: LOG_DIR/worker-K.log
     stopping: Any = None  # shared byte (multiprocessing RawValue), set when the pool shuts down
     fetch_threads: int = 0  # map-style, no __getitems__: call __getitem__ on this many threads
+    track_rng: bool = False  # send the random states with Done when they changed (resume)
+    track_dataset: bool = False  # send the IterableDataset copy's state_dict() with each Done (resume)
 
 
 def fetch_threads_of(dataset: Any) -> int:
@@ -125,14 +130,21 @@ class _MapFetcher:
 
 
 class _IterableFetcher:
+    """The worker's iterator over its IterableDataset copy, made at the first fetch (so a
+    ``Restore`` loads the dataset's state before its ``iter()``; torch reports an error in
+    ``__iter__`` with the first batch, too)."""
+
     def __init__(self, spec: WorkerSpec) -> None:
-        self.iterator = iter(spec.dataset)
+        self.dataset = spec.dataset
+        self.iterator: Any = None
         self.auto, self.drop_last = spec.auto_collation, spec.drop_last
         self.ended = False
 
     def fetch(self, index: Any) -> Any:
         if self.ended:
             raise StopIteration
+        if self.iterator is None:
+            self.iterator = iter(self.dataset)
         if not self.auto:
             return next(self.iterator)
         data = []
@@ -235,11 +247,12 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(spec.worker_id)
         fetcher = _make_fetcher(spec)
+        tracker = RngTracker() if spec.track_rng else None  # after worker_init_fn: its seeds count
     except Exception as exc:  # noqa: BLE001 (user code: reported to the parent, which raises it)
         results.send(InitFailed(error=WorkerException.capture(exc)))
         return
     try:
-        _loop(spec, fetcher, tasks, results)
+        _loop(spec, fetcher, tasks, results, tracker)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to do
     finally:
@@ -267,11 +280,13 @@ def _make_fetcher(spec: WorkerSpec) -> _Fetcher:
     return _IterableFetcher(spec) if spec.is_iterable else _MapFetcher(spec)
 
 
-def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Connection) -> None:
+def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Connection,
+          tracker: RngTracker | None = None) -> None:
     w = _writer
     assert w is not None and spec.arena is not None
     warm_fd = spec.arena.warm_fd
     reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
+    failed_restore: Exception | None = None  # a Restore's error, the reply of the next task
     last_task_s = 0.0  # how long the previous task took, reply included (s)
     # Messages taken from the pipe ahead of their turn, with what the filler's prefetch started
     # for them; handled in pipe order, so only the prefetch happens early.
@@ -293,6 +308,12 @@ def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Conne
                 fetcher = _make_fetcher(spec)
                 reported_end = False
                 continue
+            if isinstance(msg, Restore):
+                failed_restore = _restore(spec, tracker, msg)
+                if msg.dataset_state is not None:
+                    fetcher = _make_fetcher(spec)  # its iterator starts where the loaded state says
+                    reported_end = False
+                continue
             if reported_end or _stopping(spec):
                 _close(ahead)  # shutting down (as torch's done_event): queued tasks are skipped, not run
                 continue
@@ -308,7 +329,10 @@ def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Conne
             t0 = time.perf_counter()
             reply: Done | Failed | End
             try:
-                reply = _run(spec, fetcher, msg, w, ahead, more)
+                if failed_restore is not None:
+                    error, failed_restore = failed_restore, None
+                    raise error
+                reply = _run(spec, fetcher, msg, w, ahead, tracker, more)
             except StopIteration as exc:
                 if isinstance(fetcher, _IterableFetcher):
                     reported_end = True
@@ -360,10 +384,25 @@ def _close(ahead: Prefetched | None) -> None:
         ahead.close()
 
 
+def _restore(spec: WorkerSpec, tracker: RngTracker | None, msg: Restore) -> Exception | None:
+    """Apply a ``Restore``; an error in the dataset's ``load_state_dict`` is returned (it becomes
+    the reply of the next task, with the worker's traceback)."""
+    try:
+        if msg.dataset_state is not None:
+            spec.dataset.load_state_dict(msg.dataset_state)
+        if tracker is not None and msg.rng is not None:
+            tracker.restore(msg.rng)
+    except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
+        add_note(exc, f"gpufeed: raised restoring worker {spec.worker_id}'s state from FastLoader.load_state_dict().")
+        return exc
+    return None
+
+
 def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter, ahead: Prefetched | None = None,
-         more: Callable[[], None] = lambda: None) -> Done:
-    """Fetch and collate (or fill) ``task`` and pack it into the slot (``more``: the filler's
-    way to take the tasks that arrive meanwhile)."""
+         tracker: RngTracker | None = None, more: Callable[[], None] = lambda: None) -> Done:
+    """Fetch and collate (or fill) ``task`` and pack it into the slot; with state tracking, the
+    reply carries the dataset's state and the random states that changed (``more``: the
+    filler's way to take the tasks that arrive meanwhile)."""
     t0 = time.perf_counter()
     report: FillReport | None = None
     if spec.filler is None:
@@ -378,8 +417,11 @@ def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter, ahead: 
     skeleton, used, overflow = pack(data, w)
     del data
     t3 = time.perf_counter()
+    dataset_state = spec.dataset.state_dict() if spec.track_dataset else None  # before: it may raise
+    rng = tracker.changes() if tracker is not None else None
     return Done(epoch=task.epoch, idx=task.idx, skeleton=skeleton, used_bytes=used, overflow_bytes=overflow,
-                fetch_s=t1 - t0, collate_s=t2 - t1, pack_s=t3 - t2, report=report)
+                fetch_s=t1 - t0, collate_s=t2 - t1, pack_s=t3 - t2, report=report, rng=rng,
+                dataset_state=dataset_state)
 
 
 def _pick_slot(warm_fd: int, results: Connection, epoch: int, task_idx: int, fallback: int, wait_s: float) -> int:

@@ -135,6 +135,19 @@ def _default_seed(generator: torch.Generator | None) -> int:
     return (generator.initial_seed() if generator is not None else torch.initial_seed()) % (1 << 63)
 
 
+def _label_table(source: Any) -> np.ndarray | None:
+    """The source's int64 label array when its ``label(i)`` is that array's item ``i``
+    (``ImageFolder``, ``LMDBDataset``, not a subclass that overrides ``label``), else None."""
+    from gpufeed.sources import ImageFolder, LMDBDataset
+
+    if type(source).label not in (ImageFolder.label, LMDBDataset.label):
+        return None
+    table = source.labels
+    if not isinstance(table, np.ndarray) or table.dtype != np.int64 or table.ndim != 1:
+        return None
+    return table
+
+
 class ImageFeed:
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
@@ -148,6 +161,7 @@ class ImageFeed:
         self.images = 0
         self.skipped = 0
         self._logged: set[str] = set()
+        self._label_table = _label_table(source)
 
     @property
     def parent_binds(self) -> bool:
@@ -166,20 +180,19 @@ class ImageFeed:
         n = len(indices)
         _, _, staging = self.plan.offsets(n)
         if self.plan.cache == "decoded":
-            rows = buf[: n * self.plan.row_bytes].numpy()
             row_bytes = self.plan.row_bytes
-            look = self.cache.get if count else self.cache.peek
+            rows = buf[: n * row_bytes].numpy().data  # flat uint8 memoryview: slice assignment is a memcpy
             done = []
-            for pos, index in enumerate(indices):
-                hit = look(index)
+            start = 0
+            for pos, hit in enumerate(self.cache.get_many(indices, count)):
                 if hit is not None:  # one memcpy per row, straight from the cached bytes
-                    rows[pos * row_bytes : (pos + 1) * row_bytes] = np.frombuffer(hit, np.uint8)
+                    rows[start : start + row_bytes] = hit
                     done.append(pos)
+                start += row_bytes
             task.done = tuple(done)
         else:
             given, cursor = [], staging
-            for pos, index in enumerate(indices):
-                hit = self.cache.get(index) if count else self.cache.peek(index)
+            for pos, hit in enumerate(self.cache.get_many(indices, count)):
                 if hit is not None:
                     buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
                     given.append((pos, cursor, len(hit)))
@@ -188,7 +201,7 @@ class ImageFeed:
         return task
 
     def complete(self, indices: list[int], task: ImageTask, buf: torch.Tensor,
-                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport] | None:
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport, tuple[str, int]] | None:
         """The batch made here, without a worker, when ``prepare`` wrote every row (decoded
         cache) and the output is uint8 (all that is left is the labels, written as a worker
         writes them, so the bytes are the same); None otherwise.
@@ -206,14 +219,18 @@ class ImageFeed:
         plan = self.plan
         off_labels = plan.offsets(n)[0]
         labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
-        label = self.source.label
-        labels.numpy()[:] = [label(index) for index in indices]
+        if self._label_table is not None:
+            np.take(self._label_table, indices, out=labels.numpy())
+        else:
+            labels.numpy()[:] = np.fromiter(map(self.source.label, indices), np.int64, n)
         images = plan.rows(buf, n)
         if plan.channels_last:
             images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
         # (its seconds are the main process's: the engine counts them as stats' parent_s)
         report = FillReport(kept=list(range(n)), post_s=time.perf_counter() - t0)
-        return (images, labels), report
+        # The layout (where the rows and labels lie, their shapes) depends on n alone: the
+        # engine packs the skeleton once per batch size.
+        return (images, labels), report, ("rows", n)
 
     def absorb(self, indices: list[int], task: ImageTask, report: FillReport, buf: torch.Tensor) -> None:
         """Count the batch; add what the worker produced to the cache; log skips once per file."""
@@ -226,6 +243,8 @@ class ImageFeed:
         if self.cache is None:
             return
         if self.plan.cache == "decoded":
+            if len(task.done) == len(report.kept) == len(indices):
+                return  # every row came from the cache
             done = set(task.done)
             rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
             for row, pos in enumerate(report.kept):

@@ -1,20 +1,30 @@
-"""Lightning runs of tests/integration/test_lightning*.py, one per process tree.
+"""Lightning runs of tests/integration/test_lightning*.py, one or more per process tree.
 
 ``strategy="ddp"`` re-executes ``sys.argv`` for each extra rank, so these runs live in a script,
 not in pytest's process. Samples are image-path samples whose label is the sample's index, so
 ``training_step`` records exactly which samples it trained on.
 
-    python _lightning_script.py ddp    ROOT OUT {hook|fit}
+    python _lightning_script.py hook   ROOT OUT
     python _lightning_script.py resume ROOT OUT [--pause-at STEP] [--ckpt PATH] [--devices N]
+                                       [--workers N] [--sampler {shuffle|global}]
+    python _lightning_script.py RUN + RUN + ...
 
-``ddp``: ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` for 2 epochs; each rank writes
-``OUT/rank-R.json``: the loader Lightning iterated (type, options, sampler), the first batch's
-dtype and range, and the indices each epoch trained on.
+``RUN + RUN``: the runs one after the other in one process tree (one import of Lightning, one
+set of DDP ranks), each with its own ``OUT``; every run must use the same number of devices.
 
-``resume``: trains for 2 epochs with a checkpoint every ``CKPT_EVERY`` steps (``save_last``);
-``training_step`` appends ``global_step rank indices`` to ``OUT/trained-R.txt`` (flushed, fsynced)
-before the optimizer step. ``--pause-at STEP`` writes ``OUT/paused`` at that step and sleeps (the
-test SIGKILLs it); ``--ckpt`` resumes from a checkpoint.
+Every run that ends writes ``OUT/rank-R.json`` on each rank: the loader Lightning iterated (type,
+options, sampler), the first batch's dtype and range, and the indices each epoch trained on.
+
+``hook``: ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` for 2 epochs, the loader made
+in ``train_dataloader()``.
+
+``resume``: the loader passed to ``trainer.fit``; trains for 2 epochs with a checkpoint every
+``CKPT_EVERY`` steps (``save_last``). ``--sampler global``: the loader's sampler is one of the
+user's (``GlobalShuffle``) instead of ``shuffle=True``.
+
+In every run, ``training_step`` appends ``global_step rank indices`` to ``OUT/trained-R.txt``
+(flushed, fsynced) before the optimizer step. ``--pause-at STEP`` writes ``OUT/paused`` at that
+step and sleeps (the test SIGKILLs it); ``--ckpt`` resumes from a checkpoint.
 """
 
 from __future__ import annotations
@@ -46,12 +56,30 @@ def indexed_images(root: str) -> ImageDataset:
     return ImageDataset([(path, i) for i, (path, _) in enumerate(folder.samples)], transform=RandomResizedCrop(32))
 
 
-def make_loader(root: str, num_workers: int = 1) -> FastLoader:
+class GlobalShuffle(torch.utils.data.Sampler[int]):
+    """A sampler of the user's: a new order each pass from torch's global RNG (which Lightning's
+    checkpoint does not hold; the loader's state does)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def make_loader(root: str, num_workers: int = 1, sampler: str = "shuffle") -> FastLoader:
+    dataset = indexed_images(root)
+    order: dict[str, Any] = (
+        {"shuffle": True, "generator": torch.Generator().manual_seed(3)}  # later resumed epochs are exact too
+        if sampler == "shuffle" else {"sampler": GlobalShuffle(len(dataset))}
+    )
     return FastLoader(
-        indexed_images(root), batch_size=BATCH, shuffle=True, num_workers=num_workers,
+        dataset, batch_size=BATCH, num_workers=num_workers,
         normalize=(MEAN, STD), dtype=torch.float32, cache_bytes="64MB", seed=11,
-        max_batch_bytes=1 << 22, shutdown_timeout_s=4.0,
-        generator=torch.Generator().manual_seed(3),  # resumed epochs after the first are exact too
+        max_batch_bytes=1 << 22, shutdown_timeout_s=4.0, **order,
     )
 
 
@@ -87,7 +115,7 @@ class Tiny(pl.LightningModule):
 
     def train_dataloader(self) -> FastLoader:
         if not self.in_hook:
-            raise RuntimeError("train_dataloader() is only used by the `hook` case")
+            raise RuntimeError("train_dataloader() is only used by the `hook` runs")
         return make_loader(self.root)
 
     def on_train_start(self) -> None:
@@ -115,6 +143,8 @@ class Tiny(pl.LightningModule):
                   "engine_batches": self.trainer.train_dataloader.stats()["batches"],
                   "epochs": {str(e): v for e, v in self.epochs.items()}}
         (self.out / f"rank-{self.global_rank}.json").write_text(json.dumps(report))
+        if self.record is not None:
+            self.record.close()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -129,26 +159,32 @@ def trainer(devices: int, out: Path, **kw: Any) -> pl.Trainer:
 
 
 def main(argv: list[str]) -> None:
+    """Each run of ``argv``, split at ``+``, in order."""
+    torch.set_num_threads(1)
+    run: list[str] = []
+    for arg in [*argv, "+"]:
+        if arg != "+":
+            run.append(arg)
+        elif run:
+            fit_one(run)
+            run = []
+
+
+def fit_one(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("ddp", "resume"))
+    parser.add_argument("mode", choices=("hook", "resume"))
     parser.add_argument("root")
     parser.add_argument("out")
-    parser.add_argument("case", nargs="?", choices=("hook", "fit"), default="fit")
     parser.add_argument("--pause-at", type=int)
     parser.add_argument("--ckpt")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--sampler", choices=("shuffle", "global"), default="shuffle")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     pl.seed_everything(5, verbose=False)
     out = Path(args.out)
-    if args.mode == "ddp":
-        model = Tiny(args.root, args.out, in_hook=args.case == "hook")
-        run = trainer(2, out, enable_checkpointing=False)
-        if args.case == "hook":
-            run.fit(model)
-        else:
-            run.fit(model, train_dataloaders=make_loader(args.root))
+    if args.mode == "hook":
+        trainer(2, out, enable_checkpointing=False).fit(Tiny(args.root, args.out, in_hook=True))
         return
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -156,7 +192,7 @@ def main(argv: list[str]) -> None:
                                   save_top_k=-1, filename="{step}")
     model = Tiny(args.root, args.out, in_hook=False, pause_at=args.pause_at)
     run = trainer(args.devices, out, callbacks=[checkpoints])
-    run.fit(model, train_dataloaders=make_loader(args.root, args.workers), ckpt_path=args.ckpt)
+    run.fit(model, train_dataloaders=make_loader(args.root, args.workers, args.sampler), ckpt_path=args.ckpt)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,22 @@ def test_float_batches_of_cache_hits_still_go_to_workers(image_root, output, per
     loader.close()
 
 
+@pytest.mark.timeout(120)
+def test_full_hit_batches_of_two_sizes_match_an_uncached_loader_over_epochs(image_root):
+    """Batches the main process makes are packed once per batch size (a full one and the last,
+    partial one: 40 = 6 x 6 + 4) and that packing is reused by later iterators; the rows come
+    from the cache in each epoch's order, the labels from the dataset's label table."""
+    ds = folder(image_root)
+    cached = FastLoader(ds, batch_size=6, num_workers=2, cache_bytes="16MB", sampler=ReverseOddEpochs(NUM_IMAGES))
+    plain = FastLoader(ds, batch_size=6, num_workers=0, sampler=ReverseOddEpochs(NUM_IMAGES))
+    for _ in range(4):
+        want = batches(plain)
+        assert [len(y) for _, y in want] == [6] * 6 + [4]
+        assert_same(batches(cached), want)
+    assert cached.stats()["parent_batches"] == 3 * 7  # every epoch after the first
+    cached.close()
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_mixed_epochs_match_an_uncached_loader_in_order(image_root, persistent):
     ds = folder(image_root)

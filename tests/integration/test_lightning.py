@@ -3,6 +3,8 @@ mid-epoch resume from Lightning's checkpoints after a SIGKILL.
 
 The runs are tests/integration/_lightning_script.py in a subprocess: ``strategy="ddp"`` re-executes
 ``sys.argv`` for its extra rank. Labels are sample indices, so the runs record what they trained on.
+Several runs share a process tree (one import of Lightning each) where that changes nothing they
+check: see the fixtures; every resumed run is the first run of a fresh one.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def _env() -> dict[str, str]:
 
 
 def _script(*args: str, timeout: float = 150) -> None:
+    """One process tree of ``_lightning_script.py``: one run, or several joined by ``+``."""
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                          env=_env(), start_new_session=True)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -54,13 +57,34 @@ def _trained(out: Path, rank: int = 0) -> list[tuple[int, list[int]]]:
     return rows
 
 
-@pytest.mark.timeout(240)
+def _uninterrupted(out: Path) -> dict[int, list[tuple[int, list[int]]]]:
+    """Per rank, what an uninterrupted run trained on: 2 whole epochs over all ranks."""
+    runs = {int(p.stem.split("-")[1]): _trained(out, int(p.stem.split("-")[1])) for p in out.glob("trained-*.txt")}
+    assert sum(len(indices) for rows in runs.values() for _, indices in rows) == 2 * N  # 2 epochs
+    return runs
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(image_root, tmp_path_factory) -> Path:
+    """One 2-rank process tree, three runs: ``fit/``, the loader passed to ``trainer.fit`` (also the
+    uninterrupted run the DDP resume test compares with, so checkpoints are on); ``hook/``, the
+    loader built in ``train_dataloader()``; ``killed/``, the DDP resume test's run, SIGKILLed at
+    step 5 (the resumed run is a fresh process tree: the test's own)."""
+    base = tmp_path_factory.mktemp("lightning-ddp")
+    for case in ("fit", "hook", "killed"):
+        (base / case).mkdir()
+    _kill_at(image_root, base / "killed", 5, "--devices", "2",
+             first=("resume", str(image_root), str(base / "fit"), "--devices", "2", "+",
+                    "hook", str(image_root), str(base / "hook")))
+    return base
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", ["fit", "hook"])
-def test_ddp_two_ranks_get_fastloaders_with_their_options_and_disjoint_complete_epochs(image_root, tmp_path, case):
+def test_ddp_two_ranks_get_fastloaders_with_their_options_and_disjoint_complete_epochs(ddp_runs, case):
     """(fit) the loader passed to ``trainer.fit``: Lightning rebuilds it from its attributes;
     (hook) the loader built in ``train_dataloader()``: rebuilt from its recorded arguments."""
-    _script("ddp", str(image_root), str(tmp_path), case)
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    reports = [json.loads((ddp_runs / case / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for rank, report in enumerate(reports):
         assert report["world_size"] == 2 and report["rank"] == rank
         first = report["first"]
@@ -83,19 +107,20 @@ def test_ddp_two_ranks_get_fastloaders_with_their_options_and_disjoint_complete_
     assert reports[0]["epochs"]["0"] != reports[0]["epochs"]["1"]  # set_epoch reached the sampler
 
 
-def _kill_at(image_root: Path, out: Path, pause_at: int, *extra: str) -> None:
+def _kill_at(image_root: Path, out: Path, pause_at: int, *extra: str, first: tuple[str, ...] = ()) -> None:
     """Run until step ``pause_at`` (resuming from ``out``'s last.ckpt if there is one), then
-    SIGKILL the run: its process group, every rank and worker, no clean-up."""
+    SIGKILL the run: its process group, every rank and worker, no clean-up. ``first``: runs
+    (joined by ``+``) that the same process tree completes before this one starts."""
     last = out / "ckpt" / "last.ckpt"
     resume = ("--ckpt", str(last)) if last.exists() else ()
     (out / "paused").unlink(missing_ok=True)
     log = out / f"run-{pause_at}.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
-        run = subprocess.Popen([sys.executable, str(SCRIPT), "resume", str(image_root), str(out),
+        run = subprocess.Popen([sys.executable, str(SCRIPT), *first, "+", "resume", str(image_root), str(out),
                                 "--pause-at", str(pause_at), *resume, *extra],
                                stdout=sink, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 150 + 60 * sum(arg in ("resume", "hook") for arg in first)  # runs first
         while not (out / "paused").exists():
             assert run.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the run did not reach its pause step: " + log.read_text()[-2000:]
@@ -121,21 +146,46 @@ def _trained_up_to_checkpoint(out: Path) -> dict[int, list[tuple[int, list[int]]
     return kept
 
 
-def _full_run(image_root: Path, out: Path, *extra: str) -> dict[int, list[tuple[int, list[int]]]]:
-    out.mkdir()
-    _script("resume", str(image_root), str(out), *extra)
-    runs = {int(p.stem.split("-")[1]): _trained(out, int(p.stem.split("-")[1])) for p in out.glob("trained-*.txt")}
-    assert sum(len(indices) for rows in runs.values() for _, indices in rows) == 2 * N  # 2 epochs
-    return runs
+# The single-process kill-and-resume cases: (pause step, num_workers, sampler)
+KILLS = {
+    "mid-epoch-with-a-worker": (9, "1", "shuffle"),
+    "after-epoch-end-without-workers": (7, "0", "shuffle"),
+    "mid-epoch-with-a-sampler-of-the-users": (9, "1", "global"),
+}
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    ("pause_at", "workers"),
-    [(9, "1"), (7, "0")],
-    ids=["mid-epoch-with-a-worker", "after-epoch-end-without-workers"],
-)
-def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(image_root, tmp_path, pause_at, workers):
+@pytest.fixture(scope="module")
+def single_runs(image_root, tmp_path_factory) -> dict[str, tuple[list, list]]:
+    """Per case of ``KILLS``: (the steps the killed run trained on up to its last checkpoint, then
+    the resumed run's; the uninterrupted run's). One process per killed run: the first one runs
+    every uninterrupted run before its killed run, each later one the previous case's resumed run
+    (so every resumed run is the first of a fresh process); the last resumed run has its own."""
+    base = tmp_path_factory.mktemp("lightning-single")
+    root = str(image_root)
+
+    def options(case: str) -> tuple[str, ...]:
+        _, workers, sampler = KILLS[case]
+        return ("--workers", workers, "--sampler", sampler)
+
+    first: tuple[str, ...] = ()
+    for case in KILLS:
+        for run in ("full", "killed"):
+            (base / case / run).mkdir(parents=True)
+        first += ("+", "resume", root, str(base / case / "full"), *options(case))
+    kept = {}
+    for case, (pause_at, _, _) in KILLS.items():
+        out = base / case / "killed"
+        _kill_at(image_root, out, pause_at, *options(case), first=first)
+        kept[case] = _trained_up_to_checkpoint(out)[0]
+        first = ("resume", root, str(out), "--ckpt", str(out / "ckpt" / "last.ckpt"), *options(case))
+    _script(*first)
+    return {case: (kept[case] + _trained(base / case / "killed"), _uninterrupted(base / case / "full")[0])
+            for case in KILLS}
+
+
+@pytest.mark.timeout(480)  # the first case's set-up runs every case's processes
+@pytest.mark.parametrize("case", list(KILLS))
+def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, case):
     """One process, 6 steps/epoch, a checkpoint every 2 steps. Killed at step 9: its last
     checkpoint (step 8) is mid-epoch 1, with the worker holding batches prefetched beyond it.
     Killed at step 7: its last checkpoint (step 6) is right after epoch 0's last batch. The steps
@@ -144,25 +194,18 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(image_root, tmp_
 
     (One kill per run: Lightning 2.6.6 itself miscounts epoch 1 in a run resumed from an epoch-end
     checkpoint, so a second kill of that run resumes it as a fresh epoch, whatever the loader.)
+    A sampler of the user's shuffling with torch's global RNG (issue 11) resumes exactly too.
     """
-    extra = ("--workers", workers)
-    full = _full_run(image_root, tmp_path / "full", *extra)
-    out = tmp_path / "killed"
-    out.mkdir()
-    _kill_at(image_root, out, pause_at, *extra)
-    before = _trained_up_to_checkpoint(out)[0]
-    _script("resume", str(image_root), str(out), "--ckpt", str(out / "ckpt" / "last.ckpt"), *extra)
-    assert before + _trained(out) == full[0]
+    resumed, full = single_runs[case]
+    assert resumed == full
 
 
 @pytest.mark.timeout(300)
-def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(image_root, tmp_path):
+def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(image_root, ddp_runs):
     """2 ranks (3 steps/epoch each), checkpoint at step 4 (mid-epoch 1) by rank 0, holding rank 0's
     loader state, which every rank loads: torch's DistributedSampler's state is rank-free."""
-    full = _full_run(image_root, tmp_path / "full", "--devices", "2")
-    out = tmp_path / "killed"
-    out.mkdir()
-    _kill_at(image_root, out, 5, "--devices", "2")
+    full = _uninterrupted(ddp_runs / "fit")
+    out = ddp_runs / "killed"
     before = _trained_up_to_checkpoint(out)
     _script("resume", str(image_root), str(out), "--ckpt", str(out / "ckpt" / "last.ckpt"), "--devices", "2")
     for rank in (0, 1):

@@ -128,12 +128,15 @@ def test_replace_changes_only_what_is_given():
 
 def test_a_loader_pickles_to_its_arguments_and_iterates_unpickled(image_root):
     gen = torch.Generator()
+    # a start method other than the default travels with the pickle; forkserver, not spawn: its
+    # workers pickle their arguments just the same, without a fresh interpreter each (the start
+    # methods themselves: test_parity_workers.py::test_start_methods)
     loader = tensor_loader(batch_size=8, shuffle=True, generator=gen, num_workers=2,
-                           multiprocessing_context="spawn", max_batch_bytes=1 << 22)
+                           multiprocessing_context="forkserver", max_batch_bytes=1 << 22)
     first = batches(loader, gen)  # a loader that has workers and an arena still pickles
     copy = pickle.loads(pickle.dumps(loader))
     assert copy is not loader and copy._arena is None and copy.max_batch_bytes == 1 << 22
-    assert copy.multiprocessing_context.get_start_method() == "spawn"
+    assert copy.multiprocessing_context.get_start_method() == "forkserver"
     assert same(batches(copy, copy.generator), first)
     loader.close()
     copy.close()

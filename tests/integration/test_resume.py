@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
 
 from gpufeed import DistributedSampler, FastLoader, ImageFolder, RandomResizedCrop
 from gpufeed.synth import make_image_folder
@@ -119,7 +119,7 @@ def test_image_resume_is_byte_identical(image_root: Path, before: int, after: in
 def test_unknown_version_and_mid_epoch_load_are_clear_errors() -> None:
     loader = generic(0)
     state = loader.state_dict()
-    assert state["version"] == 1 and state["sampler"] is None
+    assert state["version"] == 2 and state["sampler"] is None
     with pytest.raises(ValueError, match="version 99 is not supported"):
         loader.load_state_dict({**state, "version": 99})
     it = iter(loader)
@@ -271,7 +271,11 @@ def test_iterable_dataset_delegates_or_refuses() -> None:
         FastLoader(Plain()).state_dict()
 
 
-def test_unsupported_sampler_is_a_clear_error() -> None:
+def test_custom_sampler_inside_accelerates_shard_is_a_clear_error() -> None:
+    """A sampler of the user's resumes (tests/integration/test_resume_custom.py), except inside
+    another sharding sampler, here Accelerate's BatchSamplerShard."""
+    data_loader = pytest.importorskip("accelerate.data_loader", reason="accelerate is not installed")
+
     class Backwards(torch.utils.data.Sampler):
         def __init__(self, n: int) -> None:
             self.n = n
@@ -282,11 +286,12 @@ def test_unsupported_sampler_is_a_clear_error() -> None:
         def __len__(self) -> int:
             return self.n
 
-    dataset: Dataset = IndexDataset(N)
-    loader = FastLoader(dataset, batch_size=BATCH, sampler=Backwards(N))
+    shard = data_loader.BatchSamplerShard(torch.utils.data.BatchSampler(Backwards(N), BATCH, False),
+                                          num_processes=2, process_index=0)
+    loader = FastLoader(IndexDataset(N), batch_sampler=shard)
     it = iter(loader)
     next(it)
-    with pytest.raises(NotImplementedError, match="SequentialSampler, RandomSampler"):
+    with pytest.raises(NotImplementedError, match="SequentialSampler, RandomSampler.*BatchSamplerShard over Backwards"):
         loader.state_dict()
 
 

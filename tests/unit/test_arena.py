@@ -95,6 +95,42 @@ def test_a_warm_slot_that_always_waited_is_trimmed_once_per_window(arena):
     assert arena.resident_bytes() == SLOT  # only the slot in use keeps its pages
 
 
+def test_ids_that_waited_throughout_a_window_are_all_emptied_at_its_end():
+    arena = Arena(SLOT, warm_cap=8)
+    slots = [arena.acquire() for _ in range(4)]
+    for s in slots:
+        write(arena, s)
+    for s in slots[:3]:
+        arena.release(s)  # three spare ids
+    fd = arena.handle().warm_fd
+    in_use = slots[3]
+    for _ in range(2 * TRIM_WINDOW):  # the consumer frees a batch, a worker takes an id
+        arena.release(in_use)
+        in_use = take_warm(fd)
+        assert in_use is not None
+    # Every release of the second window found 3 ids waiting: 3 were emptied at its end (the
+    # one released then, and two from the pipe); only the slot in use keeps its pages.
+    assert arena.emptied == 3 and arena.warm_waiting() == 0
+    assert arena.resident_bytes() == SLOT
+    arena.close()
+
+
+def test_a_spare_that_a_worker_takes_before_each_free_keeps_its_pages(arena):
+    """A worker that starts its next batch before the consumer frees the last one takes the
+    spare: the spare is needed, trimming it would cost a refault per window."""
+    spare, held = arena.acquire(), arena.acquire()
+    write(arena, spare)
+    write(arena, held)
+    arena.release(spare)
+    fd = arena.handle().warm_fd
+    for _ in range(3 * TRIM_WINDOW):
+        taken = take_warm(fd)  # the worker binds its next slot first...
+        assert taken is not None
+        arena.release(held)  # ...then the consumer frees its batch
+        held = taken
+    assert arena.emptied == 0 and arena.resident_bytes() == 2 * SLOT
+
+
 def test_snapshot_says_where_free_and_leased_slots_are_and_leaves_the_pipe_as_it_was(arena):
     a, b, c, d = (arena.acquire() for _ in range(4))
     write(arena, a)

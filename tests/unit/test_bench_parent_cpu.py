@@ -17,7 +17,8 @@ BENCH = ROOT / "benchmarks" / "parent_cpu.py"
 FIELDS = {"name", "kind", "dtype", "cache", "persistent", "batches", "rounds", "parent_cpu_ms_per_batch",
           "parent_cpu_with_startup_ms_per_batch", "worker_cpu_ms_per_batch",
           "uncached_worker_cpu_ms_per_batch", "parent_over_worker", "max_workers", "batch_bytes",
-          "parent_mb_per_s", "goal_met", "idle_trim_cpu_ms_per_batch", "idle_trims_per_batch",
+          "parent_mb_per_s", "goal_met", "trim_cpu_ms_per_batch", "slots_emptied_per_batch",
+          "worker_faults_per_batch", "images_per_s", "resident_batches_mean", "resident_batches_peak",
           "parent_cpu_without_trims_ms_per_batch", "parent_over_worker_without_trims",
           "max_workers_without_trims", "goal_met_without_trims"}
 
@@ -37,7 +38,7 @@ def test_tiny_run_prints_the_table_and_writes_every_field(tmp_path):
     assert "shared machine" in proc.stdout and "CPU seconds, not wall time" in proc.stdout
     assert "parent/worker" in proc.stdout
     assert "goal (image path, no cache: parent CPU < 3% of a worker's per batch), all parent CPU:" in proc.stdout
-    assert "goal (image path, no cache: parent CPU < 3% of a worker's per batch), without idle trims:" in proc.stdout
+    assert "goal (image path, no cache: parent CPU < 3% of a worker's per batch), without trims:" in proc.stdout
 
     result = json.loads(out.read_text())
     assert result["benchmark"] == "parent_cpu" and result["goal_ratio"] == 0.03
@@ -54,11 +55,16 @@ def test_tiny_run_prints_the_table_and_writes_every_field(tmp_path):
         assert row["parent_cpu_ms_per_batch"] > 0, name  # the parent did some work for every batch
         assert row["parent_cpu_with_startup_ms_per_batch"] > 0, name
         assert row["worker_cpu_ms_per_batch"] >= 0, name
-        assert 0 <= row["idle_trim_cpu_ms_per_batch"] <= row["parent_cpu_ms_per_batch"], name
-        assert math.isclose(row["parent_cpu_without_trims_ms_per_batch"] + row["idle_trim_cpu_ms_per_batch"],
+        assert 0 <= row["trim_cpu_ms_per_batch"] <= row["parent_cpu_ms_per_batch"], name
+        assert row["slots_emptied_per_batch"] >= 0 and row["images_per_s"] > 0, name
+        assert math.isclose(row["parent_cpu_without_trims_ms_per_batch"] + row["trim_cpu_ms_per_batch"],
                             row["parent_cpu_ms_per_batch"], rel_tol=1e-6, abs_tol=1e-9), name
     uncached = rows["eval uint8 no-cache"]
     assert uncached["worker_cpu_ms_per_batch"] > 0  # the workers decoded: their CPU was read
+    assert uncached["worker_faults_per_batch"] > 0  # and their page faults (a worker maps its slots)
+    # the arena holds the batch the consumer has, at least (sampled while it holds it)
+    assert 1 <= uncached["resident_batches_mean"] <= uncached["resident_batches_peak"]
+    assert rows["generic-dataloader uint8 no-cache"]["resident_batches_peak"] == 0  # torch's: no arena
     assert uncached["goal_met"] in (True, False) and rows["eval uint8 cache-hit"]["goal_met"] is None
     ratio = uncached["parent_over_worker"]
     assert math.isclose(uncached["max_workers"], 1 / ratio)
