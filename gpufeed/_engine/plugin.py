@@ -31,6 +31,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from gpufeed._engine.arena import SlotWriter
@@ -68,11 +70,13 @@ class BatchFiller(Protocol):
     def prefetch(self, dataset: Any, index: Any, extra: Any, /) -> Prefetched | None:
         """Start the work of a task the worker will fill later (reads), in task order."""
 
-    def fill(self, dataset: Any, index: Any, extra: Any, writer: SlotWriter, prefetched: Any, /,
-             ) -> tuple[Any, FillReport]:
+    def fill(self, dataset: Any, index: Any, extra: Any, writer: SlotWriter, prefetched: Any,
+             more: Callable[[], None], /) -> tuple[Any, FillReport]:
         """Build the batch of ``index`` (``extra``: what ``FillPlugin.prepare`` returned;
         ``prefetched``: what ``prefetch`` returned for it) in the writer's current slot; returns
-        (batch, report). The batch is packed like a collated one."""
+        (batch, report). The batch is packed like a collated one. ``more()`` takes the tasks
+        that reached the worker since this one began and calls ``prefetch`` for them (cheap: one
+        non-blocking poll when none waits); call it when there is room to start more work."""
 
 
 class FillPlugin(Protocol):

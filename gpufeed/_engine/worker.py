@@ -291,6 +291,14 @@ def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Conne
     # Messages taken from the pipe ahead of their turn, with what the filler's prefetch started
     # for them; handled in pipe order, so only the prefetch happens early.
     queued: deque[tuple[ToWorker, Prefetched | None]] = deque()
+
+    def more() -> None:
+        """The filler's way to begin the tasks that arrive while it fills one."""
+        try:
+            _take_queued(spec, tasks, queued)
+        except (EOFError, OSError):
+            pass  # the parent went away: the loop's own recv meets it
+
     try:
         while True:
             msg, ahead = queued.popleft() if queued else (tasks.recv(), None)
@@ -324,7 +332,7 @@ def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Conne
                 if failed_restore is not None:
                     error, failed_restore = failed_restore, None
                     raise error
-                reply = _run(spec, fetcher, msg, w, ahead, tracker)
+                reply = _run(spec, fetcher, msg, w, ahead, tracker, more)
             except StopIteration as exc:
                 if isinstance(fetcher, _IterableFetcher):
                     reported_end = True
@@ -349,9 +357,12 @@ def _stopping(spec: WorkerSpec) -> bool:
 
 
 def _take_queued(spec: WorkerSpec, tasks: Connection, queued: deque[tuple[ToWorker, Prefetched | None]]) -> None:
-    """Take the messages already waiting in the task pipe (up to ``MAX_QUEUED_TASKS``) and start
-    the prefetch of their tasks, so their reads run while the current task is filled (without
-    it each batch began with one read's latency; see docs/design/image-path.md)."""
+    """Take the messages already waiting in the task pipe (up to ``MAX_QUEUED_TASKS``, none past
+    a ``Reset`` or ``Exit``) and start the prefetch of their tasks, so their reads run while the
+    current task is filled (without it each batch began with one read's latency; see
+    docs/design/image-path.md). Called when a task begins, and by the filler while it fills."""
+    if any(not isinstance(msg, Task) for msg, _ in queued):
+        return  # what follows a Reset or Exit is for later
     while len(queued) < MAX_QUEUED_TASKS and not _stopping(spec) and tasks.poll(0):
         msg: ToWorker = tasks.recv()
         queued.append((msg, _prefetch(spec, msg) if isinstance(msg, Task) else None))
@@ -388,9 +399,10 @@ def _restore(spec: WorkerSpec, tracker: RngTracker | None, msg: Restore) -> Exce
 
 
 def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter, ahead: Prefetched | None = None,
-         tracker: RngTracker | None = None) -> Done:
+         tracker: RngTracker | None = None, more: Callable[[], None] = lambda: None) -> Done:
     """Fetch and collate (or fill) ``task`` and pack it into the slot; with state tracking, the
-    reply carries the dataset's state and the random states that changed."""
+    reply carries the dataset's state and the random states that changed (``more``: the
+    filler's way to take the tasks that arrive meanwhile)."""
     t0 = time.perf_counter()
     report: FillReport | None = None
     if spec.filler is None:
@@ -399,7 +411,7 @@ def _run(spec: WorkerSpec, fetcher: _Fetcher, task: Task, w: SlotWriter, ahead: 
         data = spec.collate_fn(data)
         t2 = time.perf_counter()
     else:
-        data, report = spec.filler.fill(spec.dataset, task.index, task.extra, w, ahead)
+        data, report = spec.filler.fill(spec.dataset, task.index, task.extra, w, ahead, more)
         t1 = t0 + report.read_s
         t2 = time.perf_counter()
     skeleton, used, overflow = pack(data, w)

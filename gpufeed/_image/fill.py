@@ -282,10 +282,11 @@ class ImageFiller:
         return begin_reads(_worker_reads(source), source, indices, task)
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
-             prefetched: BatchReads | None = None,
+             prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
              ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
         """Lay the batch out in the slot, stage encoded misses after the parent's hits;
-        ``prefetched``: what :meth:`prefetch` returned for this task."""
+        ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
+        tasks that reached the worker since, so their reads begin during this fill."""
         plan = self.plan
         labels, floats, staging = plan.offsets(len(indices))
         if staging > w.capacity:
@@ -302,8 +303,15 @@ class ImageFiller:
         def stage(pos: int, data: Any) -> tuple[int, int] | None:
             return w.stage(data)
 
-        return fill_batch(plan, source, indices, task, lambda: w.buffer,
-                          stage if plan.cache == "encoded" else None, _worker_reads(source), prefetched)
+        reads = _worker_reads(source)
+        if reads is not None:
+            reads.more = more
+        try:
+            return fill_batch(plan, source, indices, task, lambda: w.buffer,
+                              stage if plan.cache == "encoded" else None, reads, prefetched)
+        finally:
+            if reads is not None:
+                reads.more = None
 
 
 _reads: ReadAhead | None = None  # this worker process's read-ahead (made on first use)

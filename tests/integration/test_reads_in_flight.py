@@ -252,6 +252,50 @@ def test_break_mid_epoch_leaves_no_reads_and_no_budget_behind(tmp_path):
     assert not live_children()
 
 
+class GatedItems(Dataset):
+    """(JPEG bytes, label); each read leaves a ``began-I`` file in ``log_dir``; the read of
+    ``gated`` waits (up to 10 s) until the read of ``opener`` has begun, and leaves a
+    ``waited-in-vain`` file if it never did."""
+
+    def __init__(self, log_dir: str, gated: int | None = None, opener: int | None = None) -> None:
+        self.items, self.log_dir, self.gated, self.opener = _jpegs(N), log_dir, gated, opener
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        (Path(self.log_dir) / f"began-{i}").touch()
+        flag = Path(self.log_dir) / f"began-{self.opener}"
+        if i == self.gated:
+            deadline = time.monotonic() + 10
+            while not flag.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if not flag.exists():
+                (Path(self.log_dir) / "waited-in-vain").touch()
+        return self.items[i], i % 5
+
+
+@pytest.mark.timeout(60)
+def test_a_task_that_arrives_during_a_fill_begins_its_reads_then(tmp_path):
+    """One worker holding two tasks (batches 0 and 1 of 8 samples), 4 reads in flight: read 12
+    begins only once the worker fills batch 1; the test then asks for batch 0, so the parent
+    sends batch 2's task while batch 1 is filled. Its reads must begin then, not at its turn:
+    batch 1's last read (15) finishes only once batch 2's first (16) has begun."""
+    kw = dict(batch_size=8, num_workers=1, prefetch_factor=2)
+    gated = tmp_path / "gated"
+    gated.mkdir()
+    ds = ImageDataset(GatedItems(str(gated), gated=15, opener=16), RandomResizedCrop(24, seed=4),
+                      read_concurrency=4)
+    it = iter(FastLoader(ds, **kw))
+    deadline = time.monotonic() + 20
+    while not (gated / "began-12").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    got = [(x.clone(), y.clone()) for x, y in it]
+    assert not (gated / "waited-in-vain").exists()
+    assert (gated / "began-12").exists()
+    plain = ImageDataset(GatedItems(str(tmp_path)), RandomResizedCrop(24, seed=4))
+    _same(got, _batches(FastLoader(plain, **kw)))
+
 def test_read_options_are_checked():
     with pytest.raises(ValueError, match="`read_concurrency` must be an int >= 1. Found: 0"):
         ImageDataset([(b"x", 0)], read_concurrency=0)

@@ -71,3 +71,86 @@ def test_closing_an_unused_task_cancels_its_reads_and_frees_the_budget():
     assert [c.next()[1] for _ in range(4)] == [50, 51, 52, 53]
     c.close()
     assert len(src.started) < 2 + 30 + 4  # some of the skipped task's reads never ran
+
+
+def test_room_left_over_begins_the_tasks_that_arrive_while_one_is_read():
+    """``more`` (the worker taking tasks from its pipe) is asked once every read of the open
+    tasks is submitted and the concurrency has room; the tasks it begins read at once."""
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=8, budget_bytes=1 << 20)
+    arriving = [[10, 11, 12]]
+    begun = []
+    asked_with_unsubmitted = []
+
+    def more() -> None:
+        asked_with_unsubmitted.append(any(b.unsubmitted for b in ahead.open))
+        while arriving:
+            begun.append(ahead.batch(src.read, arriving.pop(0)))
+
+    ahead.more = more
+    a = ahead.batch(src.read, [0, 1, 2])
+    assert begun == []  # no size known yet: one read, no room to ask
+    assert a.next()[1] == 0
+    assert len(begun) == 1 and ahead.pending == 5  # a's last two and the new task's three
+    assert [a.next()[1] for _ in range(2)] == [1, 2]
+    a.close()
+    assert [begun[0].next()[1] for _ in range(3)] == [10, 11, 12]
+    begun[0].close()
+    assert asked_with_unsubmitted and not any(asked_with_unsubmitted)
+    assert src.started == [0, 1, 2, 10, 11, 12]
+
+
+def test_no_asking_while_the_open_tasks_fill_the_concurrency():
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=2, budget_bytes=1 << 20)
+    ahead.previous_max = SIZE  # sizes known from an earlier task
+    asked_at = []
+    a = ahead.batch(src.read, list(range(6)))
+    ahead.more = lambda: asked_at.append(len(a.pending) + a._submitted)
+    got = [a.next()[1] for _ in range(6)]
+    a.close()
+    assert got == list(range(6))
+    assert asked_at and min(asked_at) >= 6  # only once all six were submitted
+
+
+class ArrivesWhileWaiting:
+    """Read 0 finishes only once read 10 has started (or after 10 s, recorded): read 10 belongs
+    to a task that "arrives" (``more`` returns it) on the third time the worker looks."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.timed_out = False
+        self._opened = threading.Event()
+        self.looks = 0
+
+    def read(self, i: int) -> tuple[bytes, int]:
+        self.started.append(i)
+        if i == 10:
+            self._opened.set()
+        if i == 0 and not self._opened.wait(10):
+            self.timed_out = True
+        return bytes(SIZE), i
+
+
+def test_a_task_arriving_during_a_wait_for_a_read_begins_before_that_read_ends():
+    src = ArrivesWhileWaiting()
+    ahead = ReadAhead(concurrency=8, budget_bytes=1 << 20)
+    ahead.previous_max = SIZE
+    begun = []
+
+    def more() -> None:
+        src.looks += 1
+        if src.looks == 3:
+            begun.append(ahead.batch(src.read, [10, 11]))
+
+    ahead.more = more
+    a = ahead.batch(src.read, [0, 1])
+    assert a.next()[1] == 0
+    assert not src.timed_out and src.looks >= 3  # kept looking while read 0 was out
+    assert a.next()[1] == 1
+    a.close()
+    assert [begun[0].next()[1] for _ in range(2)] == [10, 11]
+    begun[0].close()
+    assert ahead.pending == 0 and ahead.open == []
