@@ -68,6 +68,18 @@ def make(clock):
     assert batcher_threads() == []
 
 
+def one_busy_slot(make, clock, first: int):
+    """A batcher with one model slot, busy with ``first`` (0.25 s after it arrived) until the
+    returned gate is set."""
+    gate = threading.Event()
+    fn = Recorder(gate)
+    b = make(fn, max_concurrent_batches=1)
+    running = b.submit(first)
+    clock.advance(0.25)
+    assert fn.started.wait(WAIT_S)
+    return fn, b, gate, running
+
+
 def results(futures) -> list:
     return [f.result(timeout=WAIT_S) for f in futures]
 
@@ -156,12 +168,7 @@ def test_zero_delay_dispatches_whatever_is_queued(make, clock):
 
 @pytest.mark.timeout(30)
 def test_a_busy_slot_holds_requests_which_go_as_soon_as_it_frees(make, clock):
-    gate = threading.Event()
-    fn = Recorder(gate)
-    b = make(fn, max_concurrent_batches=1)
-    a = b.submit(1)
-    clock.advance(0.25)
-    assert fn.started.wait(WAIT_S)
+    fn, b, gate, a = one_busy_slot(make, clock, 1)
     later = [b.submit(2), b.submit(3)]
     clock.advance(1.0)  # their timer ran out while the only slot is busy
     clock.wait_idle()
@@ -173,12 +180,7 @@ def test_a_busy_slot_holds_requests_which_go_as_soon_as_it_frees(make, clock):
 
 @pytest.mark.timeout(30)
 def test_a_freed_slot_takes_full_batches_in_order_and_a_partial_one_still_waits_for_its_timer(make, clock):
-    gate = threading.Event()
-    fn = Recorder(gate)
-    b = make(fn, max_concurrent_batches=1)
-    first = b.submit(0)
-    clock.advance(0.25)
-    assert fn.started.wait(WAIT_S)
+    fn, b, gate, first = one_busy_slot(make, clock, 0)
     queued = [b.submit(i) for i in range(1, 20)]  # two full batches of 8, then 3
     gate.set()
     assert results([first, *queued[:16]]) == [2 * i for i in range(17)]
@@ -195,12 +197,7 @@ def test_a_freed_slot_takes_full_batches_in_order_and_a_partial_one_still_waits_
 
 @pytest.mark.timeout(30)
 def test_a_request_expiring_while_every_slot_is_busy_fails_at_its_deadline(make, clock):
-    gate = threading.Event()
-    fn = Recorder(gate)
-    b = make(fn, max_concurrent_batches=1)
-    running = b.submit(1)
-    clock.advance(0.25)
-    assert fn.started.wait(WAIT_S)
+    fn, b, gate, running = one_busy_slot(make, clock, 1)
     doomed = b.submit(2, timeout_s=0.125)
     kept = b.submit(3)
     clock.advance(0.125)
