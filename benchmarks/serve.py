@@ -28,7 +28,13 @@ Closed loop (``--clients N``): N client threads each send a JPEG, wait for its a
 the next, for ``--duration`` seconds per mode: QPS, p50/p99 and CPU milliseconds per answered
 request (this process and its children), as ratios against batch-1 measured in the same run.
 
-    python benchmarks/serve.py [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
+On a GPU (``--device cuda``; run by ``make gpu-check``) the models run there, results come back to
+the host with ``.cpu()``, and the defaults change (ResNet-18 only, max_batch_size 64, usable cores - 4
+model threads and decode workers, rates up to 10x batch-1's, a time budget): see serve_device.py.
+Goal there (issue 12): batched >= 5x batch-1's sustained rate for ResNet-18.
+
+    python benchmarks/serve.py [--device cpu|cuda] [--budget-s S] [--stop-after-fails N]
+                               [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
                                [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
                                [--image-workers 1] [--clients 16] [--batch1-capacity RPS] [--json OUT]
@@ -59,7 +65,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
 from gpufeed.synth import make_image_folder
@@ -67,79 +72,11 @@ from gpufeed.transforms import ResizeCenterCrop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_device  # noqa: E402  (--device: its defaults, CUDA check and GPU helpers)
+from serve_models import SPECS, ModelSpec  # noqa: E402  (models and their settings; serve_threads uses serve.SPECS)
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # 0-1 scale, as ImageBatcher/FastLoader take it
 MEAN = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1) * 255
 STD = torch.tensor(NORMALIZE[1]).view(1, 3, 1, 1) * 255
-
-
-# -- models ---------------------------------------------------------------------------------------
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return torch.relu(out + (x if self.down is None else self.down(x)))
-
-
-def resnet18(num_classes: int = 1000) -> nn.Module:
-    """torchvision's ResNet-18 when it imports, else the same architecture (random weights)."""
-    try:
-        from torchvision.models import resnet18 as tv_resnet18
-
-        return tv_resnet18(weights=None, num_classes=num_classes)
-    except Exception:
-        pass
-    layers: list[nn.Module] = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-    ]
-    cin = 64
-    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-        cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
-    return nn.Sequential(*layers)
-
-
-def small_cnn(num_classes: int = 10) -> nn.Module:
-    """A small CNN for 96x96 inputs (~13 MFLOPs): per-call overhead is a large share."""
-
-    def block(cin: int, cout: int) -> list[nn.Module]:
-        return [nn.Conv2d(cin, cout, 3, 2, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
-
-    return nn.Sequential(
-        *block(3, 16), *block(16, 32), *block(32, 64), *block(64, 64),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes),
-    )
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    build: Callable[[], nn.Module]
-    size: int  # crop (pixels)
-    resize: int  # shorter side before the crop
-    slo_ms: float
-    max_batch_size: int
-    max_delay_ms: float
-    max_concurrent_batches: int
-
-
-SPECS = {
-    "resnet18": ModelSpec("resnet18", resnet18, 224, 256, 250.0, 4, 10.0, 2),
-    "smallcnn": ModelSpec("smallcnn", small_cnn, 96, 110, 50.0, 8, 2.0, 2),
-}
 
 
 class Pipeline:
