@@ -30,7 +30,7 @@ request (this process and its children), as ratios against batch-1 measured in t
 
 On a GPU (``--device cuda``; run by ``make gpu-check``) the models run there, results come back to
 the host with ``.cpu()``, and the defaults change (ResNet-18 only, max_batch_size 64, usable cores - 4
-model threads and decode workers, rates up to 10x batch-1's, a time budget): see serve_device.py.
+model threads and decode workers, rates up to 16x batch-1's, a time budget): see serve_device.py.
 Goal there (issue 12): batched >= 5x batch-1's sustained rate for ResNet-18.
 
     python benchmarks/serve.py [--device cpu|cuda] [--budget-s S] [--stop-after-fails N]
@@ -523,16 +523,24 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     misses = dict.fromkeys(modes, 0)  # unsustained rates in a row, per mode
     stopped: dict[str, float] = {}  # mode -> the first rate it was not offered (--stop-after-fails)
     skipped: list[str] = []  # points left out for --budget-s
+    errors: dict[str, str] = {}  # mode -> the error that ended it (the other modes go on: one device run)
     for i, mult in enumerate(args.rates):
         rate = mult * capacity
         for mode in modes:  # alternate, same rate and arrival seed
+            if mode in errors:
+                continue
             if args.stop_after_fails and misses[mode] >= args.stop_after_fails:
                 stopped.setdefault(mode, rate)
                 continue
             if time.perf_counter() + point_s > deadline:
                 skipped.append(f"{mode} at {rate:.1f}/s")
                 continue
-            r = run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=i)
+            try:
+                r = run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=i)
+            except Exception as exc:  # noqa: BLE001 - reported, and the run's exit status says so
+                errors[mode] = f"{type(exc).__name__}: {exc}"
+                print(f"{rate:9.1f} {mode:<8} FAILED, no more points for {mode}: {errors[mode]}")
+                continue
             misses[mode] = 0 if r.sustained else misses[mode] + 1
             rows.append(r)
             print(f"{rate:9.1f} {r.mode:<8} {r.offered:7d} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} "
@@ -571,12 +579,16 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
         if b1 and not ratio <= headline["ratio"]:  # the first real ratio, or a higher one
             headline.update(mode=mode, ratio=ratio, lower_bound=top,
                             met=None if goal is None else bool(ratio >= goal))
+    for mode, error in errors.items():
+        print(f"{spec.name}: {mode} FAILED: {error}")
     if headline["mode"] is not None:
         print(f"{spec.name} headline ({args.torch_device.type}): {headline['mode']} sustains {headline['ratio']:.2f}x "
               f"batch-1's QPS at the SLO" + ("" if goal is None else
                                               f" (goal >= {goal}x: {'met' if headline['met'] else 'NOT met'})")
               + (", a lower bound" if headline["lower_bound"] else ""))
-    if b1 and args.overload and time.perf_counter() + len(modes) * point_s > deadline:
+    if b1 and args.overload and errors:
+        print(f"{spec.name}: the 1.5x overload point skipped: {', '.join(errors)} failed")
+    elif b1 and args.overload and time.perf_counter() + len(modes) * point_s > deadline:
         print(f"{spec.name}: budget: the 1.5x overload point skipped (--budget-s {args.budget_s:g})")
     elif b1 and args.overload:  # overload: 1.5x the highest rate batch-1 sustained, every mode
         rate = 1.5 * b1
@@ -588,7 +600,7 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
                   f"QPS {r.achieved_qps:.0f}, answered {r.answered}/{r.offered}, refused {r.refused}"
                   + ("" if mode == "batch-1" else f" (goal p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})"))
     clients: list[Result] = []
-    if args.clients:
+    if args.clients and not errors:
         print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s per mode and round, "
               f"{args.rounds} rounds alternating the modes (each client sends a JPEG, waits for its answer, "
               "sends the next); x: ratio to the batch-1 run of the same round")
@@ -619,7 +631,7 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
                   f"p99 {med[1]:.2f}x, CPU per request {med[2]:.2f}x")
     return {
         "model": spec.name, "device": str(args.torch_device), "slo_ms": slo_ms, "capacity_estimate": capacity,
-        "headline": headline, "stopped": stopped, "skipped": skipped,
+        "headline": headline, "stopped": stopped, "skipped": skipped, "errors": errors,
         "rows": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in rows],
         "sustained": sustained,
         "clients": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in clients],
@@ -635,12 +647,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="default: smallcnn resnet18 (cuda: resnet18)")
     p.add_argument("--rates", nargs="*", type=float, default=None,
                    help="offered rates as multiples of batch-1's capacity measured at start-up (saturated); "
-                   "default 0.5 0.7 0.85 1 1.2 1.4 (cuda: 0.5 1 2 3 4 5 6 8 10)")
+                   "default 0.5 0.7 0.85 1 1.2 1.4 (cuda: 0.25 0.5 1 2 3 4 6 8 12 16)")
     p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
     p.add_argument("--batch1-capacity", type=float, default=None,
                    help="batch-1's capacity (req/s) to use instead of measuring it: the same offered rates in "
                    "runs compared against each other")
-    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per point (default 3; cuda: 2)")
+    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per point (default 3; cuda: 1.5)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="cap on arrivals per point (default 5000; cuda: 40000)")
     p.add_argument("--cores", type=int, default=None,
@@ -701,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     out = [bench_model(SPECS[name], jpegs, args) for name in args.models]
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
-    return 0
+    return 1 if any(m["errors"] for m in out) else 0
 
 
 if __name__ == "__main__":

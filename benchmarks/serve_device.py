@@ -12,7 +12,7 @@ launches), so the defaults there are sized for one H100/H200 host with 16 cores 
 * batcher / images: ``max_batch_size`` 64, ``max_delay_ms`` 5, ``cores - 4`` model threads
   (``max_concurrent_batches``) and, for ImageBatcher, as many decode workers, so that that many
   batches decode at once (one worker decodes one batch); results come back with ``.cpu()`` too;
-* rates 0.5-10x batch-1's measured capacity, 2 s each; a mode stops after 2 consecutive rates it
+* rates 0.25-16x batch-1's measured capacity, 1.5 s each; a mode stops after 2 consecutive rates it
   did not sustain; ``--budget-s`` (default 120) skips the points that would end after it;
   the closed-loop part is off (``--clients`` turns it on).
 
@@ -45,7 +45,7 @@ def cuda_defaults() -> dict[str, Any]:
     """Defaults with ``--device cuda`` (see the module docstring)."""
     cores = usable_core_count()
     threads = max(2, cores - 4)
-    return {"models": ["resnet18"], "rates": [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0], "duration": 2.0,
+    return {"models": ["resnet18"], "rates": [0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0], "duration": 1.5,
             "max_requests": 40000, "cores": cores, "clients": 0, "image_workers": threads,
             "max_batch_size": 64, "max_delay_ms": 5.0, "max_concurrent_batches": threads,
             "budget_s": 120.0, "stop_after_fails": 2}
