@@ -54,7 +54,10 @@ def cuda_defaults() -> dict[str, Any]:
 def resolve(args: argparse.Namespace) -> str | None:
     """Fill the options left at None with the device's defaults; the one-line error when
     ``--device`` names a CUDA device this machine does not have, else None."""
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        return f"serve.py: --device must be cpu or cuda[:N]. Found: {args.device!r}"
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return (f"serve.py: --device {args.device}: no CUDA here (torch {torch.__version__}, built with CUDA "

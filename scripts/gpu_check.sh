@@ -8,7 +8,9 @@
 #                                      >= 85% efficiency at cores - 1; hyperthreads or not)
 # (a later check goes in CHECKS below). Limits 140 + 150 + 150 + 130 s: under 10 minutes on one
 # H100/H200, about 7 in practice. GPU_CHECK_ONLY="serve scaling" runs only the checks whose names
-# contain one of those words (a rerun of the ones that failed).
+# contain one of those words (a rerun of the ones that failed). GPU_CHECK_CPU_DRY_RUN=1 runs, on a
+# machine without CUDA, every check's CPU form at tiny sizes (the same scripts and plumbing; no
+# figure is a GPU figure): a look before spending device time.
 #
 # It runs on the machine's own Python and torch ($GPU_PYTHON; make passes the first of
 # /opt/torch/.venv/bin/python3 and python3), offline: no venv, no pip, no index. gpufeed runs from
@@ -43,10 +45,13 @@ ONLY=${GPU_CHECK_ONLY:-}
 export PYTHONUNBUFFERED=1
 
 # 1. CUDA, or one line and exit 0.
-if ! command -v "$PY" >/dev/null; then
+DRY=${GPU_CHECK_CPU_DRY_RUN:-}
+if [ -n "$DRY" ] && command -v "$PY" >/dev/null; then
+  echo "gpu-check: CPU DRY RUN (GPU_CHECK_CPU_DRY_RUN=1): each check's CPU form at tiny sizes, no GPU figure; python $PY; repo $ROOT"
+elif ! command -v "$PY" >/dev/null; then
   echo "gpu-check: skipped, no CUDA here: no Python at $PY (set GPU_PYTHON to one with CUDA torch)"
   exit 0
-fi
+else
 probe=$("$PY" - 2>&1 <<'EOF'
 import sys
 try:
@@ -71,6 +76,7 @@ elif [ "$rc" != 0 ]; then
   exit 2
 fi
 echo "gpu-check: $probe; python $PY; repo $ROOT"
+fi
 
 # 2. Dependencies the device's Python lacks, from the carried wheels (no pip: a wheel is a zip).
 missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('lmdb', 'cachetools', 'turbojpeg') if u.find_spec(m) is None))")
@@ -119,6 +125,14 @@ CHECKS=(
   "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cuda --budget-s 120 $(json serve_gpu.json)"
   "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --budget-s 100 $(json core_scaling.json)"
 )
+if [ -n "$DRY" ]; then  # the same checks in their CPU form, tiny
+  CHECKS=(
+    "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
+    "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py --cpu-dry-run --data-dir $WORK/cuda-feed-dry $(json cuda_feed.json)"
+    "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cpu --models resnet18 --rates 0.5 1 --duration 0.5 --calibrate-s 0.5 --images 8 --max-batch-size 8 --clients 0 --budget-s 60 --stop-after-fails 2 $(json serve_gpu.json)"
+    "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --workers 1,2 --images 24 --dir $WORK/scaling-dry --batch-size 8 --size 64 --resize 72 --seconds 0.5 --rounds 1 $(json core_scaling.json)"
+  )
+fi
 started=$(date +%s)
 summary=()
 failed=0

@@ -137,3 +137,20 @@ def test_serve_sweep_stops_failed_modes_and_keeps_its_budget(tmp_path):
     assert result["rows"] == [] and len(result["skipped"]) == 4
     assert "budget: 4 point(s) skipped" in proc.stdout
     assert result["headline"]["mode"] is None and math.isnan(result["headline"]["ratio"])
+
+
+@pytest.mark.timeout(90)
+def test_serve_mode_that_fails_is_reported_and_the_others_go_on(tmp_path):
+    """One device run must not lose every figure to one failing mode: an ImageBatcher that cannot
+    start (an unknown start method) fails its mode, batch-1 still runs, the exit status is 1."""
+    out = tmp_path / "serve.json"
+    proc = subprocess.run(
+        [sys.executable, str(SERVE), "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
+         "--duration", "0.3", "--calibrate-s", "0.3", "--clients", "0", "--no-overload", "--images", "8",
+         "--mp-context", "no-such-method", "--json", str(out)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (result,) = json.loads(out.read_text())
+    assert [r["mode"] for r in result["rows"]] == ["batch-1"] and result["rows"][0]["answered"] > 0
+    assert result["errors"]["images"].startswith("ValueError: `mp_context` must be one of")
+    assert "smallcnn: images FAILED: ValueError" in proc.stdout
