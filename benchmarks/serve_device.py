@@ -22,6 +22,7 @@ On CPU (the default ``--device cpu``) every default is the one serve.py always h
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
@@ -34,8 +35,6 @@ GOALS = {("cpu", "smallcnn"): 1.2, ("cpu", "resnet18"): 1.0, ("cuda", "resnet18"
 
 def cpu_defaults() -> dict[str, Any]:
     """serve.py's defaults without ``--device`` (unchanged from before the option existed)."""
-    import os
-
     return {"models": ["smallcnn", "resnet18"], "rates": [0.5, 0.7, 0.85, 1.0, 1.2, 1.4], "duration": 3.0,
             "max_requests": 5000, "cores": min(2, os.cpu_count() or 1), "clients": 16, "image_workers": 1,
             "budget_s": None, "stop_after_fails": 0}
