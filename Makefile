@@ -63,8 +63,9 @@ bench: sysdeps $(STAMP)
 	$(BIN)/python -m pytest -m perf -raP tests
 	$(BIN)/python scripts/bench_summary.py .benchmarks/last.json
 
-# Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py), on this machine's own Python and
-# torch, offline: no venv, no pip. Without CUDA: one line, exit 0. See README, "GPU check".
+# Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py, serve.py --device cuda,
+# core_scaling.py), on this machine's own Python and torch, offline: no venv, no pip. Without
+# CUDA: one line, exit 0. See README, "GPU check".
 GPU_PYTHON ?= $(firstword $(wildcard /opt/torch/.venv/bin/python3) python3)
 gpu-check:
 	@GPU_PYTHON="$(GPU_PYTHON)" bash scripts/gpu_check.sh

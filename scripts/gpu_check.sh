@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# `make gpu-check`: every GPU check of gpufeed in one command. Today:
-#   pytest tests/gpu            the CUDA feed's correctness (bytes, normalize, held batches, teardown)
-#   benchmarks/cuda_feed.py     a ResNet-50 training step fed three ways, the feed alone; the goals
-# (a later check goes in CHECKS below). Budget: under 5 minutes on one H100/H200.
+# `make gpu-check`: every GPU check of gpufeed in one command, in this order:
+#   pytest tests/gpu                   the CUDA feed's correctness (bytes, normalize, held batches, teardown)
+#   benchmarks/cuda_feed.py            a ResNet-50 training step fed three ways, the feed alone; the goals
+#   benchmarks/serve.py --device cuda  ResNet-18 served batch-1 vs DynamicBatcher vs ImageBatcher (issue 12:
+#                                      batched >= 5x batch-1's sustainable QPS)
+#   benchmarks/core_scaling.py         the image path at 1, 2, 4, 8, (cores - 1), 16 workers (issue 13:
+#                                      >= 85% efficiency at cores - 1; hyperthreads or not)
+# (a later check goes in CHECKS below). Limits 140 + 150 + 150 + 130 s: under 10 minutes on one
+# H100/H200, about 7 in practice. GPU_CHECK_ONLY="serve scaling" runs only the checks whose names
+# contain one of those words (a rerun of the ones that failed). GPU_CHECK_CPU_DRY_RUN=1 runs, on a
+# machine without CUDA, every check's CPU form at tiny sizes (the same scripts and plumbing; no
+# figure is a GPU figure): a look before spending device time.
 #
 # It runs on the machine's own Python and torch ($GPU_PYTHON; make passes the first of
 # /opt/torch/.venv/bin/python3 and python3), offline: no venv, no pip, no index. gpufeed runs from
 # this tree (PYTHONPATH); dependencies that Python lacks are unzipped from the wheels in .whl/
 # (`make gpu-wheels`) into a private folder, and libturbojpeg from its .deb (else OpenCV decodes).
 # Without CUDA it says so in one line and exits 0. With $OUT set (the device tool's output folder)
-# the log also goes to $OUT/gpu-check.log and the benchmark's figures to $OUT/cuda_feed.json.
+# the log also goes to $OUT/gpu-check.log and the benchmarks' figures to $OUT/cuda_feed.json,
+# $OUT/serve_gpu.json and $OUT/core_scaling.json.
 # Exit status: 0 when every check passed (benchmark goals are reported, not enforced), 1 when one
 # failed, 2 when the checks could not start.
 set -uo pipefail
@@ -30,13 +39,19 @@ WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
 WORK=${GPU_CHECK_DIR:-${TMPDIR:-/tmp}/gpufeed-gpu-check}
 TEST_LIMIT_S=${GPU_CHECK_TEST_TIMEOUT_S:-140}
 BENCH_LIMIT_S=${GPU_CHECK_BENCH_TIMEOUT_S:-150}
+SERVE_LIMIT_S=${GPU_CHECK_SERVE_TIMEOUT_S:-150}
+SCALING_LIMIT_S=${GPU_CHECK_SCALING_TIMEOUT_S:-130}
+ONLY=${GPU_CHECK_ONLY:-}
 export PYTHONUNBUFFERED=1
 
 # 1. CUDA, or one line and exit 0.
-if ! command -v "$PY" >/dev/null; then
+DRY=${GPU_CHECK_CPU_DRY_RUN:-}
+if [ -n "$DRY" ] && command -v "$PY" >/dev/null; then
+  echo "gpu-check: CPU DRY RUN (GPU_CHECK_CPU_DRY_RUN=1): each check's CPU form at tiny sizes, no GPU figure; python $PY; repo $ROOT"
+elif ! command -v "$PY" >/dev/null; then
   echo "gpu-check: skipped, no CUDA here: no Python at $PY (set GPU_PYTHON to one with CUDA torch)"
   exit 0
-fi
+else
 probe=$("$PY" - 2>&1 <<'EOF'
 import sys
 try:
@@ -61,6 +76,7 @@ elif [ "$rc" != 0 ]; then
   exit 2
 fi
 echo "gpu-check: $probe; python $PY; repo $ROOT"
+fi
 
 # 2. Dependencies the device's Python lacks, from the carried wheels (no pip: a wheel is a zip).
 missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('lmdb', 'cachetools', 'turbojpeg') if u.find_spec(m) is None))")
@@ -101,17 +117,32 @@ else
 fi
 
 # 4. The checks: name, time limit (s), command. Each runs even when an earlier one failed.
-json_args=()
-[ -n "${OUT:-}" ] && json_args=(--json "$OUT/cuda_feed.json")
+# Each benchmark bounds itself inside its limit (serve.py --budget-s 120, core_scaling.py 100).
+json() { [ -n "${OUT:-}" ] && echo "--json $OUT/$1"; }
 CHECKS=(
   "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
-  "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py ${json_args[*]}"
+  "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py $(json cuda_feed.json)"
+  "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cuda --budget-s 120 $(json serve_gpu.json)"
+  "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --budget-s 100 $(json core_scaling.json)"
 )
+if [ -n "$DRY" ]; then  # the same checks in their CPU form, tiny
+  CHECKS=(
+    "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
+    "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py --cpu-dry-run --data-dir $WORK/cuda-feed-dry $(json cuda_feed.json)"
+    "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cpu --models resnet18 --rates 0.5 1 --duration 0.5 --calibrate-s 0.5 --images 8 --max-batch-size 8 --clients 0 --budget-s 60 --stop-after-fails 2 $(json serve_gpu.json)"
+    "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --workers 1,2 --images 24 --dir $WORK/scaling-dry --batch-size 8 --size 64 --resize 72 --seconds 0.5 --rounds 1 $(json core_scaling.json)"
+  )
+fi
 started=$(date +%s)
 summary=()
 failed=0
 for check in "${CHECKS[@]}"; do
   IFS='|' read -r name limit command <<<"$check"
+  if [ -n "$ONLY" ]; then
+    wanted=0
+    for word in $ONLY; do case $name in *"$word"*) wanted=1 ;; esac; done
+    [ "$wanted" = 1 ] || continue
+  fi
   echo
   echo "gpu-check: == $name (limit ${limit} s) =="
   t0=$(date +%s)
