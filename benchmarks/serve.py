@@ -158,6 +158,11 @@ class Server:
             t.join(60.0)
 
 
+def drain_s(args: argparse.Namespace, slo_s: float) -> float:
+    """Seconds to wait, after a point's arrivals, for its unanswered requests (--drain-s)."""
+    return args.drain_s if args.drain_s is not None else max(2.0, 4 * slo_s)
+
+
 def open_loop(send: Callable[..., None], stop: Callable[[], None], jpegs: list[bytes], rate: float,
               duration_s: float, max_requests: int, drain_s: float, seed: int) -> tuple[int, list[float], int, int]:
     """Poisson arrivals at ``rate`` for ``duration_s`` (at most ``max_requests``); returns
@@ -378,7 +383,7 @@ def run_open(mode: str, pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], rat
     try:
         cpu0, host0, t0 = tree_cpu_s(), host_busy_s()[0], time.perf_counter()
         offered, lat, refused, failed = open_loop(service.send, stop, jpegs, rate, args.duration,
-                                                  args.max_requests, max(2.0, 4 * slo_s), seed)
+                                                  args.max_requests, drain_s(args, slo_s), seed)
         mean_batch = service.mean_batch()
     finally:
         service.close()
@@ -519,7 +524,7 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     rows: list[Result] = []
     modes = args.modes
     deadline = args.started + args.budget_s if args.budget_s else math.inf
-    point_s = args.duration + max(2.0, 4 * slo_s) + 2.0  # arrivals, the longest drain, set-up and close
+    point_s = args.duration + drain_s(args, slo_s) + 2.0  # arrivals, the longest drain, set-up and close
     misses = dict.fromkeys(modes, 0)  # unsustained rates in a row, per mode
     stopped: dict[str, float] = {}  # mode -> the first rate it was not offered (--stop-after-fails)
     skipped: list[str] = []  # points left out for --budget-s
@@ -653,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", nargs="*", type=float, default=None,
                    help="offered rates as multiples of batch-1's capacity measured at start-up (saturated); "
                    "default 0.5 0.7 0.85 1 1.2 1.4 (cuda: 0.25 0.5 1 2 3 4 6 8 12 16)")
+    p.add_argument("--drain-s", type=float, default=None,
+                   help="after the arrivals, how long unanswered requests are waited for (default max(2 s, 4 x SLO))")
     p.add_argument("--calibrate-s", type=float, default=2.0, help="seconds of the batch-1 capacity measurement")
     p.add_argument("--batch1-capacity", type=float, default=None,
                    help="batch-1's capacity (req/s) to use instead of measuring it: the same offered rates in "

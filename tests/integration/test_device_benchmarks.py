@@ -107,7 +107,7 @@ def test_serve_sweep_stops_failed_modes_and_keeps_its_budget(tmp_path):
     higher ones; a budget too short for any point skips them all, and says so."""
     out = tmp_path / "serve.json"
     common = [sys.executable, str(SERVE), "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
-              "--duration", "0.4", "--calibrate-s", "0.4", "--clients", "0", "--no-overload", "--images", "8",
+              "--duration", "0.4", "--calibrate-s", "0.4", "--drain-s", "0.5", "--clients", "0", "--no-overload", "--images", "8",
               "--json", str(out)]
     mults = [0.5, 6, 12, 24]
     proc = subprocess.run([*common, "--rates", *map(str, mults), "--stop-after-fails", "2"],
