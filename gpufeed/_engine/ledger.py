@@ -18,7 +18,8 @@ completed, so a released slot is never still being read.
 
 The verbs that move a slot:
     take         cold -> held; with ``warm=True`` warm -> held (the parent writes it itself)
-    bind         warm (else cold) -> held, for a task the parent completes as it hands it out
+    bind         warm (the one freed last), else cold -> held: a task the parent completes as it
+                 hands it out
     claim        (taken from the pipe by a worker) -> claimed; -> free if the task was dropped
     settle       the reply came: claimed -> held, and the unused fallback held -> (pinned) cold
     drop_claim   the worker died: claimed -> free; the task is re-sent with its fallback
@@ -74,10 +75,9 @@ class SlotLedger:
         return slot
 
     def bind(self, key: tuple[int, int]) -> int:
-        """A task the parent completes as it hands it out: a warm slot if one waits (the one
-        freed longest ago of those waiting; usually the only one), else a cold one; no worker
-        owes the task."""
-        slot = self.held[key] = self.arena.acquire(warm=True)
+        """A task the parent completes as it hands it out: the warm slot freed last if one
+        waits, else a cold one; no worker owes the task."""
+        slot = self.held[key] = self.arena.acquire_recent()
         return slot
 
     def claim(self, key: tuple[int, int], slot: int) -> None:
