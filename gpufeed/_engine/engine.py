@@ -6,8 +6,9 @@ takes in their replies (``poll`` / ``wait``), in arrival order; the engine does 
 * starts the workers (``WorkerPool``; with ``lazy_workers``, each at its first task) and sends
   each task, with a cold fallback slot from the ``SlotLedger`` (or a slot the plug-in wrote
   into, when it binds slots);
-* lets the plug-in complete a task in the parent (``FillPlugin.complete``: no worker involved);
-  its reply is queued and comes out of ``poll``/``wait`` first, like any other;
+* lets the plug-in complete a task in the parent (``CompletingPlugin.look_up`` at submission,
+  ``complete`` when it is handed out, in the slot freed last: no worker involved); its reply is
+  queued and comes out of ``poll``/``wait`` first, like any other;
 * reads the typed replies: claims of warm slots go to the ledger, replies of an abandoned pass
   free their slots, ``InitFailed`` stops everything and raises the worker's exception;
 * on a worker death: takes in what the worker sent before dying (a task that was answered is
