@@ -305,10 +305,10 @@ class Engine:
         look_up = getattr(self._plugin, "look_up", None)
         return None if look_up is None else look_up(tag, index, True)
 
-    def _make_here(self, record: TaskRecord) -> Done:
+    def _make_here(self, record: TaskRecord) -> tuple[Done, Any]:
         """Make a task the plug-in completes in the parent: bind a slot now (the one freed last:
         its pages are warm and often still in the CPU caches), let the plug-in write the batch
-        there, and pack its views as a worker's reply."""
+        there, and pack its views as a worker's reply; returns the reply and the slot's view."""
         t0 = time.perf_counter()
         key = record.key
         slot = self._ledger.bind(key)
@@ -333,7 +333,7 @@ class Engine:
         samples = report.samples if report is not None else _num_samples(record.index)
         self._stats.add_parent_batch(samples=samples, seconds=record.parent_s + now - t0)
         return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
-                    overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=now - t1, report=report)
+                    overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=now - t1, report=report), slot_view
 
     def new_epoch(self) -> None:
         """Start a new pass: workers get ``Reset`` (a fresh IterableDataset iterator), task
@@ -475,13 +475,16 @@ class Engine:
         """The batch of an answered task: views of its slot, which is freed when the last of
         them dies (the engine keeps no reference)."""
         key = record.key
+        slot_view = None
         if record.slot == NO_SLOT:  # the plug-in completes it here and now
-            reply = self._make_here(record)
+            reply, slot_view = self._make_here(record)
         if reply.overflow_bytes:
             self._stats.overflow_bytes += reply.overflow_bytes
         slot = self._ledger.slot(key)
         if self._plugin is not None:
-            self._plugin.absorb(record.index, record.extra, reply.report, self._arena.slot_tensor(slot))
+            if slot_view is None:
+                slot_view = self._arena.slot_tensor(slot)
+            self._plugin.absorb(record.index, record.extra, reply.report, slot_view)
         if self._registrar is not None:
             self._registrar.ensure(slot, reply.used_bytes)  # once per slot extent, never per batch
         lease = self._ledger.lease(key, reply.used_bytes)
