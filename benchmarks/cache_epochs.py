@@ -1,12 +1,14 @@
 """Cached epochs under default settings (issue 13): a cold epoch against fully cached ones.
 
     PYTHONPATH=CHECKOUT python benchmarks/cache_epochs.py [ROOT] [--images 1500] [--size 96 128]
-        [--epochs 3] [--workers 2] [--batch-size 64] [--outputs uint8 float32]
+        [--epochs 3] [--workers 2] [--batch-size 64] [--outputs uint8 float32] [--hold]
 
 ``cache_bytes`` holds the whole set and ``persistent_workers`` is left False (the default), so
 every epoch builds its iterator again. For each output (uint8, float32 normalized) the script
 times one cold epoch and ``--epochs`` cached ones (each from ``iter()`` to the last batch, so
-worker start-up counts), and reports, measured in the same run:
+worker start-up counts; each batch released before the next is asked for, as a consumer that
+copies it to a GPU does, or with ``--hold`` held until the next one arrives), and reports,
+measured in the same run:
 
 * cached / cold speed (goal: >= 10x without persistent workers);
 * the cached epochs' batch bytes/s (image tensors only) against this machine's single-thread
@@ -56,15 +58,20 @@ def memcpy_bytes_per_s(nbytes: int = 256 << 20, rounds: int = 5) -> float:
     return nbytes / best
 
 
-def run_epoch(loader: FastLoader) -> tuple[float, float, int, int]:
-    """(wall s, main-process CPU s, batches, image bytes) of one epoch from iter()."""
+def run_epoch(loader: FastLoader, hold: bool = False) -> tuple[float, float, int, int]:
+    """(wall s, main-process CPU s, batches, image bytes) of one epoch from iter().
+
+    The batch is released before the next one is asked for, as a consumer that copies it to a
+    GPU (``x, y = x.cuda(), y.cuda()``) does; with ``hold``, it is held until the next one
+    arrives (``for x, y in loader`` with no rebinding of the names)."""
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     batches = nbytes = 0
-    for images, _ in loader:
+    for images, labels in loader:
         batches += 1
         nbytes += images.numel() * images.element_size()
-        del images  # release the slot, as a consumer that copies the batch to a GPU would
+        if not hold:
+            del images, labels  # both view the batch's slot: it is free once both are gone
     return time.perf_counter() - t0, time.process_time() - c0, batches, nbytes
 
 
@@ -77,6 +84,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--outputs", nargs="+", default=list(OUTPUTS), choices=list(OUTPUTS))
+    parser.add_argument("--hold", action="store_true",
+                        help="hold each batch until the next one arrives (default: release it first)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root
@@ -90,16 +99,17 @@ def main() -> None:
         cpu = platform.processor() or platform.machine()
         out.write(f"gpufeed {gpufeed.__file__} | torch {torch.__version__} | {cpu} "
                   f"| {os.cpu_count()} cpus | {len(dataset)} images | batch {args.batch_size} | "
-                  f"{args.workers} workers | persistent_workers=False\n")
+                  f"{args.workers} workers | persistent_workers=False | "
+                  f"{'batch held until the next' if args.hold else 'batch released before the next'}\n")
         memcpy = [memcpy_bytes_per_s()]
         for name in args.outputs:
             loader = FastLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
                                 cache_bytes="60%", seed=0, **OUTPUTS[name])
-            cold_s, cold_cpu, batches, nbytes = run_epoch(loader)
+            cold_s, cold_cpu, batches, nbytes = run_epoch(loader, args.hold)
             cached, ratios = [], []
             for _ in range(args.epochs):  # memcpy right before each epoch: the same load on the box
                 memcpy.append(memcpy_bytes_per_s())
-                cached.append(run_epoch(loader))
+                cached.append(run_epoch(loader, args.hold))
                 ratios.append(nbytes / cached[-1][0] / memcpy[-1])
             stats = loader.stats()
             loader.close()

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import cachetools
+import numpy as np
 import psutil
 
 from gpufeed.errors import shorten
 
 CacheSize = int | str | None
+CachedValue = bytes | np.ndarray  # bytes, or a 1-D uint8 array (``aligned_copy``)
+ROW_ALIGN = 64  # bytes: a cache line
 
 _UNITS = {
     "": 1, "B": 1,
@@ -60,17 +64,38 @@ def parse_cache_bytes(value: CacheSize) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def aligned_copy(data: Any) -> np.ndarray:
+    """A copy of ``data`` (bytes-like or a contiguous array) as a 1-D uint8 array whose first
+    byte is ``ROW_ALIGN``-aligned.
+
+    The image path caches decoded rows this way: copying a cached row into a batch slot (also
+    64-byte aligned per row) runs about 10% faster from an aligned source than from a ``bytes``
+    object, whose data starts 16, 32 or 48 bytes into a cache line (measured with 150 KB rows,
+    benchmarks/README.md, "Cached epochs").
+    """
+    src = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    raw = np.empty(src.nbytes + ROW_ALIGN - 1, np.uint8)
+    start = -raw.__array_interface__["data"][0] % ROW_ALIGN
+    out = raw[start : start + src.nbytes]
+    np.copyto(out, src)
+    return out
+
+
 class HostCache:
-    """A byte-budgeted LRU (``cachetools.LRUCache``) of ``bytes`` values keyed by sample index;
-    counts hits and misses."""
+    """A byte-budgeted LRU (``cachetools.LRUCache``) of byte values keyed by sample index;
+    counts hits and misses.
+
+    Values are ``bytes`` or 1-D uint8 arrays (``aligned_copy``: the image path's decoded rows);
+    a value's size is its length in bytes.
+    """
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._lru: cachetools.LRUCache[int, bytes] = cachetools.LRUCache(maxsize=budget_bytes, getsizeof=len)
+        self._lru: cachetools.LRUCache[int, CachedValue] = cachetools.LRUCache(maxsize=budget_bytes, getsizeof=len)
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: int) -> bytes | None:
+    def get(self, key: int) -> CachedValue | None:
         value = self._lru.get(key)
         if value is None:
             self.misses += 1
@@ -78,7 +103,7 @@ class HostCache:
             self.hits += 1
         return value
 
-    def get_many(self, keys: Sequence[int], count: bool = True) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[int], count: bool = True) -> list[CachedValue | None]:
         """The values of ``keys`` (None for a miss), in order: one call per batch. With ``count``,
         as ``get`` each (hits and misses counted, hits made most recent); without, as ``peek``."""
         if not count:
@@ -89,14 +114,14 @@ class HostCache:
         self.misses += len(values) - found
         return values
 
-    def peek(self, key: int) -> bytes | None:
+    def peek(self, key: int) -> CachedValue | None:
         """The value without counting a hit or refreshing its LRU position."""
         try:
             return cachetools.Cache.__getitem__(self._lru, key)  # the base class: no LRU update
         except KeyError:
             return None
 
-    def put(self, key: int, value: bytes) -> None:
+    def put(self, key: int, value: CachedValue) -> None:
         """Add (or replace) ``key``; the least recently used values go until the total fits the
         budget. A value larger than the whole budget is not kept."""
         if len(value) <= self.budget_bytes:  # cachetools raises for a value over the budget

@@ -54,7 +54,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         on_error: image path: ``"raise"`` (default) an error naming the file and sample index, or
             ``"skip"``: leave undecodable samples out of their batch, count and log them.
         cache_bytes: image path: budget of the loader's LRU host cache, an int (bytes), a size
-            like ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache.
+            like ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. A
+            uint8 batch whose every row is cached (deterministic transform) is made by the main
+            process, one thread, when it is handed out: no worker starts for it.
         seed: image path: seed of the random augmentations; default: the ``generator``'s
             initial seed (or torch's), so the same seed gives the same batches at any num_workers.
         device: ``"cuda"``, ``"cuda:N"`` or a ``torch.device``: batches arrive on that device,

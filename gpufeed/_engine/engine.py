@@ -6,8 +6,9 @@ takes in their replies (``poll`` / ``wait``), in arrival order; the engine does 
 * starts the workers (``WorkerPool``; with ``lazy_workers``, each at its first task) and sends
   each task, with a cold fallback slot from the ``SlotLedger`` (or a slot the plug-in wrote
   into, when it binds slots);
-* lets the plug-in complete a task in the parent (``FillPlugin.complete``: no worker involved);
-  its reply is queued and comes out of ``poll``/``wait`` first, like any other;
+* lets the plug-in complete a task in the parent (``CompletingPlugin.look_up`` at submission,
+  ``complete`` when it is handed out, in the slot freed last: no worker involved); its reply is
+  queued and comes out of ``poll``/``wait`` first, like any other;
 * reads the typed replies: claims of warm slots go to the ledger, replies of an abandoned pass
   free their slots, ``InitFailed`` stops everything and raises the worker's exception;
 * on a worker death: takes in what the worker sent before dying (a task that was answered is
@@ -35,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, cast
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext
@@ -52,6 +53,7 @@ from gpufeed._engine.messages import (
     Task,
     WorkerException,
 )
+from gpufeed._engine.plugin import CompletingPlugin, LookUp
 from gpufeed._engine.pool import WorkerPool, describe_exit
 from gpufeed._engine.transport import pack_views, unpack
 from gpufeed._engine.worker import WorkerSpec
@@ -66,6 +68,7 @@ MAX_SKELETONS = 16  # layouts of parent-made batches whose packed skeleton is ke
 TASK_S_WEIGHT = 0.25  # weight of the newest task in the running mean of a worker's task time
 
 TaskKey = tuple[int, int]  # (epoch, idx)
+NO_SLOT = -1  # TaskRecord.slot of a task the plug-in completes in the parent: bound when handed out
 
 
 @dataclass(slots=True)
@@ -76,7 +79,7 @@ class TaskRecord:
     epoch: int
     idx: int
     worker_id: int
-    slot: int  # the fallback slot (cold), or the one the plug-in wrote into
+    slot: int  # the fallback slot (cold), the one the plug-in wrote into, or NO_SLOT (made in ``result``)
     index: Any
     extra: Any  # the plug-in's per-task data (Task.extra)
     tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
@@ -85,6 +88,7 @@ class TaskRecord:
     # With state tracking: (the worker's random states, its dataset's state) after this task, as
     # its reply said (the random states resolved: a reply sends them only when they changed).
     after: tuple[Any, Any] | None = None
+    parent_s: float = 0.0  # a task the plug-in completes: seconds of its look-up at submission
 
     @property
     def key(self) -> TaskKey:
@@ -270,53 +274,66 @@ class Engine:
             worker_id = min(range(self.num_workers), key=self.owed)
         idx = self._next_idx
         key = (self.epoch, idx)
+        self._next_idx += 1
+        t0 = time.perf_counter()
+        found = self._look_up(tag, index)
+        if found is not None and found.report is not None:
+            # Made by the plug-in in the parent when it is handed out (``result``), in the slot
+            # freed last; no worker owes it, so a death never re-runs it.
+            record = TaskRecord(self.epoch, idx, worker_id, NO_SLOT, index, found.extra, tag, swap=False,
+                                parent_s=time.perf_counter() - t0)
+            self._completed.append((record, Done(epoch=self.epoch, idx=idx, skeleton=b"", used_bytes=0,
+                                                 overflow_bytes=0, fetch_s=0.0, collate_s=0.0, pack_s=0.0,
+                                                 report=found.report)))
+            return record
         slot = self._ledger.take(key, worker_id, warm=self.parent_binds)
         record = self._records[key] = TaskRecord(
             self.epoch, idx, worker_id, slot, index, None, tag, swap=not self.parent_binds)
-        self._next_idx += 1
-        t0 = time.perf_counter()
         try:
-            slot_view = None if self._plugin is None else self._arena.slot_tensor(slot)
-            record.extra = self._prepare(record, count=True, slot_view=slot_view)
-            done = None if slot_view is None else self._complete(record, slot_view)
+            record.extra = self._prepare(record, count=True, found=None if found is None else found.extra)
         except BaseException:
             self._ledger.answered(key, worker_id)
             self._records.pop(key, None)
             self._ledger.release(key)
             raise
-        if done is None:
-            self._send(record)
-        else:  # answered already: no worker owes it, a death never re-runs it
-            samples = done.report.samples if done.report is not None else _num_samples(index)
-            self._stats.add_parent_batch(samples=samples, seconds=time.perf_counter() - t0)
-            self._ledger.answered(key, worker_id)
-            del self._records[key]
-            self._completed.append((record, done))
+        self._send(record)
         return record
 
-    def _complete(self, record: TaskRecord, slot_view: Any) -> Done | None:
-        """The plug-in's batch made in the parent, as a worker's reply, or None."""
+    def _look_up(self, tag: Any, index: Any) -> LookUp | None:
+        """The plug-in's look-up at submission (``CompletingPlugin.look_up``), or None."""
         # Optional in a plug-in (one written before it existed never completes tasks).
-        complete = getattr(self._plugin, "complete", None)
-        if complete is None:
-            return None
-        made = complete(record.index, record.extra, slot_view)
-        if made is None:
-            return None
-        data, report = made[0], made[1]
-        layout = made[2] if len(made) > 2 else None
+        look_up = getattr(self._plugin, "look_up", None)
+        return None if look_up is None else look_up(tag, index, True)
+
+    def _make_here(self, record: TaskRecord) -> tuple[Done, Any]:
+        """Make a task the plug-in completes in the parent: bind a slot now (the one freed last:
+        its pages are warm and often still in the CPU caches), let the plug-in write the batch
+        there, and pack its views as a worker's reply; returns the reply and the slot's view."""
         t0 = time.perf_counter()
-        packed = None if layout is None else self._skeletons.get(layout)
-        if packed is None:
-            packed = pack_views(data, slot_view)
-            if layout is not None and packed[2] == 0:  # nothing went inline: the same for every batch
-                if len(self._skeletons) >= MAX_SKELETONS:
-                    self._skeletons.clear()
-                self._skeletons[layout] = packed
+        key = record.key
+        slot = self._ledger.bind(key)
+        try:
+            slot_view = self._arena.slot_tensor(slot)
+            made = cast(CompletingPlugin, self._plugin).complete(record.index, record.extra, slot_view)
+            data, report = made[0], made[1]
+            layout = made[2] if len(made) > 2 else None
+            t1 = time.perf_counter()
+            packed = None if layout is None else self._skeletons.get(layout)
+            if packed is None:
+                packed = pack_views(data, slot_view)
+                if layout is not None and packed[2] == 0:  # nothing went inline: the same for every batch
+                    if len(self._skeletons) >= MAX_SKELETONS:
+                        self._skeletons.clear()
+                    self._skeletons[layout] = packed
+        except BaseException:
+            self._ledger.release(key)
+            raise
         skeleton, used, overflow = packed
-        pack_s = time.perf_counter() - t0
+        now = time.perf_counter()
+        samples = report.samples if report is not None else _num_samples(record.index)
+        self._stats.add_parent_batch(samples=samples, seconds=record.parent_s + now - t0)
         return Done(epoch=record.epoch, idx=record.idx, skeleton=skeleton, used_bytes=used,
-                    overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=pack_s, report=report)
+                    overflow_bytes=overflow, fetch_s=0.0, collate_s=0.0, pack_s=now - t1, report=report), slot_view
 
     def new_epoch(self) -> None:
         """Start a new pass: workers get ``Reset`` (a fresh IterableDataset iterator), task
@@ -342,12 +359,15 @@ class Engine:
             self._rng[worker_id] = msg.rng  # what the worker's next replies are relative to
         self._pool.send(worker_id, msg)
 
-    def _prepare(self, record: TaskRecord, count: bool, slot_view: Any = None) -> Any:
+    def _prepare(self, record: TaskRecord, count: bool, found: Any = None) -> Any:
+        """The plug-in's ``prepare`` for a task sent to a worker (``found``: what its look-up at
+        submission found, None when it is prepared again after a death)."""
         if self._plugin is None:
             return None
-        if slot_view is None:
-            slot_view = self._arena.slot_tensor(record.slot)
-        return self._plugin.prepare(record.tag, record.index, slot_view, count)
+        slot_view = self._arena.slot_tensor(record.slot)
+        if found is None:
+            return self._plugin.prepare(record.tag, record.index, slot_view, count)
+        return cast(CompletingPlugin, self._plugin).prepare(record.tag, record.index, slot_view, count, found)
 
     def _send(self, record: TaskRecord) -> None:
         task = Task(epoch=record.epoch, idx=record.idx, slot=record.slot, index=record.index,
@@ -454,12 +474,17 @@ class Engine:
     def result(self, record: TaskRecord, reply: Done) -> Any:
         """The batch of an answered task: views of its slot, which is freed when the last of
         them dies (the engine keeps no reference)."""
+        key = record.key
+        slot_view = None
+        if record.slot == NO_SLOT:  # the plug-in completes it here and now
+            reply, slot_view = self._make_here(record)
         if reply.overflow_bytes:
             self._stats.overflow_bytes += reply.overflow_bytes
-        key = record.key
         slot = self._ledger.slot(key)
         if self._plugin is not None:
-            self._plugin.absorb(record.index, record.extra, reply.report, self._arena.slot_tensor(slot))
+            if slot_view is None:
+                slot_view = self._arena.slot_tensor(slot)
+            self._plugin.absorb(record.index, record.extra, reply.report, slot_view)
         if self._registrar is not None:
             self._registrar.ensure(slot, reply.used_bytes)  # once per slot extent, never per batch
         lease = self._ledger.lease(key, reply.used_bytes)

@@ -18,6 +18,8 @@ completed, so a released slot is never still being read.
 
 The verbs that move a slot:
     take         cold -> held; with ``warm=True`` warm -> held (the parent writes it itself)
+    bind         warm (the one freed last), else cold -> held: a task the parent completes as it
+                 hands it out
     claim        (taken from the pipe by a worker) -> claimed; -> free if the task was dropped
     settle       the reply came: claimed -> held, and the unused fallback held -> (pinned) cold
     drop_claim   the worker died: claimed -> free; the task is re-sent with its fallback
@@ -70,6 +72,12 @@ class SlotLedger:
         slot = self.arena.acquire(warm)
         self.held[key] = slot
         self.unanswered[worker_id][key] = None
+        return slot
+
+    def bind(self, key: tuple[int, int]) -> int:
+        """A task the parent completes as it hands it out: the warm slot freed last if one
+        waits, else a cold one; no worker owes the task."""
+        slot = self.held[key] = self.arena.acquire_recent()
         return slot
 
     def claim(self, key: tuple[int, int], slot: int) -> None:

@@ -13,13 +13,14 @@ A plug-in has two halves:
 * ``FillPlugin``, the parent half: ``prepare()`` runs when a task is submitted (or re-sent
   after its worker died) and may write into the task's slot first (cache hits); what it returns
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
-  still readable (to fill a cache). ``complete()`` runs right after ``prepare()`` at
-  submission (never for a re-sent task): it may build the whole batch in the slot itself (the
-  image path, when the cache held every row) and return it, and then no worker is involved
-  (optional, ``CompletingPlugin``: a plug-in without ``complete`` never completes a task);
-  ``FastIter`` then starts workers lazily, each at its first task. ``parent_binds`` says
-  whether ``prepare`` writes slots: a task's slot is then bound at submission and workers do
-  not swap it for a warm one.
+  still readable (to fill a cache). ``look_up()`` runs first at submission, before a slot is
+  bound (optional, ``CompletingPlugin``): it may say that the plug-in makes the whole batch
+  itself (the image path, when the cache holds every row); then no worker is involved, and
+  ``complete()`` builds the batch when it is handed out (``Engine.result``), in a slot bound
+  then: the one freed last, whose pages are warm and often still in the CPU caches. A plug-in
+  without them never completes a task; ``FastIter`` starts workers lazily, each at its first
+  task. ``parent_binds`` says whether ``prepare`` writes slots: a task's slot is then bound at
+  submission and workers do not swap it for a warm one.
 
 The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
 the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
@@ -28,6 +29,7 @@ the fork start method (OpenCV's thread pool must be single-threaded in a forked 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -52,6 +54,20 @@ class FillReport(Protocol):
 
 # What ``CompletingPlugin.complete`` returns: (batch, report) or (batch, report, layout).
 Completed = tuple[Any, FillReport] | tuple[Any, FillReport, Hashable]
+
+
+@dataclass(frozen=True)
+class LookUp:
+    """What ``CompletingPlugin.look_up`` found for a task at submission.
+
+    ``report`` set: the plug-in makes the whole batch in the parent; ``extra`` is then what its
+    ``complete`` gets when the batch is handed out, and ``report`` (the batch's report, which a
+    driver may read before ``Engine.result``) is the one the reply carries. ``report`` None: the
+    task goes to a worker, and ``extra`` is passed to ``prepare`` (so nothing is looked up twice).
+    """
+
+    extra: Any
+    report: FillReport | None = None
 
 
 class Prefetched(Protocol):
@@ -101,13 +117,22 @@ class FillPlugin(Protocol):
 
 
 class CompletingPlugin(FillPlugin, Protocol):
-    """A ``FillPlugin`` that may also complete tasks in the parent (``complete`` is optional:
-    the engine looks it up, and a plug-in without it never completes a task)."""
+    """A ``FillPlugin`` that may also complete tasks in the parent (``look_up`` and ``complete``
+    are optional: the engine looks them up, and a plug-in without them never completes a task)."""
 
-    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> Completed | None:
-        """(batch, report) when the plug-in made the whole batch of ``index`` in ``slot`` (the
-        whole slot as uint8, after ``prepare`` returned ``extra``): the batch's tensors are
-        views of ``slot``; the engine packs them as a worker's reply. None: a worker fills it.
+    def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, found: Any = None, /) -> Any:
+        """As ``FillPlugin.prepare``; ``found``: the ``LookUp.extra`` of the task's look-up at
+        submission (None when it is prepared again after a death)."""
+
+    def look_up(self, tag: Any, index: Any, count: bool, /) -> LookUp:
+        """At submission, before any slot is bound: whether the plug-in will make the whole
+        batch of ``index`` itself (``LookUp.report`` set), and what it found for ``prepare``
+        otherwise."""
+
+    def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> Completed:
+        """Make the batch of a task whose look-up said so (``extra``: ``LookUp.extra``) in
+        ``slot`` (the whole slot as uint8, bound when the batch is handed out): (batch, report),
+        the batch's tensors being views of ``slot``; the engine packs them as a worker's reply.
 
         Or (batch, report, layout): ``layout`` is a hashable that fixes the batch's structure,
         dtypes, shapes and places in the slot (the image path: the batch size). The engine

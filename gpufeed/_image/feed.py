@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,8 +14,9 @@ import torch
 from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
+from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
-from gpufeed.cache import HostCache
+from gpufeed.cache import HostCache, aligned_copy
 from gpufeed.cuda import GpuTransform
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,14 @@ def _label_table(source: Any) -> np.ndarray | None:
     return table
 
 
+@dataclass(slots=True)
+class ParentBatch:
+    """A batch whose every row the cache held at submission: made in the parent (``complete``)."""
+
+    epoch: int
+    rows: list[Any]  # the cached rows, in batch order
+
+
 class ImageFeed:
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
@@ -168,31 +178,49 @@ class ImageFeed:
         """With a cache, ``prepare`` writes the hits into the task's slot."""
         return self.cache is not None
 
-    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True) -> ImageTask:
+    def look_up(self, epoch: int, indices: list[int], count: bool = True) -> LookUp:
+        """Look the batch up in the cache at submission (one ``get_many``, counted).
+
+        When the decoded cache holds every row and the output is uint8, the batch is made in
+        the parent when it is handed out (``complete``): ``LookUp.report`` is set, and the
+        cached rows travel in ``LookUp.extra`` (a ``ParentBatch``; a row evicted meanwhile stays
+        alive until it is copied). Otherwise ``extra`` is what was found, for ``prepare``.
+
+        A float batch goes to a worker even when all its rows are hits: its dtype pass costs
+        about 15x the row copies (25 ms of main-process CPU against 1.5 ms for 64 x 3x224x224,
+        measured), and in the main process it ran serially: a fully cached float32 epoch took
+        0.60 s there against 0.47 s with workers started for it (2 cores, benchmarks/
+        cache_epochs.py). With ``device="cuda"`` the batch is uint8 on the host (dtype and
+        normalize run on the GPU), so it is made here.
+        """
+        if self.cache is None:
+            return LookUp(None)
+        hits = self.cache.get_many(indices, count)
+        n = len(indices)
+        if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
+                and all(hit is not None for hit in hits)):
+            return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
+        return LookUp(hits)
+
+    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True,
+                found: list[Any] | None = None) -> ImageTask:
         """Write cache hits into ``buf`` (the slot) and say which rows are done.
 
         ``count=False`` for a batch prepared again (re-run after a worker death): its look-ups
-        were already counted as hits and misses.
+        were already counted as hits and misses. ``found``: what ``look_up`` found at
+        submission (then the cache is not looked up again).
         """
         task = ImageTask(epoch)
         if self.cache is None or buf is None:
             return task
+        hits = self.cache.get_many(indices, count) if found is None else found
         n = len(indices)
         _, _, staging = self.plan.offsets(n)
         if self.plan.cache == "decoded":
-            row_bytes = self.plan.row_bytes
-            rows = buf[: n * row_bytes].numpy().data  # flat uint8 memoryview: slice assignment is a memcpy
-            done = []
-            start = 0
-            for pos, hit in enumerate(self.cache.get_many(indices, count)):
-                if hit is not None:  # one memcpy per row, straight from the cached bytes
-                    rows[start : start + row_bytes] = hit
-                    done.append(pos)
-                start += row_bytes
-            task.done = tuple(done)
+            task.done = self._write_rows(hits, buf)
         else:
             given, cursor = [], staging
-            for pos, hit in enumerate(self.cache.get_many(indices, count)):
+            for pos, hit in enumerate(hits):
                 if hit is not None:
                     buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
                     given.append((pos, cursor, len(hit)))
@@ -200,23 +228,31 @@ class ImageFeed:
             task.given, task.staging_used = tuple(given), cursor - staging
         return task
 
-    def complete(self, indices: list[int], task: ImageTask, buf: torch.Tensor,
-                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport, tuple[str, int]] | None:
-        """The batch made here, without a worker, when ``prepare`` wrote every row (decoded
-        cache) and the output is uint8 (all that is left is the labels, written as a worker
-        writes them, so the bytes are the same); None otherwise.
+    def _write_rows(self, hits: Sequence[Any], buf: torch.Tensor) -> tuple[int, ...]:
+        """Copy the decoded rows found (None: a miss) into their places in ``buf``; returns
+        their positions. One memcpy per row, straight from the cached (64-byte aligned) row."""
+        row_bytes = self.plan.row_bytes
+        rows = buf[: len(hits) * row_bytes].numpy().data  # flat uint8 memoryview: slice assignment is a memcpy
+        done = []
+        start = 0
+        for pos, hit in enumerate(hits):
+            if hit is not None:
+                rows[start : start + row_bytes] = hit
+                done.append(pos)
+            start += row_bytes
+        return tuple(done)
 
-        A float batch goes to a worker even when all its rows are hits: its dtype pass costs
-        about 15x the row copies (25 ms of main-process CPU against 1.5 ms for 64 x 3x224x224,
-        measured), and in the main process it ran serially: a fully cached float32 epoch took
-        0.60 s there against 0.47 s with workers started for it (2 cores, benchmarks/
-        cache_epochs.py). With ``device="cuda"`` the batch is uint8 on the host (dtype and
-        normalize run on the GPU), so it is made here."""
+    def complete(self, indices: list[int], task: ParentBatch, buf: torch.Tensor,
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport, tuple[str, int]]:
+        """Make a batch ``look_up`` found whole in the cache, in ``buf`` (the slot, bound as the
+        batch is handed out): the rows, then the labels, written as a worker writes them, so the
+        bytes are the same."""
         n = len(indices)
-        if self.plan.cache != "decoded" or self.plan.dtype != torch.uint8 or n == 0 or len(task.done) != n:
-            return None
         t0 = time.perf_counter()
         plan = self.plan
+        done = self._write_rows(task.rows, buf)
+        if len(done) != n:  # look_up checked every row: a broken invariant, not a user error
+            raise RuntimeError(f"gpufeed: a parent-made batch of {n} samples had {len(done)} cached rows")
         off_labels = plan.offsets(n)[0]
         labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
         if self._label_table is not None:
@@ -232,7 +268,7 @@ class ImageFeed:
         # engine packs the skeleton once per batch size.
         return (images, labels), report, ("rows", n)
 
-    def absorb(self, indices: list[int], task: ImageTask, report: FillReport, buf: torch.Tensor) -> None:
+    def absorb(self, indices: list[int], task: ImageTask | ParentBatch, report: FillReport, buf: torch.Tensor) -> None:
         """Count the batch; add what the worker produced to the cache; log skips once per file."""
         self.images += len(report.kept)
         self.skipped += len(report.errors)
@@ -242,6 +278,8 @@ class ImageFeed:
                 log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
         if self.cache is None:
             return
+        if isinstance(task, ParentBatch):
+            return  # every row came from the cache
         if self.plan.cache == "decoded":
             if len(task.done) == len(report.kept) == len(indices):
                 return  # every row came from the cache
@@ -249,7 +287,7 @@ class ImageFeed:
             rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
             for row, pos in enumerate(report.kept):
                 if pos not in done:
-                    self.cache.put(indices[pos], rows[row].tobytes())
+                    self.cache.put(indices[pos], aligned_copy(rows[row]))
         else:
             for pos, off, nbytes in report.staged:
                 self.cache.put(indices[pos], buf[off : off + nbytes].numpy().tobytes())

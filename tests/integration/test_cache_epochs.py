@@ -96,6 +96,63 @@ def test_fully_cached_epoch_starts_no_worker_and_is_byte_identical(image_root, o
     loader.close()
 
 
+def test_full_hit_batches_are_made_in_the_slot_freed_last(image_root):
+    """A full-hit batch is made as it is handed out, in the slot freed last: a consumer that
+    drops each batch before asking for the next gets every cached batch in one slot (warm pages,
+    often still in the CPU caches), and one that holds a batch while asking, in two; the arena
+    keeps only those slots' pages (plus the cold epoch's), whatever the prefetch depth."""
+    loader = FastLoader(folder(image_root), batch_size=BATCH, num_workers=2, cache_bytes="16MB",
+                        prefetch_factor=4)
+    cold = batches(loader)
+    arena = loader._arena
+    slots_after_cold = arena.num_slots
+    emptied = arena.emptied
+    for _ in range(3):
+        got, places = [], set()
+        for x, y in loader:  # dropped before the next batch is asked for
+            places.add(x.untyped_storage().data_ptr() + x.storage_offset())
+            got.append((x.clone(), y.clone()))
+            del x, y
+        assert_same(got, cold)
+        assert len(places) == 1
+    held, places = None, set()
+    got = []
+    for batch in loader:  # the previous batch is still held while the next one is made
+        places.add(batch[0].untyped_storage().data_ptr() + batch[0].storage_offset())
+        got.append((batch[0].clone(), batch[1].clone()))
+        held = batch  # noqa: F841 (held on purpose)
+    del held, batch
+    assert_same(got, cold)
+    assert len(places) == 2
+    assert arena.num_slots == slots_after_cold  # no slot made for cached epochs
+    stats = loader.stats()
+    assert stats["parent_batches"] == 4 * len(cold) and stats["cache_hits"] == 4 * NUM_IMAGES
+    assert arena.emptied >= emptied  # (surplus warm slots of the cold epoch may be trimmed)
+    loader.close()
+
+
+def test_cached_rows_are_aligned_and_a_row_evicted_after_the_look_up_is_still_copied(image_root):
+    """Decoded rows are cached 64-byte aligned; a full-hit batch keeps the rows it found at
+    submission, so one evicted before the batch is handed out still lands in the batch."""
+    loader = FastLoader(folder(image_root), batch_size=BATCH, num_workers=2, cache_bytes="16MB")
+    cold = batches(loader)
+    feed = loader._image_feed
+    rows = [feed.cache.peek(i) for i in range(NUM_IMAGES)]
+    assert all(r is not None and r.nbytes == ROW_BYTES and r.ctypes.data % 64 == 0 for r in rows)
+    it = iter(loader)  # the first prefetch_factor x num_workers batches are looked up now
+    feed.cache.clear()  # ...and evicted before any is handed out
+    got = []
+    for x, y in it:
+        got.append((x.clone(), y.clone()))
+    # the 4 batches looked up before the clear were made from the rows they found; the last one
+    # missed, went to a worker, and its rows were cached again
+    assert_same(got, cold)
+    stats = loader.stats()
+    assert stats["parent_batches"] == 4 and stats["cache_misses"] >= BATCH
+    assert len(feed.cache) == BATCH
+    loader.close()
+
+
 @pytest.mark.parametrize("output", [{"normalize": (MEAN, STD)},
                                     {"normalize": (MEAN, STD), "channels_last": True},
                                     {"dtype": torch.float16}])

@@ -59,6 +59,22 @@ def test_acquire_warm_prefers_the_pipe_and_plain_acquire_never_takes_from_it(are
     assert arena.acquire(warm=True) == 2  # nothing warm left: a new cold slot
 
 
+def test_acquire_recent_takes_the_slot_freed_last_and_keeps_the_others_in_order():
+    arena = Arena(SLOT, warm_cap=8)
+    slots = [arena.acquire() for _ in range(4)]
+    for slot in slots:
+        write(arena, slot)
+        arena.release(slot)
+    assert arena.acquire_recent() == slots[-1]  # freed last: the likeliest to be in the CPU caches
+    assert arena.snapshot().warm == tuple(slots[:-1])  # the others wait, oldest first
+    assert arena.acquire_recent() == slots[-2]
+    assert [arena.acquire_recent() for _ in range(2)] == [slots[1], slots[0]]
+    assert arena.warm_waiting() == 0
+    assert arena.acquire_recent() == 4  # nothing warm: as acquire(), a new cold slot
+    assert arena.resident_bytes() == 4 * SLOT  # taking them emptied none
+    arena.close()
+
+
 def test_release_cold_never_enters_the_pipe(arena):
     slot = arena.acquire()
     arena.release_cold(slot)

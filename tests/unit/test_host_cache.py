@@ -33,3 +33,22 @@ def test_get_many_counts_like_get_and_peeks_without_counting():
     assert (cache.hits, cache.misses) == (2, 1)  # peeks are not counted...
     cache.put(5, b"eeee")  # ...and do not refresh: 3 was the least recent, and it goes
     assert cache.peek(3) is None and cache.peek(4) == b"dddd"
+
+
+def test_aligned_copies_are_cache_line_aligned_equal_and_sized_by_their_bytes():
+    import numpy as np
+
+    from gpufeed.cache import ROW_ALIGN, aligned_copy
+
+    data = bytes(range(256)) * 3
+    for src in (data, np.frombuffer(data, np.uint8).reshape(3, 256), memoryview(data)[1:]):
+        row = aligned_copy(src)
+        assert row.dtype == np.uint8 and row.ndim == 1 and row.ctypes.data % ROW_ALIGN == 0
+        assert row.tobytes() == bytes(memoryview(src).cast("B"))
+    cache = HostCache(2 * 768)
+    cache.put(1, aligned_copy(data))
+    cache.put(2, aligned_copy(data))
+    assert cache.nbytes == 2 * 768  # a value weighs its bytes, as a bytes value does
+    cache.put(3, aligned_copy(data))
+    assert cache.peek(1) is None and cache.get_many([2, 3]) == [cache.peek(2), cache.peek(3)]
+    assert cache.hits == 2
