@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._concurrent import result as run_result
+
 SCRIPT = Path(__file__).with_name("_ddp_sampler_script.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,9 +37,16 @@ def _torchrun(nproc: int) -> subprocess.CompletedProcess[str]:
     return out
 
 
-@pytest.mark.timeout(120)
-def test_two_ranks_train_equal_counts_and_eval_exactly_once():
-    out = _torchrun(2)
+def _run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    return _torchrun(2)
+
+
+HEAVY_RUNS = {"ddp-sampler": (5.2, _run)}  # run beside the other modules' (conftest.py)
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
+def test_two_ranks_train_equal_counts_and_eval_exactly_once(heavy_runs):
+    out = run_result(heavy_runs, "ddp-sampler")
     assert out.returncode == 0, out.stderr[-4000:]
     (line,) = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     report = json.loads(line.removeprefix("RESULT "))
