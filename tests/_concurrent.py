@@ -1,4 +1,5 @@
-"""Run independent subprocess scenarios side by side, so that their start-up overlaps.
+"""Run independent subprocess scenarios side by side, so that their start-up overlaps: the
+helpers behind the ``side_by_side`` fixture (tests/conftest.py).
 
 Most of a fresh interpreter's time in this suite is its single-threaded import of torch
 (~2 s of CPU each); on a 2-core CI machine two such runs side by side take little longer than
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -55,14 +56,11 @@ def unwrap(value: T | BaseException) -> T:
     return value
 
 
-def python_all(
-    runs: Mapping[K, Sequence[str]], timeout_s: float = 60, parallel: int | None = None, **kwargs: Any
-) -> dict[K, subprocess.CompletedProcess[str] | BaseException]:
-    """``python ARGS`` (this interpreter) for every entry of ``runs``, side by side; output captured
-    as text, ``kwargs`` passed to ``subprocess.run`` (cwd, env, ...)."""
+def python(*args: str, timeout_s: float = 60, **kwargs: Any) -> Callable[[Any], subprocess.CompletedProcess[str]]:
+    """A ``SIDE_BY_SIDE`` run (tests/conftest.py): ``python ARGS`` with this interpreter, output
+    captured as text, ``kwargs`` passed to ``subprocess.run`` (cwd, env, ...)."""
 
-    def job(args: Sequence[str]) -> Callable[[], subprocess.CompletedProcess[str]]:
-        return lambda: subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout_s,
-                                      **kwargs)  # fmt: skip
+    def run(_tmp_path_factory: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, **kwargs)
 
-    return call_all({key: job(args) for key, args in runs.items()}, parallel)
+    return run

@@ -1,9 +1,9 @@
 """Nothing leaks on any exit path: no child processes, gpufeed threads, memfds or /dev/shm files.
 
-Each scenario runs in a fresh interpreter with a hard timeout (a hang is a failure). The exit-path
-scenarios and the interpreter-exit one run side by side (tests/_concurrent.py): each looks only at
-its own process tree, threads and memfds, and at /dev/shm names that gpufeed or its own processes
-made (gpufeed itself makes none on Linux: its arenas are memfds).
+Each scenario runs in a fresh interpreter with a hard timeout (a hang is a failure). These runs go
+side by side (tests/conftest.py): each looks only at its own process tree, threads and memfds,
+and at /dev/shm names that gpufeed or its own processes made (gpufeed makes none on Linux: its
+arenas are memfds).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests._concurrent import call_all, result
+from tests._concurrent import result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,10 @@ LIVE_LOADER_AT_EXIT = textwrap.dedent("""
 """)
 
 
+def _scenario(scenario: str, _: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    return _python(["-m", "tests.faults._leak_scenarios", scenario])
+
+
 def _live_loader_at_exit() -> tuple[subprocess.CompletedProcess, list[int]]:
     """The run, then its worker pids still alive 5 s after it exited (checked right away, not
     when its siblings are done)."""
@@ -75,29 +79,25 @@ SIGKILLED_PARENT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict:
-    """Every exit-path scenario, the interpreter-exit run and the SIGKILLed parent, side by side (~2.5 s each alone,
-    mostly importing torch)."""
-    jobs = {scenario: functools.partial(_python, ["-m", "tests.faults._leak_scenarios", scenario])
-            for scenario in SCENARIOS}
-    jobs["live_loader_at_exit"] = _live_loader_at_exit
-    jobs["sigkilled_parent"] = _sigkill_of_main_process
-    return call_all(jobs)
+SIDE_BY_SIDE = {  # see tests/conftest.py; ~2.5 s each alone, mostly importing torch
+    **{f"leaks-{scenario}": (2.7, functools.partial(_scenario, scenario)) for scenario in SCENARIOS},
+    "leaks-live-loader-at-exit": (2.9, lambda _: _live_loader_at_exit()),
+    "leaks-sigkilled-parent": (2.2, lambda _: _sigkill_of_main_process()),
+}
 
 
-@pytest.mark.timeout(180)  # the first one's set-up runs all of them
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_exit_path_leaves_nothing(runs, scenario):
-    proc = result(runs, scenario)
+def test_exit_path_leaves_nothing(side_by_side, scenario):
+    proc = result(side_by_side, f"leaks-{scenario}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads(proc.stdout.strip().splitlines()[-1])
     assert state == {"children": [], "threads": [], "memfds": [], "shm_new": []}
 
 
-@pytest.mark.timeout(180)
-def test_interpreter_exit_with_live_loader_stops_workers(runs):
-    proc, alive = result(runs, "live_loader_at_exit")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_interpreter_exit_with_live_loader_stops_workers(side_by_side):
+    proc, alive = result(side_by_side, "leaks-live-loader-at-exit")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stdout.split()) == 2
     assert alive == []
@@ -120,8 +120,8 @@ def _sigkill_of_main_process() -> tuple[list[int], list[int], list[int]]:
         proc.stdout.close()
 
 
-@pytest.mark.timeout(180)
-def test_sigkill_of_main_process_workers_exit_by_themselves(runs):
-    pids, before, after = result(runs, "sigkilled_parent")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_sigkill_of_main_process_workers_exit_by_themselves(side_by_side):
+    pids, before, after = result(side_by_side, "leaks-sigkilled-parent")
     assert len(pids) == 2 and before == pids
     assert after == []  # orphans notice the dead parent within ~0.25 s

@@ -24,12 +24,12 @@ def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return first, saved, torchrun(EXAMPLE, *args)
 
 
-HEAVY_RUNS = {"accelerate-example": (15.9, _run)}  # run beside the other modules' (conftest.py)
+SIDE_BY_SIDE = {"accelerate-example": (15.9, _run)}  # see tests/conftest.py
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
-def test_train_accelerate_example_evaluates_exactly_and_resumes(heavy_runs):
-    first, saved, second = run_result(heavy_runs, "accelerate-example")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_train_accelerate_example_evaluates_exactly_and_resumes(side_by_side):
+    first, saved, second = run_result(side_by_side, "accelerate-example")
     assert first.returncode == 0, first.stderr[-4000:]
     assert "simulated kill" in first.stdout
     assert {"dl_state_dict.bin", "dl_state_dict_1.bin"} <= saved

@@ -41,12 +41,12 @@ def _run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProces
     return _torchrun(2)
 
 
-HEAVY_RUNS = {"ddp-sampler": (5.2, _run)}  # run beside the other modules' (conftest.py)
+SIDE_BY_SIDE = {"ddp-sampler": (5.2, _run)}  # see tests/conftest.py
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
-def test_two_ranks_train_equal_counts_and_eval_exactly_once(heavy_runs):
-    out = run_result(heavy_runs, "ddp-sampler")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_two_ranks_train_equal_counts_and_eval_exactly_once(side_by_side):
+    out = run_result(side_by_side, "ddp-sampler")
     assert out.returncode == 0, out.stderr[-4000:]
     (line,) = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     report = json.loads(line.removeprefix("RESULT "))

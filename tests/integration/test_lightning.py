@@ -89,11 +89,11 @@ def _ddp_resume(image_root: Path, out: Path) -> dict[int, list[tuple[int, list[i
 
 
 @pytest.fixture(scope="module")
-def ddp_runs(heavy_runs) -> Path:
-    return run_result(heavy_runs, "lightning-ddp")[0]
+def ddp_runs(side_by_side) -> Path:
+    return run_result(side_by_side, "lightning-ddp")[0]
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("case", ["fit", "hook"])
 def test_ddp_two_ranks_get_fastloaders_with_their_options_and_disjoint_complete_epochs(ddp_runs, case):
     """(fit) the loader passed to ``trainer.fit``: Lightning rebuilds it from its attributes;
@@ -197,15 +197,15 @@ def _single_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[li
             for case in KILLS}
 
 
-HEAVY_RUNS = {"lightning-single": (16.5, _single_runs), "lightning-ddp": (15.4, _ddp_runs)}  # see conftest.py
+SIDE_BY_SIDE = {"lightning-single": (16.5, _single_runs), "lightning-ddp": (15.4, _ddp_runs)}  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def single_runs(heavy_runs) -> dict[str, tuple[list, list]]:
-    return run_result(heavy_runs, "lightning-single")
+def single_runs(side_by_side) -> dict[str, tuple[list, list]]:
+    return run_result(side_by_side, "lightning-single")
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("case", list(KILLS))
 def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, case):
     """One process, 6 steps/epoch, a checkpoint every 2 steps. Killed at step 9: its last
@@ -222,11 +222,11 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, cas
     assert resumed == full
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
-def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(heavy_runs):
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(side_by_side):
     """2 ranks (3 steps/epoch each), checkpoint at step 4 (mid-epoch 1) by rank 0, holding rank 0's
     loader state, which every rank loads: torch's DistributedSampler's state is rank-free."""
-    ddp_runs, resumed = run_result(heavy_runs, "lightning-ddp")
+    ddp_runs, resumed = run_result(side_by_side, "lightning-ddp")
     full = _uninterrupted(ddp_runs / "fit")
     out = ddp_runs / "killed"
     before = unwrap(resumed)

@@ -25,12 +25,12 @@ def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Com
     return tmp_path, subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
 
 
-HEAVY_RUNS = {"lightning-example": (5.6, _run)}  # run beside the other modules' (conftest.py)
+SIDE_BY_SIDE = {"lightning-example": (5.6, _run)}  # see tests/conftest.py
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
-def test_train_lightning_example_fast(heavy_runs):
-    tmp_path, out = run_result(heavy_runs, "lightning-example")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_train_lightning_example_fast(side_by_side):
+    tmp_path, out = run_result(side_by_side, "lightning-example")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     found = re.search(r"trained (\d+) steps; loss ([\d.]+); (\d+) images through gpufeed", out.stdout)
     assert found, out.stdout[-2000:]

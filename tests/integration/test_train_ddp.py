@@ -22,12 +22,12 @@ def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return first, saved, torchrun(EXAMPLE, *args)
 
 
-HEAVY_RUNS = {"train-ddp": (12.2, _run)}  # run beside the other modules' (conftest.py)
+SIDE_BY_SIDE = {"train-ddp": (12.2, _run)}  # see tests/conftest.py
 
 
-@pytest.mark.timeout(600)  # the first test to run starts every heavy run (conftest.py)
-def test_train_ddp_example_stops_mid_epoch_and_resumes(heavy_runs):
-    first, saved, second = run_result(heavy_runs, "train-ddp")
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_train_ddp_example_stops_mid_epoch_and_resumes(side_by_side):
+    first, saved, second = run_result(side_by_side, "train-ddp")
     assert first.returncode == 0, first.stderr[-4000:]
     assert first.stdout.count("simulated kill") == 2 and saved
     summary = result(second, tag="SUMMARY ")
