@@ -23,8 +23,10 @@ T = TypeVar("T")
 
 
 def width() -> int:
-    """How many scenarios run at once: one per core, at least 2."""
-    return max(2, os.cpu_count() or 1)
+    """How many scenarios run at once: one per usable core, at least 2, at most 4 (more would
+    gain little: the longest run, a chain of Lightning process trees, bounds the batch)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(4, max(2, cores))
 
 
 def guarded(job: Callable[[], T]) -> T | BaseException:
