@@ -1,11 +1,26 @@
-"""Suite-wide pytest hooks."""
+"""Suite-wide pytest hooks, and the fixture that runs the suite's fresh-interpreter runs side by side.
+
+Most of a fresh interpreter's time in this suite is its single-threaded import of torch (and of
+Lightning or Accelerate), and a torchrun or Lightning DDP process tree has mostly one busy core
+at a time (a rank waits for the other's import, the launcher for its ranks). A test module lists
+such runs in ``SIDE_BY_SIDE``: name -> (seconds it takes alone on 2 idle cores, a function of
+``tmp_path_factory`` doing the run and returning what its tests check). The first test that asks
+for the ``side_by_side`` fixture starts every run of the modules being tested, one per core,
+longest first (tests/_concurrent.py), and waits for all of them, so that nothing runs beside the
+other tests. Only for runs whose checks look at their own processes, directories, ports and
+output, never at the machine's process table or /dev/shm as a whole.
+"""
 
 from __future__ import annotations
 
 import gc
 import multiprocessing
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+
+from tests._concurrent import call_all
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,3 +47,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+SideBySide = tuple[float, Callable[[pytest.TempPathFactory], Any]]
+
+
+@pytest.fixture(scope="session")
+def side_by_side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every ``SIDE_BY_SIDE`` entry of the modules with a selected test: name -> result, or the
+    exception the run raised (``tests._concurrent.result`` re-raises it in the tests that read it)."""
+    runs: dict[str, SideBySide] = {}
+    for module in {item.module for item in request.session.items if isinstance(item, pytest.Function)}:
+        for name, run in getattr(module, "SIDE_BY_SIDE", {}).items():
+            assert name not in runs, f"two test modules name a side-by-side run {name!r}"
+            runs[name] = run
+    longest_first = sorted(runs, key=lambda name: -runs[name][0])
+    return call_all({name: _bound(runs[name][1], tmp_path_factory) for name in longest_first})
+
+
+def _bound(run: Callable[[pytest.TempPathFactory], Any], factory: pytest.TempPathFactory) -> Callable[[], Any]:
+    return lambda: run(factory)
+

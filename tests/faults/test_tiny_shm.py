@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._concurrent import result as run_result
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,14 +34,22 @@ def mount_namespace_available() -> tuple[bool, str]:
 AVAILABLE, WHY_NOT = mount_namespace_available()
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
-def test_batches_larger_than_a_64mb_dev_shm():
+def _run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """tests/faults/_tiny_shm.py in a private mount namespace with its own 64 MB /dev/shm."""
     script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m tests.faults._tiny_shm"
-    proc = subprocess.run(
+    return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
         cwd=ROOT, capture_output=True, text=True, timeout=110,
     )
+
+
+SIDE_BY_SIDE = {"tiny-shm": (2.7, _run)} if AVAILABLE else {}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+@pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+def test_batches_larger_than_a_64mb_dev_shm(side_by_side):
+    proc = run_result(side_by_side, "tiny-shm")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["shm_bytes"] == 64 * 1024 * 1024

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpufeed.synth import make_image_folder
+from tests._concurrent import result as run_result
 
 from ._torchrun import result, torchrun
 
@@ -25,8 +26,7 @@ SCRIPT = Path(__file__).with_name("_accelerate_script.py")
 IMAGES = 14
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict[str, Any]]:
+def _run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("accelerate-images")
     make_image_folder(root, num_classes=2, per_class=IMAGES // 2, size=(40, 48), seed=1)
     ckpt = tmp_path_factory.mktemp("accelerate-ckpt")
@@ -35,7 +35,15 @@ def ranks(tmp_path_factory) -> list[dict[str, Any]]:
     return report
 
 
-@pytest.mark.timeout(180)
+SIDE_BY_SIDE = {"accelerate": (9.2, _run)}  # see tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def ranks(side_by_side) -> list[dict[str, Any]]:
+    return run_result(side_by_side, "accelerate")
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_training_batches_come_from_gpufeed_workers_disjoint_and_complete(ranks):
     for r in ranks:
         t = r["train"]
@@ -54,7 +62,7 @@ def test_training_batches_come_from_gpufeed_workers_disjoint_and_complete(ranks)
     assert ranks[0]["train"]["epoch0"]["seen"] != ranks[0]["train"]["epoch1"]["seen"]  # a new order each epoch
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_gather_for_metrics_drops_the_padding_of_the_last_step(ranks):
     for r in ranks:
         e = r["eval"]
@@ -62,12 +70,12 @@ def test_gather_for_metrics_drops_the_padding_of_the_last_step(ranks):
         assert e["ends"] == [False, False, True] and e["remainder"] == 23 % 8 and e["len"] == 3
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_accumulate_syncs_at_the_end_of_the_loader(ranks):
     assert [r["accumulate"] for r in ranks] == [[False, False, True, True]] * 2
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_a_distributed_sampler_is_kept_not_sharded_twice(ranks):
     seen = [r["own_sampler"]["seen"] for r in ranks]
     assert all(r["own_sampler"]["sharded_by"] == "sampler" for r in ranks)
@@ -75,21 +83,21 @@ def test_a_distributed_sampler_is_kept_not_sharded_twice(ranks):
     assert sorted(seen[0] + seen[1]) == list(range(23))
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_split_batches_cuts_each_global_batch_between_the_ranks(ranks):
     for rank, r in enumerate(ranks):
         assert r["split"]["total_batch_size"] == 8
         assert r["split"]["batches"] == [list(range(b * 8 + rank * 4, b * 8 + rank * 4 + 4)) for b in range(4)]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_an_iterable_dataset_is_sharded_by_accelerate(ranks):
     seen = [r["iterable"]["seen"] for r in ranks]
     assert all(r["iterable"]["dataset"] == "IterableDatasetShard" for r in ranks)
     assert seen == [[0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19], [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 0, 1]]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_image_path_options_survive_and_plain_prepare_warns(ranks):
     for r in ranks:
         im = r["image"]
@@ -103,7 +111,7 @@ def test_image_path_options_survive_and_plain_prepare_warns(ranks):
         assert set(im["warning_files"]) == {"_accelerate_script.py"}  # points at the user's line
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_save_state_load_state_resume_mid_epoch(ranks):
     for r in ranks:
         s = r["resume"]
@@ -122,7 +130,7 @@ def test_save_state_load_state_resume_mid_epoch(ranks):
     assert sorted(heads) == list(range(40))
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_image_path_resumes_byte_identical_with_another_num_workers(ranks):
     for r in ranks:
         assert r["image_resume"] == {"rest": 2, "equal": True}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests._concurrent import result as run_result
+
 from ._torchrun import REPO, result, torchrun
 
 pytest.importorskip("accelerate", reason="HF Accelerate is not installed (pip install 'gpufeed[accelerate]')")
@@ -11,14 +13,27 @@ pytest.importorskip("accelerate", reason="HF Accelerate is not installed (pip in
 EXAMPLE = REPO / "examples" / "train_accelerate.py"
 
 
-@pytest.mark.timeout(240)
-def test_train_accelerate_example_evaluates_exactly_and_resumes(tmp_path):
+def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The example stopped at step 5 (a checkpoint at step 3), then run again: it resumes.
+    Returns (the first run, the files of its checkpoint, the second run)."""
+    tmp_path = tmp_path_factory.mktemp("accelerate-example")
     args = ("--fast", "--data", str(tmp_path / "data"), "--ckpt", str(tmp_path / "ckpt"))
     first = torchrun(EXAMPLE, *args, "--stop-after", "5")  # save_state at step 3, then "killed"
     assert first.returncode == 0, first.stderr[-4000:]
+    saved = {p.name for p in (tmp_path / "ckpt").iterdir()}  # before the second run
+    return first, saved, torchrun(EXAMPLE, *args)
+
+
+SIDE_BY_SIDE = {"accelerate-example": (15.9, _run)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_train_accelerate_example_evaluates_exactly_and_resumes(side_by_side):
+    first, saved, second = run_result(side_by_side, "accelerate-example")
+    assert first.returncode == 0, first.stderr[-4000:]
     assert "simulated kill" in first.stdout
-    assert {"dl_state_dict.bin", "dl_state_dict_1.bin"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
-    summary = result(torchrun(EXAMPLE, *args), tag="SUMMARY ")
+    assert {"dl_state_dict.bin", "dl_state_dict_1.bin"} <= saved
+    summary = result(second, tag="SUMMARY ")
     assert summary["world"] == 2 and summary["loader"] == "AcceleratedFastLoader"
     # --fast: 60 images, batch 4, 2 ranks: 8 steps per rank and epoch (the last one padded)
     assert summary["resumed_from_step"] == 3 and summary["last_step"] == 16

@@ -22,6 +22,7 @@ from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed.synth import make_image_folder
+from tests._concurrent import result
 from tests._procs import live_children
 
 from ._datasets import IndexDataset
@@ -38,9 +39,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cache-epochs")
-    make_image_folder(root, num_classes=2, per_class=20, size=((90, 120), (100, 140)), seed=13)
-    return root
+    return _make_root(tmp_path_factory)
 
 
 class ReverseOddEpochs(Sampler[int]):
@@ -322,9 +321,24 @@ _SHUTDOWN = textwrap.dedent("""
 """)
 
 
-def test_shutdown_leaves_no_process_or_memfd(image_root):
-    proc = subprocess.run([sys.executable, "-c", _SHUTDOWN, str(image_root)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=100)
+def _make_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cache-epochs")
+    make_image_folder(root, num_classes=2, per_class=20, size=((90, 120), (100, 140)), seed=13)
+    return root
+
+
+def _shutdown_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    root = _make_root(tmp_path_factory)  # its own copy of image_root's folder
+    return subprocess.run([sys.executable, "-c", _SHUTDOWN, str(root)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=100)  # fmt: skip
+
+
+SIDE_BY_SIDE = {"cache-epochs-shutdown": (3.3, _shutdown_run)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_shutdown_leaves_no_process_or_memfd(side_by_side):
+    proc = result(side_by_side, "cache-epochs-shutdown")
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads(proc.stdout.strip().splitlines()[-1])
     for scenario, left in state.items():

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._concurrent import result as run_result
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "cuda_feed.py"
 pytestmark = pytest.mark.timeout(90)
@@ -36,12 +38,31 @@ def _bench_module():
     return module
 
 
-def test_cpu_dry_run_runs_every_feed_and_labels_its_stand_ins(tmp_path):
+def _dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("cuda-feed-dry-run")
     out = tmp_path / "cuda_feed.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=80,
     )
+    return out, proc
+
+
+def _gpu_check(_tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    env = _env()
+    env["GPU_PYTHON"] = sys.executable
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+GPU_CHECK_RUNS = not torch.cuda.is_available() and shutil.which("bash") is not None  # its test's skipifs
+SIDE_BY_SIDE = {"cuda-feed-dry-run": (5.1, _dry_run),  # see tests/conftest.py
+                **({"gpu-check-without-cuda": (2.5, _gpu_check)} if GPU_CHECK_RUNS else {})}
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_cpu_dry_run_runs_every_feed_and_labels_its_stand_ins(side_by_side):
+    out, proc = run_result(side_by_side, "cuda-feed-dry-run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "CPU DRY RUN" in proc.stdout and "goals: not judged on a CPU dry run" in proc.stdout
     result = json.loads(out.read_text())
@@ -84,13 +105,11 @@ def test_overlap_report_counts_copy_time_under_kernels():
     assert bench.overlap_report([])["overlap_share"] is None
 
 
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: make gpu-check would run every GPU check")
 @pytest.mark.skipif(shutil.which("bash") is None, reason="scripts/gpu_check.sh needs bash")
-def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
-    env = _env()
-    env["GPU_PYTHON"] = sys.executable
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0(side_by_side):
+    proc = run_result(side_by_side, "gpu-check-without-cuda")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: skipped, no CUDA here"), proc.stdout

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._concurrent import result as run_result
+
 SCRIPT = Path(__file__).with_name("_ddp_sampler_script.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,9 +37,16 @@ def _torchrun(nproc: int) -> subprocess.CompletedProcess[str]:
     return out
 
 
-@pytest.mark.timeout(120)
-def test_two_ranks_train_equal_counts_and_eval_exactly_once():
-    out = _torchrun(2)
+def _run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    return _torchrun(2)
+
+
+SIDE_BY_SIDE = {"ddp-sampler": (5.2, _run)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_two_ranks_train_equal_counts_and_eval_exactly_once(side_by_side):
+    out = run_result(side_by_side, "ddp-sampler")
     assert out.returncode == 0, out.stderr[-4000:]
     (line,) = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     report = json.loads(line.removeprefix("RESULT "))

@@ -25,6 +25,7 @@ from gpufeed.errors import DecodeError
 from gpufeed.serve import ImageBatcher, ManualClock, Overloaded
 from gpufeed.synth import make_image_folder
 from gpufeed.transforms import ResizeCenterCrop
+from tests._concurrent import result
 from tests._procs import gpufeed_memfds, live_children
 
 TRANSFORM = ResizeCenterCrop(size=48, resize=56)
@@ -52,11 +53,15 @@ class Recorder:
         return self.net(x.float())
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
+def _make_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("images")
     make_image_folder(root, num_classes=2, per_class=6, size=((60, 90), (70, 100)), seed=3)
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return _make_folder(tmp_path_factory)
 
 
 def _files(folder: Path) -> list[Path]:
@@ -353,14 +358,14 @@ def test_close_without_drain_cancels_what_is_queued_and_metrics_export(folder):
     _assert_nothing_left(pids)
 
 
-@pytest.mark.timeout(120)
-def test_interpreter_exit_with_a_live_batcher_stops_its_workers(folder):
-    """As tests/faults/test_leaks.py does for loaders: a fresh interpreter exits with the batcher
-    open; its workers go, and the exit is clean."""
+def _live_batcher_at_exit(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """A fresh interpreter exits with an ImageBatcher open. Returns (the run, its workers still
+    alive 10 s after it exited: checked right away, not when the other side-by-side runs are done)."""
     import subprocess
     import sys
     import textwrap
 
+    folder = _make_folder(tmp_path_factory)  # its own copy of the module's folder
     code = textwrap.dedent(f"""
         import torch
         from gpufeed.serve import ImageBatcher
@@ -375,14 +380,28 @@ def test_interpreter_exit_with_a_live_batcher_stops_its_workers(folder):
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=110,
                           env={**os.environ, "PYTHONPATH": str(root)})
+    pids = [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return proc, alive
+
+
+SIDE_BY_SIDE = {"image-batcher-live-at-exit": (2.2, _live_batcher_at_exit)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_interpreter_exit_with_a_live_batcher_stops_its_workers(side_by_side):
+    """As tests/faults/test_leaks.py does for loaders: a fresh interpreter exits with the batcher
+    open; its workers go, and the exit is clean."""
+    proc, alive = result(side_by_side, "image-batcher-live-at-exit")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     pids = [int(p) for p in proc.stdout.split()]
     assert len(pids) == 2
-    deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, f"workers {pids} outlived their interpreter"
-        time.sleep(0.05)
+    assert alive == [], f"workers {alive} outlived their interpreter"
 
 
 @pytest.mark.timeout(90)

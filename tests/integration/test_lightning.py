@@ -9,6 +9,7 @@ check: see the fixtures; every resumed run is the first run of a fresh one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,6 +23,8 @@ import pytest
 pytest.importorskip("lightning", reason="the `lightning` extra is not installed (pip install gpufeed[lightning])")
 
 from gpufeed.synth import make_image_folder  # noqa: E402
+from tests._concurrent import guarded, unwrap  # noqa: E402
+from tests._concurrent import result as run_result  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("_lightning_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +32,7 @@ N = 24  # images: 6 batches of 4 per epoch on one process, 3 per rank on two
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-@pytest.fixture(scope="module")
-def image_root(tmp_path_factory) -> Path:
+def _image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lightning-images")
     make_image_folder(root, num_classes=2, per_class=N // 2, size=(48, 56), seed=2)
     return root
@@ -64,22 +66,34 @@ def _uninterrupted(out: Path) -> dict[int, list[tuple[int, list[int]]]]:
     return runs
 
 
-@pytest.fixture(scope="module")
-def ddp_runs(image_root, tmp_path_factory) -> Path:
+def _ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """One 2-rank process tree, three runs: ``fit/``, the loader passed to ``trainer.fit`` (also the
     uninterrupted run the DDP resume test compares with, so checkpoints are on); ``hook/``, the
     loader built in ``train_dataloader()``; ``killed/``, the DDP resume test's run, SIGKILLed at
-    step 5 (the resumed run is a fresh process tree: the test's own)."""
+    step 5. Then the killed run resumed by a fresh process tree. Returns (the runs' directory,
+    per rank the steps the killed run trained on up to its checkpoint, or what the resume raised)."""
+    image_root = _image_root(tmp_path_factory)
     base = tmp_path_factory.mktemp("lightning-ddp")
     for case in ("fit", "hook", "killed"):
         (base / case).mkdir()
     _kill_at(image_root, base / "killed", 5, "--devices", "2",
              first=("resume", str(image_root), str(base / "fit"), "--devices", "2", "+",
                     "hook", str(image_root), str(base / "hook")))
-    return base
+    return base, guarded(functools.partial(_ddp_resume, image_root, base / "killed"))
 
 
-@pytest.mark.timeout(300)
+def _ddp_resume(image_root: Path, out: Path) -> dict[int, list[tuple[int, list[int]]]]:
+    before = _trained_up_to_checkpoint(out)
+    _script("resume", str(image_root), str(out), "--ckpt", str(out / "ckpt" / "last.ckpt"), "--devices", "2")
+    return before
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(side_by_side) -> Path:
+    return run_result(side_by_side, "lightning-ddp")[0]
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("case", ["fit", "hook"])
 def test_ddp_two_ranks_get_fastloaders_with_their_options_and_disjoint_complete_epochs(ddp_runs, case):
     """(fit) the loader passed to ``trainer.fit``: Lightning rebuilds it from its attributes;
@@ -154,12 +168,12 @@ KILLS = {
 }
 
 
-@pytest.fixture(scope="module")
-def single_runs(image_root, tmp_path_factory) -> dict[str, tuple[list, list]]:
+def _single_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list, list]]:
     """Per case of ``KILLS``: (the steps the killed run trained on up to its last checkpoint, then
     the resumed run's; the uninterrupted run's). One process per killed run: the first one runs
     every uninterrupted run before its killed run, each later one the previous case's resumed run
     (so every resumed run is the first of a fresh process); the last resumed run has its own."""
+    image_root = _image_root(tmp_path_factory)
     base = tmp_path_factory.mktemp("lightning-single")
     root = str(image_root)
 
@@ -183,7 +197,15 @@ def single_runs(image_root, tmp_path_factory) -> dict[str, tuple[list, list]]:
             for case in KILLS}
 
 
-@pytest.mark.timeout(480)  # the first case's set-up runs every case's processes
+SIDE_BY_SIDE = {"lightning-single": (16.5, _single_runs), "lightning-ddp": (15.4, _ddp_runs)}  # see tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def single_runs(side_by_side) -> dict[str, tuple[list, list]]:
+    return run_result(side_by_side, "lightning-single")
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("case", list(KILLS))
 def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, case):
     """One process, 6 steps/epoch, a checkpoint every 2 steps. Killed at step 9: its last
@@ -200,13 +222,13 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, cas
     assert resumed == full
 
 
-@pytest.mark.timeout(300)
-def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(image_root, ddp_runs):
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_sigkilled_ddp_run_resumes_exactly_with_lightnings_distributed_sampler(side_by_side):
     """2 ranks (3 steps/epoch each), checkpoint at step 4 (mid-epoch 1) by rank 0, holding rank 0's
     loader state, which every rank loads: torch's DistributedSampler's state is rank-free."""
+    ddp_runs, resumed = run_result(side_by_side, "lightning-ddp")
     full = _uninterrupted(ddp_runs / "fit")
     out = ddp_runs / "killed"
-    before = _trained_up_to_checkpoint(out)
-    _script("resume", str(image_root), str(out), "--ckpt", str(out / "ckpt" / "last.ckpt"), "--devices", "2")
+    before = unwrap(resumed)
     for rank in (0, 1):
         assert before[rank] + _trained(out, rank) == full[rank]

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from gpufeed.synth import make_image_folder
+from tests._concurrent import result
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -31,10 +32,17 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(120)
-def test_gpufeed_alone_never_imports_torchvision(tmp_path):
-    make_image_folder(tmp_path, num_classes=2, per_class=2, size=(60, 70))
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True,
-                          text=True, timeout=100)
+def _run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    root = tmp_path_factory.mktemp("no-torchvision")
+    make_image_folder(root, num_classes=2, per_class=2, size=(60, 70))
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(root)], capture_output=True, text=True, timeout=100)
+
+
+SIDE_BY_SIDE = {"no-torchvision-import": (2.7, _run)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_gpufeed_alone_never_imports_torchvision(side_by_side):
+    done = result(side_by_side, "no-torchvision-import")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torchvision modules: []" in done.stdout

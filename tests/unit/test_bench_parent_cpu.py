@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._concurrent import result as run_result
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "parent_cpu.py"
 FIELDS = {"name", "kind", "dtype", "cache", "persistent", "batches", "rounds", "parent_cpu_ms_per_batch",
@@ -23,8 +25,8 @@ FIELDS = {"name", "kind", "dtype", "cache", "persistent", "batches", "rounds", "
           "max_workers_without_trims", "goal_met_without_trims"}
 
 
-@pytest.mark.timeout(150)
-def test_tiny_run_prints_the_table_and_writes_every_field(tmp_path):
+def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("parent-cpu")
     out = tmp_path / "parent_cpu.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -34,6 +36,15 @@ def test_tiny_run_prints_the_table_and_writes_every_field(tmp_path):
          "--only", "eval uint8,generic", "--json", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=140,
     )
+    return out, proc
+
+
+SIDE_BY_SIDE = {"bench-parent-cpu": (5.1, _run)}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_tiny_run_prints_the_table_and_writes_every_field(side_by_side):
+    out, proc = run_result(side_by_side, "bench-parent-cpu")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "shared machine" in proc.stdout and "CPU seconds, not wall time" in proc.stdout
     assert "parent/worker" in proc.stdout

@@ -12,11 +12,14 @@ import torch
 
 import gpufeed
 from gpufeed import FastLoader
+from tests._concurrent import python, result
+
+SIDE_BY_SIDE = {"cli-version": (2.4, python("-m", "gpufeed", "--version"))}  # see tests/conftest.py
 
 
-def test_version_flag_prints_the_version():
-    out = subprocess.run([sys.executable, "-m", "gpufeed", "--version"], capture_output=True, text=True,
-                         timeout=60)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_version_flag_prints_the_version(side_by_side):
+    out = result(side_by_side, "cli-version")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"gpufeed {gpufeed.__version__}"
 

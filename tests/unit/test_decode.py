@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 import warnings
 
 import cv2
@@ -28,6 +26,7 @@ from gpufeed.decode import _backends
 from gpufeed.decode._decode import FACTORS
 from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, DecodeError
 from gpufeed.synth import encode, photo_like, with_exif_orientation
+from tests._concurrent import python, result
 
 TURBO = backends()["turbojpeg"]["available"]
 requires_turbojpeg = pytest.mark.skipif(
@@ -303,11 +302,15 @@ def test_unknown_backend_rejected():
         decode(JPEGS["baseline420"], backend="pil")
 
 
-def test_import_loads_no_backend():
-    code = ("import sys; import gpufeed.decode, gpufeed.transforms, gpufeed.sources, gpufeed.synth;"
-            "bad = [m for m in ('turbojpeg', 'cv2', 'lmdb') if m in sys.modules];"
-            "print(bad); sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+IMPORT_LOADS_NO_BACKEND = ("import sys; import gpufeed.decode, gpufeed.transforms, gpufeed.sources, gpufeed.synth;"
+                           "bad = [m for m in ('turbojpeg', 'cv2', 'lmdb') if m in sys.modules];"
+                           "print(bad); sys.exit(1 if bad else 0)")
+SIDE_BY_SIDE = {"decode-import": (2.3, python("-c", IMPORT_LOADS_NO_BACKEND))}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_import_loads_no_backend(side_by_side):
+    proc = result(side_by_side, "decode-import")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -10,8 +10,6 @@ import gc
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -25,6 +23,7 @@ from torch.utils.data import TensorDataset
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed.metrics import METRIC_NAMES, MetricsServer, serve
 from gpufeed.stats import STAGES as STAGE_KEYS
+from tests._concurrent import python, result
 
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
@@ -303,26 +302,36 @@ def test_bad_port_is_a_value_error_before_anything_starts(port):
     assert not metrics_threads()
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+MISSING_PROMETHEUS = (
+    "import sys; sys.modules['prometheus_client'] = None\n"
+    "import torch\n"
+    "from gpufeed import BackendUnavailableError, FastLoader\n"
+    "from gpufeed.metrics import serve\n"
+    "ds = torch.utils.data.TensorDataset(torch.arange(4))\n"
+    "for start in (lambda: serve(0), lambda: FastLoader(ds, metrics_port=0)):\n"
+    "    try:\n"
+    "        start()\n"
+    "    except BackendUnavailableError as exc:\n"
+    "        print(exc)\n"
+    "import threading; assert threading.active_count() == 1, threading.enumerate()\n"
+)
+IMPORT_METRICS = (
+    "import sys, threading, gpufeed.metrics\n"
+    "assert 'prometheus_client' not in sys.modules\n"
+    "assert threading.active_count() == 1, threading.enumerate()\n"
+    "import prometheus_client\n"
+    "before = set(prometheus_client.REGISTRY._names_to_collectors)\n"
+    "srv = gpufeed.metrics.serve(0)\n"
+    "assert set(prometheus_client.REGISTRY._names_to_collectors) == before\n"
+    "srv.stop(); print('ok')\n"
+)
+SIDE_BY_SIDE = {"metrics-missing-prometheus": (2.0, python("-c", MISSING_PROMETHEUS)),  # see tests/conftest.py
+                "metrics-import": (2.8, python("-c", IMPORT_METRICS))}
 
 
-@pytest.mark.timeout(60)
-def test_missing_prometheus_client_is_a_clear_error():
-    code = (
-        "import sys; sys.modules['prometheus_client'] = None\n"
-        "import torch\n"
-        "from gpufeed import BackendUnavailableError, FastLoader\n"
-        "from gpufeed.metrics import serve\n"
-        "ds = torch.utils.data.TensorDataset(torch.arange(4))\n"
-        "for start in (lambda: serve(0), lambda: FastLoader(ds, metrics_port=0)):\n"
-        "    try:\n"
-        "        start()\n"
-        "    except BackendUnavailableError as exc:\n"
-        "        print(exc)\n"
-        "import threading; assert threading.active_count() == 1, threading.enumerate()\n"
-    )
-    out = run_python(code)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_missing_prometheus_client_is_a_clear_error(side_by_side):
+    out = result(side_by_side, "metrics-missing-prometheus")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2, out.stdout
@@ -330,19 +339,9 @@ def test_missing_prometheus_client_is_a_clear_error():
         assert "prometheus-client" in line and "pip install 'gpufeed[metrics]'" in line
 
 
-@pytest.mark.timeout(60)
-def test_importing_gpufeed_metrics_has_no_side_effects():
-    code = (
-        "import sys, threading, gpufeed.metrics\n"
-        "assert 'prometheus_client' not in sys.modules\n"
-        "assert threading.active_count() == 1, threading.enumerate()\n"
-        "import prometheus_client\n"
-        "before = set(prometheus_client.REGISTRY._names_to_collectors)\n"
-        "srv = gpufeed.metrics.serve(0)\n"
-        "assert set(prometheus_client.REGISTRY._names_to_collectors) == before\n"
-        "srv.stop(); print('ok')\n"
-    )
-    out = run_python(code)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_importing_gpufeed_metrics_has_no_side_effects(side_by_side):
+    out = result(side_by_side, "metrics-import")
     assert out.stdout.strip() == "ok", out.stderr
 
 

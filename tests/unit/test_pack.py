@@ -17,6 +17,7 @@ from gpufeed.errors import DecodeError
 from gpufeed.sources import ImageFolder, LMDBDataset, pack
 from gpufeed.sources.packed import META_KEY, _put_all, sample_key
 from gpufeed.synth import encode, make_image_folder, photo_like
+from tests._concurrent import python, result
 
 
 @pytest.fixture
@@ -230,8 +231,11 @@ def test_cli_requires_a_command(capsys):
     assert info.value.code == 2
 
 
-def test_python_dash_m_gpufeed():
-    proc = subprocess.run([sys.executable, "-m", "gpufeed", "backends"], capture_output=True,
-                          text=True, timeout=60)
+SIDE_BY_SIDE = {"pack-python-m-gpufeed": (2.2, python("-m", "gpufeed", "backends"))}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_python_dash_m_gpufeed(side_by_side):
+    proc = result(side_by_side, "pack-python-m-gpufeed")
     assert proc.returncode == 0, proc.stderr
     assert "turbojpeg" in json.loads(proc.stdout)

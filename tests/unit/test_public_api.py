@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from torch.utils.data import DataLoader
 
 import gpufeed
 from gpufeed import FastLoader
+from tests._concurrent import python, result
 
 
 def test_all_is_sorted_and_complete():
@@ -34,14 +33,17 @@ print(json.dumps(facts))
 """
 
 
+SIDE_BY_SIDE = {"plain-import": (2.1, python("-c", PLAIN_IMPORT))}  # see tests/conftest.py
+
+
 @pytest.fixture(scope="module")
-def plain_import() -> dict:
-    out = subprocess.run([sys.executable, "-c", PLAIN_IMPORT], capture_output=True, text=True, timeout=60)
+def plain_import(side_by_side) -> dict:
+    out = result(side_by_side, "plain-import")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_import_starts_no_thread_process_or_decoder(plain_import):
     assert plain_import["threads"] == ["MainThread"]
     assert plain_import["children"] == 0
@@ -62,7 +64,7 @@ def test_fastloader_is_a_dataloader_with_its_signature_plus_keyword_options():
     assert FastLoader[int] is not None  # stays generic for type checkers
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_tune_and_doctor_modules_work_after_a_plain_import(plain_import):
     assert not plain_import["tune"]  # imported on first use, not by import gpufeed
     assert plain_import["tune_callable"] and plain_import["diagnose"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,6 +19,7 @@ from gpufeed.serve import (
     ManualClock,
     Overloaded,
 )
+from tests._concurrent import python, result
 
 WAIT_S = 10.0  # real-time bound on anything that should take milliseconds
 
@@ -486,12 +485,16 @@ def test_an_idle_batcher_does_not_spin():
     assert used < 0.1, f"idle batcher used {used:.3f} CPU s in 2 s"  # 1% would be 0.02 s
 
 
-def test_importing_gpufeed_serve_starts_nothing():
-    code = (
-        "import threading, sys, gpufeed.serve;"
-        "assert threading.active_count() == 1, threading.enumerate();"
-        "assert 'prometheus_client' not in sys.modules;"
-        "print('ok')"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+IMPORT_SERVE = (
+    "import threading, sys, gpufeed.serve;"
+    "assert threading.active_count() == 1, threading.enumerate();"
+    "assert 'prometheus_client' not in sys.modules;"
+    "print('ok')"
+)
+SIDE_BY_SIDE = {"serve-import": (2.2, python("-c", IMPORT_SERVE))}  # see tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_importing_gpufeed_serve_starts_nothing(side_by_side):
+    out = result(side_by_side, "serve-import")
     assert out.stdout.strip() == "ok", out.stderr
