@@ -325,5 +325,7 @@ def _worker_reads(source: Any) -> ReadAhead | None:
         return None
     budget = int(getattr(source, "read_budget_bytes", 0) or 0)
     if _reads is None or (_reads.concurrency, _reads.budget_bytes) != (concurrency, budget):
+        if _reads is not None:
+            _reads.stop()  # its threads end (another source's settings)
         _reads = ReadAhead(concurrency, budget)
     return _reads
