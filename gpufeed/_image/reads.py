@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +81,7 @@ class ReadAhead:
         self._feeding: deque[BatchReads] = deque()  # open tasks with reads not yet submitted
         self._open_max = 0  # largest sample seen in the open tasks (bytes)
         self._threads: ThreadGroup | None = None  # made at the first task, in this process
-        self.done: queue.SimpleQueue[tuple[BatchReads, int, bool, Any]] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[tuple[BatchReads, int, bool, Any, float]] = queue.SimpleQueue()
 
     def batch(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> BatchReads:
         """Start reading ``indices`` (in order, after the open tasks) with
@@ -135,10 +136,12 @@ class ReadAhead:
         except queue.Empty:
             return False
         while True:
-            reads, seq, ok, value = item
+            reads, seq, ok, value, elapsed_s = item
             reads.outstanding -= 1
             if not reads.closed:
                 reads.results[seq] = (ok, value)
+                reads.reads_done += 1
+                reads.latency_s += elapsed_s
             del item, reads, value
             try:
                 item = done.get_nowait()
@@ -171,6 +174,8 @@ class BatchReads:
         self._submitted = 0
         self._taken = 0  # reads handed out by next()
         self.max_seen = 0
+        self.reads_done = 0  # reads that came back (bytes or error)
+        self.latency_s = 0.0  # their summed duration, each timed on its read thread
 
     @property
     def unsubmitted(self) -> bool:
@@ -193,11 +198,13 @@ class BatchReads:
         self._jobs.put((self, seq))
 
     def run(self, seq: int, index: int) -> None:
-        """On a read thread: read ``index`` and send the result (or the error) back."""
+        """On a read thread: read ``index`` and send the result (or the error) back, timed."""
+        t0 = time.perf_counter()
         try:
-            result: tuple[BatchReads, int, bool, Any] = (self, seq, True, self._read(index))
+            result: tuple[BatchReads, int, bool, Any, float] = (
+                self, seq, True, self._read(index), time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 (raised by next() at the sample's turn)
-            result = (self, seq, False, exc)
+            result = (self, seq, False, exc, time.perf_counter() - t0)
         self._owner.done.put(result)
 
     def next(self) -> tuple[Any, int]:

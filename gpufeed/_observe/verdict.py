@@ -26,6 +26,7 @@ BLOCKED = 0.50  # share of samples a worker's main thread waited (S/D)
 BUSY_LOW = 0.50  # workers inside a stage less than this share of the time: they are idle
 SPARE_CORES = 0.50  # idle cores needed to call for more workers (cores)
 TRANSFER_SHARE = 0.50  # h2d seconds per wall second that make the copy the limit
+MAX_READ_CONCURRENCY = 256  # the most reads in flight per worker a fix proposes (threads)
 
 
 def decide(ev: Evidence) -> tuple[str, list[str], str]:
@@ -142,9 +143,20 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
                   f"(read_budget_bytes={ev.read_budget_bytes})")
         reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
                        f"(the dataset's read_concurrency={rc}{budget})")
-        more = (f"raise the dataset's read_concurrency to {min(64, max(16, rc * 4))} "
-                f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset; "
-                f"`gpufeed tune` measures 1, 4, 16, 64)")
+        ahead = _reads_ahead(ev, rc)
+        rc_to = ahead.read_concurrency if ahead else min(64, max(16, rc * 4))
+        more = "" if rc_to <= rc else (
+            f"raise the dataset's read_concurrency to {rc_to} "
+            f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset; "
+            f"`gpufeed tune` measures 1, 4, 16, 64)")
+        if ahead:
+            reasons.append(ahead.reason)
+            if ahead.prefetch_factor > (ev.prefetch_factor or 0):
+                more = f"{more}; and " if more else ""
+                more += (f"raise prefetch_factor to {ahead.prefetch_factor} (now "
+                         f"{ev.prefetch_factor}: reads run ahead only within the tasks a "
+                         f"worker holds)")
+            more = more or "more reads ahead cannot help"
     else:
         ft = ev.fetch_threads
         reasons.append(f"{max(ft, 1)} read{'s' if ft > 1 else ''} in flight per worker "
@@ -161,6 +173,39 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
     reasons.append(io + ": reads wait on latency (network storage? throttling?)")
     n = max(ev.num_workers * 2, ev.num_workers + 2)
     return "read", reasons, f"overlap the reads: {more}, or raise num_workers to {n}; or {store}"
+
+
+class _Ahead:
+    """What covering the read latency takes: reads in flight per worker and tasks held."""
+
+    def __init__(self, read_concurrency: int, prefetch_factor: int, reason: str) -> None:
+        self.read_concurrency, self.prefetch_factor, self.reason = read_concurrency, prefetch_factor, reason
+
+
+def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
+    """From the measured read latency L and a worker's decode time per batch B (reads left
+    out): a worker decodes L / B batches' worth of samples while one read is out, so that many
+    reads must be in flight (``read_concurrency``), and they can only be reads of the tasks it
+    holds: the newest task arrives when the oldest is handed out, about (prefetch_factor - 1) x
+    B before it is needed, so ``prefetch_factor`` must reach 1 + ceil(reads needed / batch).
+    None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
+    latency, per_batch = ev.read_latency_mean_s, ev.decode_per_batch_s
+    if latency is None or not per_batch:
+        return None
+    batch = ev.batch_samples
+    needed = math.ceil(latency / per_batch * batch)  # reads in flight that keep decoding busy
+    rc_to = rc if rc >= needed else min(MAX_READ_CONCURRENCY, 1 << (needed - 1).bit_length())
+    pf = ev.prefetch_factor or 0
+    pf_to = 1 + math.ceil(min(needed, rc_to) / batch)
+    ms = 1e3
+    reason = (f"a read takes {latency * ms:.0f} ms and a worker decodes a batch in "
+              f"{per_batch * ms:.0f} ms: about {needed} reads in flight per worker keep it busy")
+    if pf_to > pf:
+        held = pf - 1
+        reason += (f"; at prefetch_factor={pf} a worker holds {held} task{'s' if held != 1 else ''}"
+                   f" ({held * batch:.0f} reads) ahead, whose reads begin only "
+                   f"{held * per_batch * ms:.0f} ms before they are needed")
+    return _Ahead(rc_to, max(pf, pf_to), reason)
 
 
 def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:
