@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from gpufeed._observe.memory import format_bytes
+from gpufeed._observe.tune_rules import reads_ahead
 
 if TYPE_CHECKING:
     from gpufeed.doctor import Evidence
@@ -26,7 +27,6 @@ BLOCKED = 0.50  # share of samples a worker's main thread waited (S/D)
 BUSY_LOW = 0.50  # workers inside a stage less than this share of the time: they are idle
 SPARE_CORES = 0.50  # idle cores needed to call for more workers (cores)
 TRANSFER_SHARE = 0.50  # h2d seconds per wall second that make the copy the limit
-MAX_READ_CONCURRENCY = 256  # the most reads in flight per worker a fix proposes (threads)
 
 
 def decide(ev: Evidence) -> tuple[str, list[str], str]:
@@ -176,36 +176,30 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
 
 
 class _Ahead:
-    """What covering the read latency takes: reads in flight per worker and tasks held."""
+    """What covering the read latency takes (reads in flight per worker, tasks held), and why."""
 
     def __init__(self, read_concurrency: int, prefetch_factor: int, reason: str) -> None:
         self.read_concurrency, self.prefetch_factor, self.reason = read_concurrency, prefetch_factor, reason
 
 
 def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
-    """From the measured read latency L and a worker's decode time per batch B (reads left
-    out): a worker decodes L / B batches' worth of samples while one read is out, so that many
-    reads must be in flight (``read_concurrency``), and they can only be reads of the tasks it
-    holds: the newest task arrives when the oldest is handed out, about (prefetch_factor - 1) x
-    B before it is needed, so ``prefetch_factor`` must reach 1 + ceil(reads needed / batch).
-    None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
+    """:func:`gpufeed._observe.tune_rules.reads_ahead` on the measured read latency and decode
+    time; None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
     latency, per_batch = ev.read_latency_mean_s, ev.decode_per_batch_s
     if latency is None or not per_batch:
         return None
     batch = ev.batch_samples
-    needed = math.ceil(latency / per_batch * batch)  # reads in flight that keep decoding busy
-    rc_to = rc if rc >= needed else min(MAX_READ_CONCURRENCY, 1 << (needed - 1).bit_length())
+    rule = reads_ahead(latency, per_batch / batch, batch, rc)
     pf = ev.prefetch_factor or 0
-    pf_to = 1 + math.ceil(min(needed, rc_to) / batch)
     ms = 1e3
     reason = (f"a read takes {latency * ms:.0f} ms and a worker decodes a batch in "
-              f"{per_batch * ms:.0f} ms: about {needed} reads in flight per worker keep it busy")
-    if pf_to > pf:
+              f"{per_batch * ms:.0f} ms: about {rule.needed} reads in flight per worker keep it busy")
+    if rule.prefetch_factor > pf:
         held = pf - 1
         reason += (f"; at prefetch_factor={pf} a worker holds {held} task{'s' if held != 1 else ''}"
                    f" ({held * batch:.0f} reads) ahead, whose reads begin only "
                    f"{held * per_batch * ms:.0f} ms before they are needed")
-    return _Ahead(rc_to, max(pf, pf_to), reason)
+    return _Ahead(rule.read_concurrency, max(pf, rule.prefetch_factor), reason)
 
 
 def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:
