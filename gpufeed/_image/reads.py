@@ -86,7 +86,10 @@ class ReadAhead:
     def batch(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> BatchReads:
         """Start reading ``indices`` (in order, after the open tasks) with
         ``read(index) -> (bytes, label)``."""
-        if self._threads is None or self._threads.pid != os.getpid():  # (none inherited by fork)
+        if self._threads is None or self._threads.pid != os.getpid():
+            if self._threads is not None:  # inherited through fork: no threads, no reads here
+                self.open, self._feeding, self.pending = [], deque(), 0
+                self.done = queue.SimpleQueue()
             self._threads = ThreadGroup(READ_POOL, self.concurrency, _serve)
         reads = BatchReads(self, read, indices, self._threads.jobs)
         self.open.append(reads)

@@ -202,3 +202,27 @@ def test_stopping_ends_the_read_threads():
     ahead.stop()  # closes the open task (its reads are waited out) and ends the threads
     assert ahead.open == [] and ahead.pending == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+
+
+def test_a_read_ahead_inherited_through_fork_starts_its_own_threads():
+    import os
+
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=4, budget_bytes=1 << 20)
+    a = ahead.batch(src.read, [0, 1])
+    assert [a.next()[1] for _ in range(2)] == [0, 1]
+    left_open = ahead.batch(src.read, [2, 3])  # open at fork: the child has none of its threads
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh start, exit status 0 if the reads come back in order
+        ok = False
+        try:
+            b = ahead.batch(src.read, [5, 6, 7])
+            ok = [b.next()[1] for _ in range(3)] == [5, 6, 7] and ahead.open == [b]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [left_open.next()[1] for _ in range(2)] == [2, 3]  # the parent's reads are untouched
+    a.close()
+    left_open.close()
