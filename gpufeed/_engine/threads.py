@@ -56,17 +56,18 @@ def thread_pool(name: str, threads: int) -> ThreadPoolExecutor:
 
 
 class ThreadGroup:
-    """``threads`` daemon threads named ``NAME-K``, each running ``serve(jobs)``: a loop that takes
-    jobs from the one FIFO ``jobs`` queue and returns at a ``None``. Lighter than a
+    """``threads`` daemon threads named ``NAME-K``, each running ``serve(inbox)``: a loop that
+    takes items from the one FIFO ``inbox`` queue and returns at a ``None``. Lighter than a
     ``ThreadPoolExecutor`` (no future, work item or idle semaphore per job: one queue put wakes
-    a thread); what a job does and how its result travels is the owner's (``gpufeed._image.reads``).
+    a thread); what an item means and how results travel is the owner's
+    (``gpufeed._image.reads``).
     """
 
     def __init__(self, name: str, threads: int, serve: Callable[[queue.SimpleQueue[Any]], None]) -> None:
         self.name = name
         self.pid = os.getpid()
-        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=serve, args=(self.jobs,), name=f"{name}-{k}", daemon=True)
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=serve, args=(self.inbox,), name=f"{name}-{k}", daemon=True)
                          for k in range(threads)]
         with _lock:
             _groups.add(self)
@@ -78,18 +79,18 @@ class ThreadGroup:
         return any(thread.is_alive() for thread in self._threads)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Drop the queued jobs, let running ones finish (up to ``timeout_s`` in all, after which
+        """Drop the queued items, let running jobs finish (up to ``timeout_s`` in all, after which
         they are left to end with the process: the threads are daemons) and end the threads;
         idempotent."""
         with _lock:
             _groups.discard(self)
         while True:
             try:
-                self.jobs.get_nowait()
+                self.inbox.get_nowait()
             except queue.Empty:
                 break
         for _ in self._threads:
-            self.jobs.put(None)
+            self.inbox.put(None)
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             if thread is not threading.current_thread():

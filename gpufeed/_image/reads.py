@@ -19,16 +19,18 @@ read's error is raised when its sample's turn comes, exactly where a sequential 
 raised it.
 
 The reads run on the worker's ``gpufeed-read-K`` threads (a ``ThreadGroup``, one per
-``ReadAhead``, ``read_concurrency`` threads): a read is one ``(task, seq)`` job on their queue,
-claimed by the thread that takes it (``claims``), and its result comes back on the owner's
-``done`` queue, which the decoding thread drains. No future, condition or waiter per read: at
-30 ms per read a ``ThreadPoolExecutor`` cost about 100 us of CPU per read, near a tenth of a
-224 px decode (see docs/design/image-path.md). Bookkeeping is O(1) per read: counters, and the
-open tasks whose reads are not all submitted (``feeding``).
+``ReadAhead``, ``read_concurrency`` threads): a read is one ``(task, seq)`` job on the owner's
+``jobs`` deque, claimed by the thread that takes it (``claims``), and its result comes back on
+the owner's ``done`` queue, which the decoding thread drains. The decoding thread wakes one read
+thread per batch of reads it queues; the threads wake each other for the rest (``_serve``). No
+future, condition or waiter per read: at 30 ms per read a ``ThreadPoolExecutor`` cost about
+100 us of CPU per read, near a tenth of a 224 px decode (see docs/design/image-path.md).
+Bookkeeping is O(1) per read: counters, and the open tasks whose reads are not all submitted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import time
@@ -51,18 +53,28 @@ def nbytes_of(data: Any) -> int:
         return len(data)
 
 
-def _serve(jobs: queue.SimpleQueue[Any]) -> None:
-    """A read thread: run each job ``(task, seq)`` whose read no one cancelled, in queue order."""
-    get = jobs.get
+def _serve(jobs: deque[tuple[BatchReads, int]], wake: queue.SimpleQueue[int | None]) -> None:
+    """A read thread: wait for a wake-up ``k`` (k jobs wait in ``jobs``), take the oldest job,
+    pass the other k - 1 on (waking up to two idle threads), and run the job ``(task, seq)``
+    unless its task cancelled it. The decoding thread thus wakes one thread per batch of reads
+    it submits, not one per read: a wake-up from a thread that holds the GIL costs it a context
+    switch or two (the woken thread runs, finds the GIL taken, and sleeps again)."""
+    get, put = wake.get, wake.put
     while True:
-        job = get()
-        if job is None:
+        k = get()
+        if k is None:
             return
-        reads, seq = job
+        reads, seq = jobs.popleft()  # (k > 0: the jobs were queued before their wake-up)
+        rest = k - 1
+        if rest > 1:
+            put(rest // 2)
+            put(rest - rest // 2)
+        elif rest:
+            put(rest)
         index = reads.claims.pop(seq, None)  # atomic: close() may take it first (cancelled)
         if index is not None:
             reads.run(seq, index)
-        del job, reads
+        del reads
 
 
 class ReadAhead:
@@ -81,6 +93,8 @@ class ReadAhead:
         self._feeding: deque[BatchReads] = deque()  # open tasks with reads not yet submitted
         self._open_max = 0  # largest sample seen in the open tasks (bytes)
         self._threads: ThreadGroup | None = None  # made at the first task, in this process
+        self._jobs: deque[tuple[BatchReads, int]] = deque()  # submitted, not yet taken by a thread
+        self.unwoken = 0  # reads queued since the threads were last woken (wake())
         self.done: queue.SimpleQueue[tuple[BatchReads, int, bool, Any, float]] = queue.SimpleQueue()
 
     def batch(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> BatchReads:
@@ -88,10 +102,11 @@ class ReadAhead:
         ``read(index) -> (bytes, label)``."""
         if self._threads is None or self._threads.pid != os.getpid():
             if self._threads is not None:  # inherited through fork: no threads, no reads here
-                self.open, self._feeding, self.pending = [], deque(), 0
-                self.done = queue.SimpleQueue()
-            self._threads = ThreadGroup(READ_POOL, self.concurrency, _serve)
-        reads = BatchReads(self, read, indices, self._threads.jobs)
+                self.open, self._feeding, self.pending, self.unwoken = [], deque(), 0, 0
+                self.done, self._jobs = queue.SimpleQueue(), deque()
+            self._threads = ThreadGroup(READ_POOL, self.concurrency,
+                                        functools.partial(_serve, self._jobs))
+        reads = BatchReads(self, read, indices, self._jobs)
         self.open.append(reads)
         self._feeding.append(reads)
         self.fill()
@@ -108,6 +123,24 @@ class ReadAhead:
     def fill(self) -> bool:
         """Submit reads in task order while the concurrency and the budget allow; with room left
         over, ask for more tasks (``more``). Returns whether there was room to ask."""
+        try:
+            if not self._submit():
+                return False
+        finally:
+            self.wake()
+        if self.pending >= self.concurrency or self.more is None:
+            return False
+        if not self._asking:  # room for reads the open tasks cannot use: more tasks?
+            self._asking = True
+            try:
+                self.more()
+            finally:
+                self._asking = False
+        return True
+
+    def _submit(self) -> bool:
+        """Submit reads in task order within the concurrency and the budget; whether every read
+        of the open tasks is submitted."""
         estimate = max(self.previous_max, self._open_max)
         feeding = self._feeding
         while feeding:
@@ -120,15 +153,14 @@ class ReadAhead:
             if reads.unsubmitted:
                 return False  # a later task waits until every read of this one is submitted
             feeding.popleft()
-        if self.pending >= self.concurrency or self.more is None:
-            return False
-        if not self._asking:  # room for reads the open tasks cannot use: more tasks?
-            self._asking = True
-            try:
-                self.more()
-            finally:
-                self._asking = False
         return True
+
+    def wake(self) -> None:
+        """Tell the read threads how many reads were queued since the last call (one wake-up)."""
+        if self.unwoken:
+            assert self._threads is not None  # made by batch(), before any submit
+            self._threads.inbox.put(self.unwoken)
+            self.unwoken = 0
 
     def receive(self, timeout_s: float | None) -> bool:
         """Hand the finished reads to their tasks: those already back, or else (with a timeout)
@@ -168,7 +200,7 @@ class BatchReads:
     (always, in a ``finally``; idempotent) cancels or waits out what is still in flight."""
 
     def __init__(self, owner: ReadAhead, read: Callable[[int], tuple[Any, int]],
-                 indices: list[int], jobs: queue.SimpleQueue[Any]) -> None:
+                 indices: list[int], jobs: deque[tuple[BatchReads, int]]) -> None:
         self._owner, self._read, self._indices, self._jobs = owner, read, indices, jobs
         self.claims: dict[int, int] = {}  # seq -> index: submitted, not yet taken by a thread
         self.results: dict[int, tuple[bool, Any]] = {}  # seq -> (ok, (bytes, label) or error)
@@ -193,12 +225,14 @@ class BatchReads:
         return self._indices[seq]
 
     def submit(self) -> None:
+        """Queue the next read (the owner wakes the threads: :meth:`ReadAhead.wake`)."""
         seq = self._submitted
         self.claims[seq] = self._indices[seq]
         self._submitted += 1
         self.outstanding += 1
         self._owner.pending += 1
-        self._jobs.put((self, seq))
+        self._owner.unwoken += 1
+        self._jobs.append((self, seq))
 
     def run(self, seq: int, index: int) -> None:
         """On a read thread: read ``index`` and send the result (or the error) back, timed."""
@@ -216,6 +250,7 @@ class BatchReads:
         seq = self._taken
         if seq == self._submitted:
             self.submit()  # only if an earlier task is still open (the owner serves it first)
+            owner.wake()
         results = self.results
         # While the read is out and there is room, keep asking for tasks that arrive meanwhile
         # (they would otherwise wait for this read, and the next batch would begin with a stall).
