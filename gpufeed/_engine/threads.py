@@ -67,6 +67,7 @@ class ThreadGroup:
         self.name = name
         self.pid = os.getpid()
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.stopped = False
         self._threads = [threading.Thread(target=serve, args=(self.inbox,), name=f"{name}-{k}", daemon=True)
                          for k in range(threads)]
         with _lock:
@@ -82,6 +83,7 @@ class ThreadGroup:
         """Drop the queued items, let running jobs finish (up to ``timeout_s`` in all, after which
         they are left to end with the process: the threads are daemons) and end the threads;
         idempotent."""
+        self.stopped = True
         with _lock:
             _groups.discard(self)
         while True:

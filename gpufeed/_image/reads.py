@@ -100,10 +100,13 @@ class ReadAhead:
     def batch(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> BatchReads:
         """Start reading ``indices`` (in order, after the open tasks) with
         ``read(index) -> (bytes, label)``."""
-        if self._threads is None or self._threads.pid != os.getpid():
-            if self._threads is not None:  # inherited through fork: no threads, no reads here
+        threads = self._threads
+        if threads is None or threads.stopped or threads.pid != os.getpid():
+            if threads is not None and threads.pid != os.getpid():
+                # inherited through fork: no threads here, so none of those reads will come
                 self.open, self._feeding, self.pending, self.unwoken = [], deque(), 0, 0
                 self.done, self._jobs = queue.SimpleQueue(), deque()
+            self._jobs.clear()  # (stopped: what was queued was dropped with the wake-ups)
             self._threads = ThreadGroup(READ_POOL, self.concurrency,
                                         functools.partial(_serve, self._jobs))
         reads = BatchReads(self, read, indices, self._jobs)
@@ -119,6 +122,7 @@ class ReadAhead:
         if self._threads is not None:
             self._threads.stop()
             self._threads = None
+        self._jobs.clear()
 
     def fill(self) -> bool:
         """Submit reads in task order while the concurrency and the budget allow; with room left
@@ -189,10 +193,11 @@ class ReadAhead:
         if self.receive(MORE_POLL_S if more else WAIT_S):
             return
         threads = self._threads
-        if not more and (threads is None or not threads.alive()):
+        if threads is None or threads.stopped or (not more and not threads.alive()):
             raise RuntimeError(
                 f"gpufeed: the read threads of process {os.getpid()} are gone while sample "
-                f"index {reads.index_of(seq)} was being read (the interpreter is shutting down?)")
+                f"index {reads.index_of(seq)} was being read (stopped by shutdown_pools(), or "
+                f"the interpreter is shutting down); nothing to do but start a new read-ahead")
 
 
 class BatchReads:

@@ -226,3 +226,17 @@ def test_a_read_ahead_inherited_through_fork_starts_its_own_threads():
     assert [left_open.next()[1] for _ in range(2)] == [2, 3]  # the parent's reads are untouched
     a.close()
     left_open.close()
+
+
+def test_after_the_threads_were_stopped_the_next_task_starts_new_ones():
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=4, budget_bytes=1 << 20)
+    a = ahead.batch(src.read, [0, 1, 2])
+    assert a.next()[1] == 0
+    a.close()
+    shutdown_pools()  # as a worker on its way out (or a test's clean-up)
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+    b = ahead.batch(src.read, [3, 4, 5, 6, 7])
+    assert [b.next()[1] for _ in range(5)] == [3, 4, 5, 6, 7]
+    b.close()
