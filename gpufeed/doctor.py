@@ -73,6 +73,10 @@ class Evidence:
     h2d_s: float = 0.0  # host-to-device copy time (device=), CUDA-event timed
     queue_depth_mean: float = 0.0  # ready batches when the consumer asked, mean
     queue_capacity: int = 0  # batches in flight at most (prefetch_factor x num_workers)
+    prefetch_factor: int = 0  # tasks each worker holds (its reads run ahead only within them)
+    batch_size: int = 0  # the loader's (0: none, or unknown)
+    reads: int = 0  # image path: reads of the source by the workers
+    read_latency_s: float = 0.0  # their summed duration, each timed on the thread that read
     worker_cpu: tuple[float, ...] = ()  # per worker id (its pids summed): CPU over the window
     main_cpu: float = 0.0  # the training process (loader + step)
     idle_cores: float = 0.0  # cores left idle (incl. iowait) on the usable CPUs, mean
@@ -142,6 +146,25 @@ class Evidence:
         return {k: v / total for k, v in parts.items()}
 
     @property
+    def read_latency_mean_s(self) -> float | None:
+        """Mean duration of one read of the source (storage latency; None: no reads timed)."""
+        return self.read_latency_s / self.reads if self.reads else None
+
+    @property
+    def batch_samples(self) -> float:
+        """Samples per batch: the loader's batch size, else the run's mean."""
+        return float(self.batch_size) if self.batch_size > 0 else self.samples / max(self.batches, 1)
+
+    @property
+    def decode_per_batch_s(self) -> float | None:
+        """A worker's stage seconds per batch, reads left out: decode, transform, collate, pack
+        (image path; None: no samples made by workers)."""
+        made = self.samples * (self.batches - self.parent_batches) / max(self.batches, 1)
+        if not self.image_path or made <= 0:
+            return None  # (the main process's batches, all cache hits, have no stage seconds)
+        return max(0.0, self.stage_total_s - self.read_s) / made * self.batch_samples
+
+    @property
     def worker_busy(self) -> float:
         """Share of the window the workers spent inside a stage (1.0: never idle)."""
         if self.num_workers == 0 or self.wall_s <= 0:
@@ -158,7 +181,7 @@ class Evidence:
         out = asdict(self)
         out["worker_cpu"] = list(self.worker_cpu)
         for name in ("data_wait_fraction", "steady_wait_fraction", "batch_s", "step_mean_s", "stage_total_s", "shares",
-                     "worker_busy", "worker_cpu_mean"):
+                     "worker_busy", "worker_cpu_mean", "read_latency_mean_s", "decode_per_batch_s"):
             out[name] = getattr(self, name)
         return out
 
@@ -290,6 +313,9 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         samples=int(delta("samples")) or samples,
         **stage_s,
         queue_depth_mean=max(0.0, depth), queue_capacity=prefetch * num_workers,
+        prefetch_factor=int(prefetch), batch_size=_int_attr(loader, "batch_size"),
+        reads=int(delta("reads")),
+        read_latency_s=max(0.0, delta("read_latency_s")),
         worker_cpu=_per_worker(probe.worker_cpu_s, probe.worker_ids, wall),
         main_cpu=probe.main_cpu_s / wall,
         idle_cores=idle,

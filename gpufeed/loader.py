@@ -429,7 +429,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
         images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate;
         parent_batches and parent_s (batches the main process made itself because every row was
-        a cache hit, and its seconds on them, not in the worker stage seconds).
+        a cache hit, and its seconds on them, not in the worker stage seconds); reads and
+        read_latency_s (the workers' reads of the source and their summed duration, each timed
+        on the thread that read: storage latency, while read_s is the decoding thread's wait).
         """
         out = self._stats.snapshot()
         out["workers"] = worker_usage(self.worker_pids())

@@ -34,9 +34,11 @@ from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed._observe.probe import usable_core_count
 from gpufeed._observe.progress import ProgressBar
 from gpufeed._observe.tune_reads import (
+    prefetch_for_reads,
     read_concurrency_of,
     read_fraction,
     read_options,
+    read_timing,
     stage_seconds,
     tune_reads,
 )
@@ -100,6 +102,11 @@ class TuneRow:
             (None: the dataset has no such option).
         read_fraction: share of the workers' stage time spent reading over the timed batches,
             from the loader's ``stats()`` (0-1; None: not the image path).
+        read_latency_s: mean duration of one read of the source (seconds), each timed on the
+            thread that read (None: no reads timed).
+        decode_per_sample_s: the workers' stage seconds per sample with reads left out
+            (seconds; None: no reads timed).
+        batch_samples: mean samples per timed batch.
     """
 
     num_workers: int
@@ -111,6 +118,9 @@ class TuneRow:
     data_wait_fraction: float
     read_concurrency: int | None = None
     read_fraction: float | None = None
+    read_latency_s: float | None = None
+    decode_per_sample_s: float | None = None
+    batch_samples: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-able data."""
@@ -221,7 +231,9 @@ def measure(
                     sampling_s += time.perf_counter() - ts
             elapsed_s = time.perf_counter() - t0 - sampling_s
             cpu_s = tree_cpu_s() - cpu0
-            read_share = read_fraction(stats0, stage_seconds(loader))
+            stats1 = stage_seconds(loader)
+            read_share = read_fraction(stats0, stats1)
+            timing = read_timing(stats0, stats1)
             _sample_workers(loader, worker_pss)
             stream.close()
         finally:
@@ -242,6 +254,9 @@ def measure(
         data_wait_fraction=min(1.0, wait_s / elapsed_s) if elapsed_s > 0 else 0.0,
         read_concurrency=read_concurrency_of(getattr(loader, "dataset", None)),
         read_fraction=read_share,
+        read_latency_s=None if timing is None else timing[0],
+        decode_per_sample_s=None if timing is None else timing[1],
+        batch_samples=samples / batches,
     )
     logger.debug("measured %s", row)
     return row
@@ -560,6 +575,7 @@ def tune(
             restore[0].set_read_options(*restore[1])
 
     prefetch, why = recommend_prefetch_factor(recommended.data_wait_fraction)
+    prefetch, why = prefetch_for_reads(recommended, prefetch, why)
     reasons.append(why + ".")
     cache_dataset = dataset if dataset is not None else seen.get("dataset")
     needed, what = cache_bytes_needed(cache_dataset) if cache_dataset is not None else (

@@ -92,7 +92,9 @@ class FillReport:
     kept: list[int] = field(default_factory=list)
     staged: list[tuple[int, int, int]] = field(default_factory=list)  # (position, offset, nbytes)
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (index, file, message)
-    read_s: float = 0.0
+    read_s: float = 0.0  # the decoding thread's wait for bytes (with read-ahead, less than a read)
+    reads: int = 0  # reads of the source for this batch
+    read_latency_s: float = 0.0  # their summed duration, each timed where it ran (storage latency)
     decode_s: float = 0.0
     transform_s: float = 0.0  # crop/resize/flip after the decode
     post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
@@ -125,13 +127,14 @@ def fill_batch(
     batch_reads = prefetched
     if batch_reads is None:
         batch_reads = begin_reads(reads, source, indices, task)
-    if batch_reads is None:
-        misses = _misses(indices, task)
-        return _fill(plan, source, indices, task, bind, stage, _Sequential(source.read_item, misses))
+    order: _Sequential | BatchReads = batch_reads or _Sequential(source.read_item, _misses(indices, task))
     try:
-        return _fill(plan, source, indices, task, bind, stage, batch_reads)
+        out, report = _fill(plan, source, indices, task, bind, stage, order)
     finally:
-        batch_reads.close()
+        if batch_reads is not None:
+            batch_reads.close()
+    report.reads, report.read_latency_s = order.reads_done, order.latency_s
+    return out, report
 
 
 def _misses(indices: list[int], task: ImageTask) -> list[int]:
@@ -154,11 +157,18 @@ class _Sequential:
 
     def __init__(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> None:
         self._read, self._indices, self._next = read, indices, 0
+        self.reads_done = 0
+        self.latency_s = 0.0
 
     def next(self) -> tuple[Any, int]:
         index = self._indices[self._next]
         self._next += 1
-        return self._read(index)
+        self.reads_done += 1
+        t0 = time.perf_counter()
+        try:
+            return self._read(index)
+        finally:
+            self.latency_s += time.perf_counter() - t0
 
 
 def _fill(
@@ -325,5 +335,7 @@ def _worker_reads(source: Any) -> ReadAhead | None:
         return None
     budget = int(getattr(source, "read_budget_bytes", 0) or 0)
     if _reads is None or (_reads.concurrency, _reads.budget_bytes) != (concurrency, budget):
+        if _reads is not None:
+            _reads.stop()  # its threads end (another source's settings)
         _reads = ReadAhead(concurrency, budget)
     return _reads

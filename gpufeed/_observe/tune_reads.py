@@ -9,14 +9,22 @@ reads in flight cost threads, workers cost processes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed._observe.tune_rules import READ_CONCURRENCIES, reads_dominate, search_read_concurrency
+from gpufeed._observe.tune_rules import (
+    READ_CONCURRENCIES,
+    reads_ahead,
+    reads_dominate,
+    search_read_concurrency,
+)
 
-__all__ = ["read_concurrency_of", "read_fraction", "read_options", "stage_seconds", "tune_reads"]
+__all__ = ["prefetch_for_reads", "read_concurrency_of", "read_fraction", "read_options", "read_timing", "stage_seconds",
+           "tune_reads"]
 
 _STAGE_KEYS = ("read_s", "decode_s", "transform_s", "collate_s", "pack_s")
+_READ_KEYS = ("reads", "read_latency_s", "samples", "parent_batches")  # with the stages: timing
 
 
 def stage_seconds(loader: Any) -> dict[str, float] | None:
@@ -27,7 +35,21 @@ def stage_seconds(loader: Any) -> dict[str, float] | None:
     snapshot = stats()
     if "images" not in snapshot:
         return None
-    return {k: float(snapshot.get(k, 0.0) or 0.0) for k in _STAGE_KEYS}
+    return {k: float(snapshot.get(k, 0.0) or 0.0) for k in _STAGE_KEYS + _READ_KEYS}
+
+
+def read_timing(before: dict[str, float] | None, after: dict[str, float] | None,
+                ) -> tuple[float, float] | None:
+    """(mean seconds per read, a worker's stage seconds per sample with reads left out) between
+    two :func:`stage_seconds`; None without timed reads (or with batches the main process made
+    from the cache, which have no stage seconds)."""
+    if before is None or after is None:
+        return None
+    spent = {k: after[k] - before[k] for k in _STAGE_KEYS + _READ_KEYS}
+    if spent["reads"] <= 0 or spent["samples"] <= 0 or spent["parent_batches"] > 0:
+        return None
+    decode_s = sum(spent[k] for k in _STAGE_KEYS) - spent["read_s"]
+    return spent["read_latency_s"] / spent["reads"], max(0.0, decode_s) / spent["samples"]
 
 
 def read_fraction(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
@@ -89,3 +111,22 @@ def tune_reads(dataset: Any, measure_at: Callable[[int], Any], baseline: Any, mi
         reasons.append("read_concurrency > 1 calls the wrapped dataset's __getitem__ from "
                        "several threads at once: it must be thread-safe.")
     return best, rows, reasons
+
+
+def prefetch_for_reads(row: Any, prefetch: int, why: str) -> tuple[int, str]:
+    """``prefetch_factor`` and why: ``prefetch`` (from the data wait), raised when the reads of
+    ``row`` (a ``TuneRow``) outlast the decode of the tasks a worker holds
+    ahead (:func:`gpufeed._observe.tune_rules.reads_ahead`): reads run ahead only within them."""
+    if row.read_latency_s is None or not row.decode_per_sample_s or not row.batch_samples:
+        return prefetch, why
+    rule = reads_ahead(row.read_latency_s, row.decode_per_sample_s, row.batch_samples,
+                       row.read_concurrency or 1)
+    covered = min(rule.needed, row.read_concurrency or 1)
+    need = max(2, 1 + math.ceil(covered / row.batch_samples))  # at the read_concurrency measured
+    if need <= prefetch:
+        return prefetch, why
+    per_batch_ms = row.decode_per_sample_s * row.batch_samples * 1e3
+    return need, (f"prefetch_factor {need}: a read takes {row.read_latency_s * 1e3:.0f} ms and a "
+                  f"worker decodes a batch in {per_batch_ms:.0f} ms, so {covered} reads in flight "
+                  f"per worker need {need - 1} held task{'s' if need > 2 else ''} ahead (reads "
+                  f"run ahead only within the tasks a worker holds; {why})")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpufeed._observe.memory import format_bytes
 
-__all__ = ["READ_CONCURRENCIES", "cache_bytes_needed", "reads_dominate", "recommend_cache_bytes",
-           "recommend_prefetch_factor", "search_read_concurrency"]
+__all__ = ["READ_CONCURRENCIES", "ReadsAhead", "cache_bytes_needed", "reads_ahead", "reads_dominate",
+           "recommend_cache_bytes", "recommend_prefetch_factor", "search_read_concurrency"]
 
 #: data_wait_fraction at or above which the loader is slower than the consumer on average (or no
 #: step was measured): stalls from jitter alone, with 2 batches per worker queued, stay well below.
@@ -30,6 +31,36 @@ CACHE_FRACTION = 0.5
 READS_DOMINATE = 0.4
 #: Reads in flight per worker that :func:`search_read_concurrency` tries, in order.
 READ_CONCURRENCIES = (1, 4, 16, 64)
+#: The most reads in flight per worker :func:`reads_ahead` proposes (threads).
+MAX_READ_CONCURRENCY = 256
+
+
+@dataclass(frozen=True)
+class ReadsAhead:
+    """What hiding a read's latency behind a worker's decode takes (see :func:`reads_ahead`)."""
+
+    needed: int  # reads in flight per worker that keep it decoding
+    read_concurrency: int  # the read_concurrency that allows them (the one given if enough)
+    prefetch_factor: int  # the prefetch_factor whose held tasks hold them (at least 2)
+
+
+def reads_ahead(latency_s: float, decode_per_sample_s: float, batch_size: float,
+                read_concurrency: int) -> ReadsAhead:
+    """From the measured read latency L (seconds per read) and a worker's decode time per
+    sample b (its stage seconds, reads left out): while one read is out a worker decodes L / b
+    samples, so that many reads must be in flight; at most ``read_concurrency`` are (raised to
+    the next power of two, up to ``MAX_READ_CONCURRENCY``, when short), and only reads of the
+    tasks the worker holds: the newest task arrives when the oldest is handed out, about
+    (prefetch_factor - 1) batches of decode before it is needed, so prefetch_factor must reach
+    1 + ceil(reads in flight / batch_size). Measured (benchmarks/latency.py, 100 ms per read,
+    46 ms of decode per batch of 32): 70 reads, prefetch_factor 4; 0.79-0.83x the local-disk
+    rate at 4 against 0.52-0.61x at 2."""
+    needed = max(1, math.ceil(latency_s / decode_per_sample_s)) if decode_per_sample_s > 0 else 1
+    rc = read_concurrency
+    if rc < needed:
+        rc = max(rc, min(MAX_READ_CONCURRENCY, 1 << (needed - 1).bit_length()))
+    batch = max(batch_size, 1.0)
+    return ReadsAhead(needed, rc, max(2, 1 + math.ceil(min(needed, rc) / batch)))
 
 
 def gain(before: float, after: float) -> float:

@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from gpufeed._observe.memory import format_bytes
+from gpufeed._observe.tune_rules import reads_ahead
 
 if TYPE_CHECKING:
     from gpufeed.doctor import Evidence
@@ -142,9 +143,20 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
                   f"(read_budget_bytes={ev.read_budget_bytes})")
         reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
                        f"(the dataset's read_concurrency={rc}{budget})")
-        more = (f"raise the dataset's read_concurrency to {min(64, max(16, rc * 4))} "
-                f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset; "
-                f"`gpufeed tune` measures 1, 4, 16, 64)")
+        ahead = _reads_ahead(ev, rc)
+        rc_to = ahead.read_concurrency if ahead else min(64, max(16, rc * 4))
+        more = "" if rc_to <= rc else (
+            f"raise the dataset's read_concurrency to {rc_to} "
+            f"(e.g. ImageDataset(ds, read_concurrency=N) for a thread-safe dataset; "
+            f"`gpufeed tune` measures 1, 4, 16, 64)")
+        if ahead:
+            reasons.append(ahead.reason)
+            if ahead.prefetch_factor > (ev.prefetch_factor or 0):
+                more = f"{more}; and " if more else ""
+                more += (f"raise prefetch_factor to {ahead.prefetch_factor} (now "
+                         f"{ev.prefetch_factor}: reads run ahead only within the tasks a "
+                         f"worker holds)")
+            more = more or "more reads ahead cannot help"
     else:
         ft = ev.fetch_threads
         reasons.append(f"{max(ft, 1)} read{'s' if ft > 1 else ''} in flight per worker "
@@ -161,6 +173,33 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
     reasons.append(io + ": reads wait on latency (network storage? throttling?)")
     n = max(ev.num_workers * 2, ev.num_workers + 2)
     return "read", reasons, f"overlap the reads: {more}, or raise num_workers to {n}; or {store}"
+
+
+class _Ahead:
+    """What covering the read latency takes (reads in flight per worker, tasks held), and why."""
+
+    def __init__(self, read_concurrency: int, prefetch_factor: int, reason: str) -> None:
+        self.read_concurrency, self.prefetch_factor, self.reason = read_concurrency, prefetch_factor, reason
+
+
+def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
+    """:func:`gpufeed._observe.tune_rules.reads_ahead` on the measured read latency and decode
+    time; None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
+    latency, per_batch = ev.read_latency_mean_s, ev.decode_per_batch_s
+    if latency is None or not per_batch:
+        return None
+    batch = ev.batch_samples
+    rule = reads_ahead(latency, per_batch / batch, batch, rc)
+    pf = ev.prefetch_factor or 0
+    ms = 1e3
+    reason = (f"a read takes {latency * ms:.0f} ms and a worker decodes a batch in "
+              f"{per_batch * ms:.0f} ms: about {rule.needed} reads in flight per worker keep it busy")
+    if rule.prefetch_factor > pf:
+        held = pf - 1
+        reason += (f"; at prefetch_factor={pf} a worker holds {held} task{'s' if held != 1 else ''}"
+                   f" ({held * batch:.0f} reads) ahead, whose reads begin only "
+                   f"{held * per_batch * ms:.0f} ms before they are needed")
+    return _Ahead(rule.read_concurrency, max(pf, rule.prefetch_factor), reason)
 
 
 def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:

@@ -3,7 +3,9 @@
 Each scenario has one verdict on any machine, busy or quiet, with any number of cores:
 
 * read: ``read`` sleeps 20 ms per image: workers are blocked (S), not running, and reading is
-  most of their time -> "read", whatever else runs on the machine.
+  most of their time -> "read", whatever else runs on the machine. With reads in flight and
+  100 ms per read, far longer than a worker needs to decode the one task it holds ahead at
+  ``prefetch_factor=2``, the fix also names ``prefetch_factor`` (from the measured latency).
 * decode: 1600x1200 JPEGs make decode ~90% of worker time. The test runs on two CPUs (affinity,
   inherited by the forked workers) with two workers: both CPUs are taken, by our workers or by
   other jobs: no core to spare -> "decode".
@@ -21,14 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from torch.utils.data import Dataset
 
-from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed import FastLoader, ImageDataset, ImageFolder, ResizeCenterCrop
 from gpufeed.cli import main
 from gpufeed.doctor import decide, diagnose
 from gpufeed.synth import make_image_folder
@@ -44,6 +48,21 @@ class SlowReadFolder(ImageFolder):
     def read(self, index: int) -> bytes:
         time.sleep(0.02)
         return super().read(index)
+
+
+class SlowBytes(Dataset):
+    """(JPEG bytes, label) of the images under ``root`` after ``latency_s`` (network storage)."""
+
+    def __init__(self, root: Path, latency_s: float) -> None:
+        self.items = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
+        self.latency_s = latency_s
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        time.sleep(self.latency_s)
+        return self.items[i], i % 2
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +105,23 @@ def test_slow_reads_are_read(small_root):
     assert report.bottleneck == "read", str(report)
     assert ev.shares["read"] > 0.5 and ev.worker_blocked > 0.5
     assert "num_workers to 4" in report.fix  # no iowait: latency, overlapped by more workers
+
+
+def test_reads_longer_than_the_decode_of_the_held_tasks_name_prefetch_factor(small_root):
+    ds = ImageDataset(SlowBytes(small_root, 0.1), EVAL, read_concurrency=16)
+    assert len(ds) == 48
+    report = run(ds, 2, batch_size=8)
+    ev = report.evidence
+    assert report.bottleneck == "read", str(report)
+    assert ev.prefetch_factor == 2 and ev.reads >= 10 * 8
+    assert 0.09 < ev.read_latency_mean_s < 1.0  # timed on the read threads: the injected 100 ms
+    assert any(r.startswith("a read takes ") and "prefetch_factor=2 a worker holds 1 task (8 reads)"
+               in r for r in report.reasons), str(report)
+    to = int(report.fix.split("raise prefetch_factor to ")[1].split()[0])
+    # 1 + reads in flight needed (at most 256) / batch: a 100 ms read against 8 images' decode
+    needed = min(math.ceil(ev.read_latency_mean_s / ev.decode_per_batch_s * 8), 256)
+    assert to == 1 + math.ceil(needed / 8) > 2, str(report)
+    assert "(now 2: reads run ahead only within the tasks a worker holds)" in report.fix
 
 
 def test_decode_bound_workers_on_every_core_are_decode(big_root):

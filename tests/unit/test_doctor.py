@@ -306,6 +306,40 @@ def test_read_latency_names_the_read_concurrency_and_the_setting():
     assert "read_concurrency to 64" in fix and "`gpufeed tune` measures" in fix
 
 
+def reads_of(latency_s: float, rc: int, prefetch_factor: int) -> Evidence:
+    """100 batches of 32 from 2 workers blocked on reads of ``latency_s`` each; decoding a
+    batch takes a worker 46 ms (the reads left out), as measured in benchmarks/latency.py."""
+    return starving(samples=3200, read_s=18.0, decode_s=3.6, transform_s=1.0, worker_cpu=(0.1, 0.1),
+                    worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                    idle_cores=1.8, read_concurrency=rc, prefetch_factor=prefetch_factor,
+                    reads=3200, read_latency_s=3200 * latency_s)
+
+
+def test_a_read_longer_than_the_decode_of_the_held_tasks_names_prefetch_factor():
+    ev = reads_of(0.100, rc=64, prefetch_factor=2)
+    assert ev.read_latency_mean_s == pytest.approx(0.1)
+    assert ev.decode_per_batch_s == pytest.approx(0.046)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    # 100 ms / 46 ms per batch x 32 = 70 reads in flight: one task held ahead (32) is too few
+    assert any("a read takes 100 ms and a worker decodes a batch in 46 ms: about 70 reads in "
+               "flight per worker keep it busy; at prefetch_factor=2 a worker holds 1 task (32 "
+               "reads) ahead, whose reads begin only 46 ms before they are needed" in r
+               for r in reasons), reasons
+    assert "raise prefetch_factor to 4 (now 2" in fix and "read_concurrency to 128" in fix, fix
+
+    bottleneck, reasons, fix = decide(reads_of(0.100, rc=128, prefetch_factor=4))
+    assert "prefetch_factor" not in fix and "read_concurrency to" not in fix, fix
+    assert "more reads ahead cannot help" in fix
+
+
+def test_a_read_shorter_than_the_decode_of_the_held_tasks_keeps_prefetch_factor():
+    bottleneck, reasons, fix = decide(reads_of(0.030, rc=16, prefetch_factor=2))
+    assert bottleneck == "read"
+    assert any("about 21 reads in flight per worker" in r for r in reasons), reasons
+    assert "read_concurrency to 32" in fix and "prefetch_factor" not in fix, fix
+
+
 def test_generic_read_latency_names_fetch_threads():
     ev = starving(image_path=False, fetch_s=18.0, collate_s=0.5, worker_cpu=(0.05, 0.06),
                   worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,

@@ -108,7 +108,7 @@ def test_no_asking_while_the_open_tasks_fill_the_concurrency():
     ahead.previous_max = SIZE  # sizes known from an earlier task
     asked_at = []
     a = ahead.batch(src.read, list(range(6)))
-    ahead.more = lambda: asked_at.append(len(a.pending) + a._submitted)
+    ahead.more = lambda: asked_at.append(a._submitted)
     got = [a.next()[1] for _ in range(6)]
     a.close()
     assert got == list(range(6))
@@ -154,3 +154,89 @@ def test_a_task_arriving_during_a_wait_for_a_read_begins_before_that_read_ends()
     assert [begun[0].next()[1] for _ in range(2)] == [10, 11]
     begun[0].close()
     assert ahead.pending == 0 and ahead.open == []
+
+
+class FailsAt:
+    """``read(i)`` raises for ``bad``; reads of ``slow`` take 0.2 s; records which reads ended."""
+
+    def __init__(self, bad: int, slow: tuple[int, ...] = ()) -> None:
+        self.bad, self.slow = bad, set(slow)
+        self.ended: list[int] = []
+
+    def read(self, i: int) -> tuple[bytes, int]:
+        if i in self.slow:
+            threading.Event().wait(0.2)
+        if i == self.bad:
+            raise OSError(f"cannot read sample {i}")
+        self.ended.append(i)
+        return bytes(SIZE), i
+
+
+def test_a_read_error_is_raised_at_its_turn_and_close_waits_out_started_reads():
+    src = FailsAt(bad=2, slow=(3,))
+    ahead = ReadAhead(concurrency=8, budget_bytes=1 << 20)
+    ahead.previous_max = SIZE  # sizes known: every read starts at once
+    a = ahead.batch(src.read, list(range(40)))
+    assert [a.next()[1] for _ in range(2)] == [0, 1]
+    with pytest.raises(OSError, match="cannot read sample 2"):
+        a.next()
+    a.close()
+    assert 3 in src.ended  # started before the close: waited out, not left running
+    ended = list(src.ended)
+    threading.Event().wait(0.3)
+    assert src.ended == ended  # nothing of the closed task ran after close()
+    assert len(ended) < 40 - 1  # queued reads were cancelled
+    assert ahead.pending == 0 and ahead.open == []
+    b = ahead.batch(src.read, [50, 51])  # the read-ahead goes on with the next task
+    assert [b.next()[1] for _ in range(2)] == [50, 51]
+    b.close()
+
+
+def test_stopping_ends_the_read_threads():
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=4, budget_bytes=1 << 20)
+    a = ahead.batch(src.read, [0, 1, 2])
+    assert a.next()[1] == 0
+    assert [t for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+    ahead.stop()  # closes the open task (its reads are waited out) and ends the threads
+    assert ahead.open == [] and ahead.pending == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+
+
+def test_a_read_ahead_inherited_through_fork_starts_its_own_threads():
+    import os
+
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=4, budget_bytes=1 << 20)
+    a = ahead.batch(src.read, [0, 1])
+    assert [a.next()[1] for _ in range(2)] == [0, 1]
+    left_open = ahead.batch(src.read, [2, 3])  # open at fork: the child has none of its threads
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh start, exit status 0 if the reads come back in order
+        ok = False
+        try:
+            b = ahead.batch(src.read, [5, 6, 7])
+            ok = [b.next()[1] for _ in range(3)] == [5, 6, 7] and ahead.open == [b]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [left_open.next()[1] for _ in range(2)] == [2, 3]  # the parent's reads are untouched
+    a.close()
+    left_open.close()
+
+
+def test_after_the_threads_were_stopped_the_next_task_starts_new_ones():
+    src = GatedReads()
+    src.release()
+    ahead = ReadAhead(concurrency=4, budget_bytes=1 << 20)
+    a = ahead.batch(src.read, [0, 1, 2])
+    assert a.next()[1] == 0
+    a.close()
+    shutdown_pools()  # as a worker on its way out (or a test's clean-up)
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpufeed-read")]
+    b = ahead.batch(src.read, [3, 4, 5, 6, 7])
+    assert [b.next()[1] for _ in range(5)] == [3, 4, 5, 6, 7]
+    b.close()

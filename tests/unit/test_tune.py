@@ -7,12 +7,15 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 import psutil
 import pytest
 from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
+from gpufeed._observe.tune_reads import prefetch_for_reads
+from gpufeed._observe.tune_rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
@@ -194,7 +197,8 @@ def test_json_and_table():
     assert [r["num_workers"] for r in data["rows"]] == [1, 2, 4, 8, 16, 8]
     assert set(data["rows"][0]) == {"num_workers", "pin_workers", "samples_per_s", "cpu_percent",
                                     "peak_memory_bytes", "memory_per_worker_bytes",
-                                    "data_wait_fraction", "read_concurrency", "read_fraction"}
+                                    "data_wait_fraction", "read_concurrency", "read_fraction",
+                                    "read_latency_s", "decode_per_sample_s", "batch_samples"}
     assert data["recommended_read_concurrency"] is None  # a cost model: no dataset to set
     assert data["reasons"] == list(result.reasons)
     table = result.format_table()
@@ -382,3 +386,28 @@ def test_tune_measures_read_concurrency_when_reads_dominate():
     assert result.recommended_row.read_concurrency == result.recommended_read_concurrency
     text = format_recommendation(result)
     assert f"read_concurrency={result.recommended_read_concurrency}" in text
+
+
+def test_reads_ahead_rule_from_latency_and_decode_time():
+    # benchmarks/latency.py: 100 ms per read, 46 ms of decode per batch of 32 (1.44 ms/image)
+    rule = reads_ahead(0.100, 0.046 / 32, 32, read_concurrency=64)
+    assert (rule.needed, rule.read_concurrency, rule.prefetch_factor) == (70, 128, 4)
+    rule = reads_ahead(0.030, 0.046 / 32, 32, read_concurrency=64)
+    assert (rule.needed, rule.read_concurrency, rule.prefetch_factor) == (21, 64, 2)
+    assert reads_ahead(10.0, 0.001, 32, read_concurrency=1).read_concurrency == 256  # at most
+
+
+def test_prefetch_factor_covers_reads_longer_than_the_decode_of_the_held_tasks():
+    row = TuneRow(num_workers=2, pin_workers=False, samples_per_s=900.0, cpu_percent=190.0,
+                  peak_memory_bytes=GiB, memory_per_worker_bytes=GiB // 4, data_wait_fraction=0.99,
+                  read_concurrency=64, read_fraction=0.5, read_latency_s=0.100,
+                  decode_per_sample_s=0.046 / 32, batch_samples=32.0)
+    factor, why = prefetch_for_reads(row, *recommend_prefetch_factor(row.data_wait_fraction))
+    # 70 reads would keep a worker busy; 64 in flight (read_concurrency) fill two held tasks
+    assert factor == 3 and why.startswith("prefetch_factor 3: a read takes 100 ms and a worker "
+                                          "decodes a batch in 46 ms, so 64 reads in flight per "
+                                          "worker need 2 held tasks ahead"), why
+    # 16 reads in flight fit in the one task held ahead at 2; 30 ms is covered at 2
+    assert prefetch_for_reads(replace(row, read_concurrency=16), 2, "w") == (2, "w")
+    assert prefetch_for_reads(replace(row, read_latency_s=0.030), 2, "w") == (2, "w")
+    assert prefetch_for_reads(replace(row, read_latency_s=None), 2, "w") == (2, "w")
