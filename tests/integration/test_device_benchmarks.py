@@ -11,9 +11,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+
+from tests._concurrent import result as run_result
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALING = ROOT / "benchmarks" / "core_scaling.py"
@@ -36,8 +39,8 @@ def _module(path: Path, name: str):
     return module
 
 
-@pytest.mark.timeout(120)
-def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(tmp_path):
+def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("core-scaling")
     out = tmp_path / "core_scaling.json"
     proc = subprocess.run(
         [sys.executable, str(SCALING), "--workers", "1,2", "--images", "24", "--dir", str(tmp_path / "images"),
@@ -45,6 +48,54 @@ def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(tmp_path):
          "--json", str(out)],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=110,
     )
+    return out, proc
+
+
+def _cuda_refusal_run(_tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SERVE), "--device", "cuda"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=50)
+
+
+def _sweep_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subprocess.CompletedProcess[str], Any]]:
+    """The sweep with --stop-after-fails, then a budget too short for any point: (process, JSON) each."""
+    tmp_path = tmp_path_factory.mktemp("serve-sweep")
+    out = tmp_path / "serve.json"
+    common = [sys.executable, str(SERVE), "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
+              "--duration", "0.4", "--calibrate-s", "0.4", "--drain-s", "0.5", "--clients", "0", "--no-overload",
+              "--images", "8", "--json", str(out)]
+    runs = []
+    for extra, limit in (([ "--rates", *map(str, SWEEP_MULTS), "--stop-after-fails", "2"], 120),
+                         (["--rates", "0.5", "1", "--budget-s", "1"], 60)):
+        out.unlink(missing_ok=True)
+        proc = subprocess.run([*common, *extra], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                              timeout=limit)
+        runs.append((proc, json.loads(out.read_text()) if out.exists() else None))
+    return runs
+
+
+def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("serve-failing-mode")
+    out = tmp_path / "serve.json"
+    proc = subprocess.run(
+        [sys.executable, str(SERVE), "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
+         "--duration", "0.3", "--calibrate-s", "0.3", "--clients", "0", "--no-overload", "--images", "8",
+         "--mp-context", "no-such-method", "--json", str(out)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=80)
+    return out, proc
+
+
+SWEEP_MULTS = [0.5, 6, 12, 24]
+SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores
+    "core-scaling-tiny": (4.9, _scaling_run),
+    "serve-sweep": (9.3, _sweep_runs),
+    "serve-failing-mode": (3.0, _failing_mode_run),
+    **({} if torch.cuda.is_available() else {"serve-cuda-refusal": (2.5, _cuda_refusal_run)}),
+}
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(side_by_side):
+    out, proc = run_result(side_by_side, "core-scaling-tiny")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "goal (issue 13): efficiency >= 85%" in proc.stdout and "hyperthreads" in proc.stdout
     result = json.loads(out.read_text())
@@ -92,28 +143,22 @@ def test_core_scaling_topology_reads_sibling_lists(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: --device cuda would run")
-@pytest.mark.timeout(60)
-def test_serve_device_cuda_without_cuda_fails_in_one_line():
-    proc = subprocess.run([sys.executable, str(SERVE), "--device", "cuda"], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=50)
+@pytest.mark.timeout(600)
+def test_serve_device_cuda_without_cuda_fails_in_one_line(side_by_side):
+    proc = run_result(side_by_side, "serve-cuda-refusal")
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("serve.py: --device cuda: no CUDA here"), proc.stderr
 
 
-@pytest.mark.timeout(150)
-def test_serve_sweep_stops_failed_modes_and_keeps_its_budget(tmp_path):
+@pytest.mark.timeout(600)
+def test_serve_sweep_stops_failed_modes_and_keeps_its_budget(side_by_side):
     """On CPU, with the options --device cuda defaults to: a mode that missed a rate is not offered
     higher ones; a budget too short for any point skips them all, and says so."""
-    out = tmp_path / "serve.json"
-    common = [sys.executable, str(SERVE), "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
-              "--duration", "0.4", "--calibrate-s", "0.4", "--drain-s", "0.5", "--clients", "0", "--no-overload", "--images", "8",
-              "--json", str(out)]
-    mults = [0.5, 6, 12, 24]
-    proc = subprocess.run([*common, "--rates", *map(str, mults), "--stop-after-fails", "2"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    (proc, written), (short_proc, short_written) = run_result(side_by_side, "serve-sweep")
+    mults = SWEEP_MULTS
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (result,) = json.loads(out.read_text())
+    (result,) = written
     assert result["device"] == "cpu" and result["skipped"] == [] and result["errors"] == {}
     rates = [m * result["capacity_estimate"] for m in mults]
     batch1 = [r for r in result["rows"] if r["mode"] == "batch-1"]
@@ -130,25 +175,19 @@ def test_serve_sweep_stops_failed_modes_and_keeps_its_budget(tmp_path):
         assert headline["ratio"] == result["sustained"][f"{headline['mode']}/batch-1"]
         assert headline["met"] is (headline["ratio"] >= 1.2)
 
-    proc = subprocess.run([*common, "--rates", "0.5", "1", "--budget-s", "1"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = short_proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (result,) = json.loads(out.read_text())
+    (result,) = short_written
     assert result["rows"] == [] and len(result["skipped"]) == 4
     assert "budget: 4 point(s) skipped" in proc.stdout
     assert result["headline"]["mode"] is None and math.isnan(result["headline"]["ratio"])
 
 
-@pytest.mark.timeout(90)
-def test_serve_mode_that_fails_is_reported_and_the_others_go_on(tmp_path):
+@pytest.mark.timeout(600)
+def test_serve_mode_that_fails_is_reported_and_the_others_go_on(side_by_side):
     """One device run must not lose every figure to one failing mode: an ImageBatcher that cannot
     start (an unknown start method) fails its mode, batch-1 still runs, the exit status is 1."""
-    out = tmp_path / "serve.json"
-    proc = subprocess.run(
-        [sys.executable, str(SERVE), "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
-         "--duration", "0.3", "--calibrate-s", "0.3", "--clients", "0", "--no-overload", "--images", "8",
-         "--mp-context", "no-such-method", "--json", str(out)],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=80)
+    out, proc = run_result(side_by_side, "serve-failing-mode")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     (result,) = json.loads(out.read_text())
     assert [r["mode"] for r in result["rows"]] == ["batch-1"] and result["rows"][0]["answered"] > 0

@@ -10,35 +10,49 @@ from pathlib import Path
 import pytest
 
 from gpufeed.synth import make_image_folder
+from tests._concurrent import result as run_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny_root(tmp_path_factory) -> Path:
+def _tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bench-cache")
     make_image_folder(root, num_classes=2, per_class=40, size=((40, 60), (40, 60)), seed=3)
     return root
 
 
-def run(args: list[str]) -> str:
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=150,
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=150,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def _epochs_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    root = _tiny_root(tmp_path_factory)
+    return _bench("benchmarks/cache_epochs.py", str(root), "--epochs", "1", "--outputs", "uint8")
+
+
+def _ab_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    root = _tiny_root(tmp_path_factory)
+    return _bench("benchmarks/cache_epochs_ab.py", str(root), str(ROOT), str(ROOT), "--rounds", "2", "--hold")
+
+
+SIDE_BY_SIDE = {"bench-cache-epochs": (4.7, _epochs_run), "bench-cache-epochs-ab": (9.1, _ab_run)}  # tests/conftest.py
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_cache_epochs_reports_the_uint8_line(side_by_side):
+    proc = run_result(side_by_side, "bench-cache-epochs")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
-@pytest.mark.timeout(180)
-def test_cache_epochs_reports_the_uint8_line(tiny_root):
-    out = run(["benchmarks/cache_epochs.py", str(tiny_root), "--epochs", "1", "--outputs", "uint8"])
+    out = proc.stdout
     assert "batch released before the next" in out
     assert "of single-thread memcpy" in out and "parent_batches 2 of 4" in out  # 80 images: 2 batches
 
 
-@pytest.mark.timeout(180)
-def test_ab_interleaves_two_checkouts_holding_each_batch(tiny_root):
+@pytest.mark.timeout(600)
+def test_ab_interleaves_two_checkouts_holding_each_batch(side_by_side):
     """The A/B script with --hold (the loop that keeps each batch until the next arrives)."""
-    out = run(["benchmarks/cache_epochs_ab.py", str(tiny_root), str(ROOT), str(ROOT), "--rounds", "2", "--hold"])
-    lines = [line for line in out.splitlines() if "batch bytes / memcpy median" in line]
+    proc = run_result(side_by_side, "bench-cache-epochs-ab")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "batch bytes / memcpy median" in line]
     assert len(lines) == 2 and all("2 epochs" in line and "CPU per batch" in line and "batch held" in line
                                    for line in lines)
