@@ -4,9 +4,7 @@ script, which says in one line that there is no CUDA and exits 0."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,26 +14,15 @@ import pytest
 import torch
 
 from tests._concurrent import result as run_result
+from tests._scripts import load_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "cuda_feed.py"
 pytestmark = pytest.mark.timeout(90)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("OUT", None)
-    return env
-
-
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("cuda_feed_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "cuda_feed_bench")
 
 
 def _dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
@@ -43,13 +30,13 @@ def _dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     out = tmp_path / "cuda_feed.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=80,
+        cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=80,
     )
     return out, proc
 
 
 def _gpu_check(_tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    env = _env()
+    env = script_env()
     env["GPU_PYTHON"] = sys.executable
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)

@@ -4,7 +4,6 @@ a clear one-line refusal without CUDA; its sweep bounds, --stop-after-fails and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -17,26 +16,11 @@ import pytest
 import torch
 
 from tests._concurrent import result as run_result
+from tests._scripts import load_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALING = ROOT / "benchmarks" / "core_scaling.py"
 SERVE = ROOT / "benchmarks" / "serve.py"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("OUT", None)
-    return env
-
-
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
@@ -46,13 +30,13 @@ def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
         [sys.executable, str(SCALING), "--workers", "1,2", "--images", "24", "--dir", str(tmp_path / "images"),
          "--batch-size", "4", "--size", "48", "--resize", "56", "--seconds", "0.5", "--rounds", "2",
          "--json", str(out)],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=110,
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=110,
     )
     return out, proc
 
 
 def _cuda_refusal_run(_tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SERVE), "--device", "cuda"], cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, str(SERVE), "--device", "cuda"], cwd=ROOT, env=script_env(),
                           capture_output=True, text=True, timeout=50)
 
 
@@ -67,7 +51,7 @@ def _sweep_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subproce
     for extra, limit in (([ "--rates", *map(str, SWEEP_MULTS), "--stop-after-fails", "2"], 120),
                          (["--rates", "0.5", "1", "--budget-s", "1"], 60)):
         out.unlink(missing_ok=True)
-        proc = subprocess.run([*common, *extra], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+        proc = subprocess.run([*common, *extra], cwd=tmp_path, env=script_env(), capture_output=True, text=True,
                               timeout=limit)
         runs.append((proc, json.loads(out.read_text()) if out.exists() else None))
     return runs
@@ -80,7 +64,7 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
         [sys.executable, str(SERVE), "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
          "--duration", "0.3", "--calibrate-s", "0.3", "--clients", "0", "--no-overload", "--images", "8",
          "--mp-context", "no-such-method", "--json", str(out)],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=80)
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=80)
     return out, proc
 
 
@@ -121,7 +105,7 @@ def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(side_by_side
 
 
 def test_core_scaling_counts_and_cpu_lists():
-    bench = _module(SCALING, "core_scaling_bench")
+    bench = load_script(SCALING, "core_scaling_bench")
     assert bench.counts_to_run([1, 2, 4, 8, 16], 16) == ([1, 2, 4, 8, 15, 16], 15)
     assert bench.counts_to_run([1, 2, 4, 8, 16], 2) == ([1, 2], 1)
     assert bench.counts_to_run([2, 4], 4) == ([1, 2, 3, 4], 3)
@@ -129,7 +113,7 @@ def test_core_scaling_counts_and_cpu_lists():
 
 
 def test_core_scaling_topology_reads_sibling_lists(tmp_path):
-    bench = _module(SCALING, "core_scaling_bench")
+    bench = load_script(SCALING, "core_scaling_bench")
     cpus = sorted(os.sched_getaffinity(0))
     for cpu in cpus:  # pairs (0,1), (2,3), ...: two threads per core
         folder = tmp_path / f"cpu{cpu}" / "topology"
