@@ -507,7 +507,7 @@ def tune(
     rows: list[TuneRow] = []
     knee: int | None = None
     bar = ProgressBar(len(counts) + 1, progress)
-    restore: tuple[Any, tuple[int, int]] | None = None  # the dataset's own read options
+    restore: tuple[Any, tuple[int | None, int]] | None = None  # the dataset's own read options
     try:
         best: TuneRow | None = None
         for n in counts:
