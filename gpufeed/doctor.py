@@ -98,6 +98,7 @@ class Evidence:
     deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
     read_concurrency: int | None = None  # image sources: reads in flight per worker
     read_auto: bool = False  # image sources: read_concurrency=None (workers read ahead once stalled)
+    read_concurrency_max: int = 0  # image path: most reads in flight a worker allowed (stats())
     read_budget_bytes: int | None = None  # image sources: bytes read and not decoded, per worker
     fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
 
@@ -317,6 +318,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         prefetch_factor=int(prefetch), batch_size=_int_attr(loader, "batch_size"),
         reads=int(delta("reads")),
         read_latency_s=max(0.0, delta("read_latency_s")),
+        read_concurrency_max=int(after.get("read_concurrency_max", 0) or 0),
         worker_cpu=_per_worker(probe.worker_cpu_s, probe.worker_ids, wall),
         main_cpu=probe.main_cpu_s / wall,
         idle_cores=idle,

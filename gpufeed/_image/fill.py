@@ -96,6 +96,7 @@ class FillReport:
     read_s: float = 0.0  # the decoding thread's wait for bytes (with read-ahead, less than a read)
     reads: int = 0  # reads of the source for this batch
     read_latency_s: float = 0.0  # their summed duration, each timed where it ran (storage latency)
+    read_concurrency: int = 1  # reads in flight the worker allowed for this batch (1: sequential)
     decode_s: float = 0.0
     transform_s: float = 0.0  # crop/resize/flip after the decode
     post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
@@ -323,6 +324,7 @@ class ImageFiller:
         finally:
             if reads is not None:
                 reads.more = None
+        report.read_concurrency = 1 if reads is None else reads.concurrency
         if _auto is not None and getattr(source, "read_auto", False):
             _auto.observe(report.read_s, report.reads, report.read_latency_s,
                           report.decode_s + report.transform_s, report.samples)

@@ -142,9 +142,11 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
                   f", at most {format_bytes(ev.read_budget_bytes)} read and not yet decoded "
                   f"(read_budget_bytes={ev.read_budget_bytes})")
         if ev.read_auto:
-            reasons.append(f"reads in flight per worker chosen by each worker (the dataset's "
-                           f"read_concurrency=None, auto: 1 until reads take half the decode "
-                           f"time, then 2-64 from the measured latency{budget})")
+            chose = (f"up to {ev.read_concurrency_max} so far" if ev.read_concurrency_max
+                     else "not measured")
+            reasons.append(f"reads in flight per worker chosen by each worker, {chose} (the "
+                           f"dataset's read_concurrency=None, auto: 1 until reads take half the "
+                           f"decode time, then 2-64 from the measured latency{budget})")
         else:
             reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
                            f"(the dataset's read_concurrency={rc}{budget})")

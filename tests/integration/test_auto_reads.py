@@ -53,10 +53,13 @@ def _max_overlap(reads: list[tuple[str, float, float]]) -> int:
     return best
 
 
-def _batches(ds, num_workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(ds, num_workers: int, stats: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     loader = FastLoader(ds, batch_size=8, num_workers=num_workers, shuffle=True,
                         generator=torch.Generator().manual_seed(5))
-    return [(x.clone(), y.clone()) for x, y in loader]
+    out = [(x.clone(), y.clone()) for x, y in loader]
+    if stats is not None:
+        stats.update(loader.stats())
+    return out
 
 
 def _same(a, b) -> None:
@@ -79,7 +82,9 @@ def test_fast_local_reads_stay_on_the_decoding_thread(root, tmp_path):
     one_log.mkdir()
     ds = LoggedFolder(root, auto_log)
     assert ds.read_auto and ds.read_concurrency == 1
-    got = _batches(ds, 2)
+    stats: dict = {}
+    got = _batches(ds, 2, stats)
+    assert stats["read_concurrency_max"] == 1
     _same(got, _batches(LoggedFolder(root, one_log, read_concurrency=1), 2))
     reads = [r for rows in _reads(auto_log).values() for r in rows]
     assert len(reads) == 64
@@ -91,7 +96,9 @@ def test_slow_reads_switch_to_read_ahead_by_themselves_with_the_same_batches(roo
     auto_log, one_log = tmp_path / "auto", tmp_path / "one"
     auto_log.mkdir()
     one_log.mkdir()
-    got = _batches(LoggedFolder(root, auto_log, delay_s=0.02), 1)
+    stats: dict = {}
+    got = _batches(LoggedFolder(root, auto_log, delay_s=0.02), 1, stats)
+    assert stats["read_concurrency_max"] > 1  # ceil(2 x 20 ms / decode time) + 1, within 2-64
     _same(got, _batches(LoggedFolder(root, one_log, delay_s=0.02, read_concurrency=1), 1))
     (reads,) = _reads(auto_log).values()  # one worker
     assert len(reads) == 64
