@@ -97,6 +97,8 @@ class Evidence:
     output_side_px: int | None = None  # image path: the transform's longer output side
     deterministic: bool | None = None  # image path: the transform is (eval: cacheable decoded)
     read_concurrency: int | None = None  # image sources: reads in flight per worker
+    read_auto: bool = False  # image sources: read_concurrency=None (workers read ahead once stalled)
+    read_concurrency_max: int = 0  # image path: most reads in flight a worker allowed (stats())
     read_budget_bytes: int | None = None  # image sources: bytes read and not decoded, per worker
     fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
 
@@ -316,6 +318,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         prefetch_factor=int(prefetch), batch_size=_int_attr(loader, "batch_size"),
         reads=int(delta("reads")),
         read_latency_s=max(0.0, delta("read_latency_s")),
+        read_concurrency_max=int(after.get("read_concurrency_max", 0) or 0),
         worker_cpu=_per_worker(probe.worker_cpu_s, probe.worker_ids, wall),
         main_cpu=probe.main_cpu_s / wall,
         idle_cores=idle,
@@ -363,6 +366,7 @@ def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
         "output_side_px": int(max(transform.output_size)),
         "deterministic": bool(getattr(transform, "deterministic", False)),
         "read_concurrency": int(getattr(dataset, "read_concurrency", 1) or 1),
+        "read_auto": getattr(dataset, "read_auto", False) is True,
         "read_budget_bytes": _int_attr(dataset, "read_budget_bytes") or None,
     }
 

@@ -431,7 +431,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         parent_batches and parent_s (batches the main process made itself because every row was
         a cache hit, and its seconds on them, not in the worker stage seconds); reads and
         read_latency_s (the workers' reads of the source and their summed duration, each timed
-        on the thread that read: storage latency, while read_s is the decoding thread's wait).
+        on the thread that read: storage latency, while read_s is the decoding thread's wait);
+        read_concurrency_max (the most reads in flight a worker allowed for a batch: with the
+        dataset's ``read_concurrency=None``, what the workers chose; 1: one at a time).
         """
         out = self._stats.snapshot()
         out["workers"] = worker_usage(self.worker_pids())

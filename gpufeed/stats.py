@@ -31,6 +31,7 @@ class Stats:
     read_s: float = 0.0  # image path: reading encoded bytes (file, LMDB) or the cache
     reads: int = 0  # image path: reads of the source by the workers (cache hits not counted)
     read_latency_s: float = 0.0  # their summed duration, each timed on the thread that read
+    read_concurrency_max: int = 0  # image path: most reads in flight a worker allowed for a batch
     decode_s: float = 0.0  # image path: JPEG/PNG decode (DCT-scaled)
     transform_s: float = 0.0  # image path: crop, resize, flip into the batch row
     collate_s: float = 0.0  # generic: collate_fn; image path: compaction + dtype/normalize
@@ -58,6 +59,8 @@ class Stats:
             self.read_s += report.read_s
             self.reads += getattr(report, "reads", 0)
             self.read_latency_s += getattr(report, "read_latency_s", 0.0)
+            self.read_concurrency_max = max(self.read_concurrency_max,
+                                            getattr(report, "read_concurrency", 1))
             self.decode_s += report.decode_s
             self.transform_s += report.transform_s
             self.collate_s += report.post_s

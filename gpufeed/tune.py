@@ -507,7 +507,11 @@ def tune(
     rows: list[TuneRow] = []
     knee: int | None = None
     bar = ProgressBar(len(counts) + 1, progress)
-    restore: tuple[Any, tuple[int, int]] | None = None  # the dataset's own read options
+    restore: tuple[Any, tuple[int | None, int]] | None = None  # the dataset's own read options
+    auto = read_options(dataset) if measure_fn is None and read_concurrencies else None
+    if auto is not None and auto[0] is None:  # automatic: measured at 1 read, so rows say what ran
+        restore = (dataset, auto)
+        dataset.set_read_options(1, auto[1])
     try:
         best: TuneRow | None = None
         for n in counts:
@@ -532,7 +536,7 @@ def tune(
                 target = dataset if dataset is not None else seen.get("dataset")
                 options = read_options(target)
                 if options is not None and measure_fn is None and read_concurrencies:
-                    restore = (target, options)
+                    restore = restore or (target, options)
                     best, more, said = tune_reads(target, lambda _: run(counts[0], False), row,
                                                   min_gain, bar, tuple(read_concurrencies))
                     rows += more

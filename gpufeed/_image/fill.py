@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpufeed._engine.layout import align_up as _align
+from gpufeed._image.auto_reads import AutoReads
 from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed._image.reads import BatchReads, ReadAhead
 from gpufeed.errors import DecodeError, ReadError, shorten
@@ -95,6 +96,7 @@ class FillReport:
     read_s: float = 0.0  # the decoding thread's wait for bytes (with read-ahead, less than a read)
     reads: int = 0  # reads of the source for this batch
     read_latency_s: float = 0.0  # their summed duration, each timed where it ran (storage latency)
+    read_concurrency: int = 1  # reads in flight the worker allowed for this batch (1: sequential)
     decode_s: float = 0.0
     transform_s: float = 0.0  # crop/resize/flip after the decode
     post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
@@ -317,20 +319,32 @@ class ImageFiller:
         if reads is not None:
             reads.more = more
         try:
-            return fill_batch(plan, source, indices, task, lambda: w.buffer,
-                              stage if plan.cache == "encoded" else None, reads, prefetched)
+            out, report = fill_batch(plan, source, indices, task, lambda: w.buffer,
+                                     stage if plan.cache == "encoded" else None, reads, prefetched)
         finally:
             if reads is not None:
                 reads.more = None
+        report.read_concurrency = 1 if reads is None else reads.concurrency
+        if _auto is not None and getattr(source, "read_auto", False):
+            _auto.observe(report.read_s, report.reads, report.read_latency_s,
+                          report.decode_s + report.transform_s, report.samples)
+        return out, report
 
 
 _reads: ReadAhead | None = None  # this worker process's read-ahead (made on first use)
+_auto: AutoReads | None = None  # this worker process's automatic read_concurrency (auto sources)
 
 
 def _worker_reads(source: Any) -> ReadAhead | None:
-    """The worker's read-ahead for ``source`` (None when it reads one sample at a time)."""
-    global _reads
-    concurrency = int(getattr(source, "read_concurrency", 1) or 1)
+    """The worker's read-ahead for ``source`` (None when it reads one sample at a time). A
+    source with ``read_auto`` reads ahead once its reads stall the worker (``AutoReads``)."""
+    global _reads, _auto
+    if getattr(source, "read_auto", False):
+        if _auto is None:
+            _auto = AutoReads()
+        concurrency = _auto.concurrency
+    else:
+        concurrency = int(getattr(source, "read_concurrency", 1) or 1)
     if concurrency <= 1:
         return None
     budget = int(getattr(source, "read_budget_bytes", 0) or 0)

@@ -67,12 +67,13 @@ def read_concurrency_of(dataset: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def read_options(dataset: Any) -> tuple[int, int] | None:
-    """(read_concurrency, read_budget_bytes) of a dataset that can change them, else None."""
+def read_options(dataset: Any) -> tuple[int | None, int] | None:
+    """(read_concurrency, read_budget_bytes) of a dataset that can change them, else None;
+    read_concurrency is None when automatic (``read_auto``), as ``set_read_options`` takes it."""
     rc = read_concurrency_of(dataset)
     if rc is None or not callable(getattr(dataset, "set_read_options", None)):
         return None
-    return rc, int(dataset.read_budget_bytes)
+    return (None if getattr(dataset, "read_auto", False) else rc), int(dataset.read_budget_bytes)
 
 
 def tune_reads(dataset: Any, measure_at: Callable[[int], Any], baseline: Any, min_gain: float,

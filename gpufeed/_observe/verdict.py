@@ -141,8 +141,15 @@ def _read(ev: Evidence, reasons: list[str], cpu_txt: str, read_share: float, io_
         budget = ("" if ev.read_budget_bytes is None else
                   f", at most {format_bytes(ev.read_budget_bytes)} read and not yet decoded "
                   f"(read_budget_bytes={ev.read_budget_bytes})")
-        reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
-                       f"(the dataset's read_concurrency={rc}{budget})")
+        if ev.read_auto:
+            chose = (f"up to {ev.read_concurrency_max} so far" if ev.read_concurrency_max
+                     else "not measured")
+            reasons.append(f"reads in flight per worker chosen by each worker, {chose} (the "
+                           f"dataset's read_concurrency=None, auto: 1 until reads take half the "
+                           f"decode time, then 2-64 from the measured latency{budget})")
+        else:
+            reasons.append(f"{rc} read{'s' if rc > 1 else ''} in flight per worker "
+                           f"(the dataset's read_concurrency={rc}{budget})")
         ahead = _reads_ahead(ev, rc)
         rc_to = ahead.read_concurrency if ahead else min(64, max(16, rc * 4))
         more = "" if rc_to <= rc else (

@@ -28,12 +28,13 @@ from gpufeed.transforms import ImageTransform, stored_orientation
 log = logging.getLogger(__name__)
 
 PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
-#: Reads in flight per worker for gpufeed's own sources (files, LMDB), and their byte budget.
-#: One: on local disk (page cache) 16 read threads per worker cost 6-11% of the steady eval rate
-#: on 2 cores (median steady img/s over 8 epochs, 4 alternating runs: 2059-2361 against
-#: 2317-2626 with one read at a time before read threads existed). Slow storage opts in:
-#: ``ImageFolder(root, transform, read_concurrency=16)`` hides 30 ms per read behind the decode.
-DEFAULT_READ_CONCURRENCY = 1
+#: Reads in flight per worker for gpufeed's own local sources (files, LMDB), and their byte
+#: budget. None, "auto": each worker reads one sample at a time until its reads stall it, then
+#: reads ahead (``gpufeed._image.auto_reads``). On local disk (page cache) 16 read threads per
+#: worker cost 6-11% of the steady eval rate on 2 cores (median steady img/s over 8 epochs, 4
+#: alternating runs: 2059-2361 against 2317-2626 with one read at a time), so auto stays at one
+#: there; a network file system mounted as a local path switches by itself.
+DEFAULT_READ_CONCURRENCY: int | None = None
 DEFAULT_READ_BUDGET_BYTES = 64 << 20
 
 
@@ -81,12 +82,16 @@ class ImageSource(Dataset):
     ``read_concurrency``: on the loader's image path, each worker reads up to this many samples
     of its batch at once (on threads, ``gpufeed-read-K``) while it decodes earlier ones, which
     hides storage latency (network file systems, cloud disks); 1 reads one sample at a time.
+    With ``read_auto`` (the constructors' ``read_concurrency=None``), ``read_concurrency`` is 1
+    and each worker switches to read-ahead by itself once its reads take at least half as
+    long as its decoding (2 to 64 reads in flight, from the measured read latency).
     ``read_budget_bytes`` bounds the bytes a worker has read (or is reading) and not yet
     decoded. Both are set by the subclasses' constructors; :meth:`read_item` must then be
     thread-safe.
     """
 
     read_concurrency: int = 1
+    read_auto: bool = False
     read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES
 
     epoch: int = 0
@@ -122,13 +127,17 @@ class ImageSource(Dataset):
                 pil_image_module()  # fail here, before any worker starts
         self._transform = value
 
-    def set_read_options(self, read_concurrency: int, read_budget_bytes: int) -> None:
-        """Check and set :attr:`read_concurrency` and :attr:`read_budget_bytes`."""
+    def set_read_options(self, read_concurrency: int | None, read_budget_bytes: int) -> None:
+        """Check and set :attr:`read_concurrency` and :attr:`read_budget_bytes`; a
+        ``read_concurrency`` of None sets :attr:`read_auto` (reads ahead once reads stall)."""
         for name, value in (("read_concurrency", read_concurrency),
                             ("read_budget_bytes", read_budget_bytes)):
+            if name == "read_concurrency" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1. Found: {_short(value)}.")
-        self.read_concurrency = read_concurrency
+        self.read_auto = read_concurrency is None
+        self.read_concurrency = 1 if read_concurrency is None else read_concurrency
         self.read_budget_bytes = read_budget_bytes
 
     @property

@@ -83,8 +83,11 @@ class ImageFolder(ImageSource):
     gpufeed's decode in ``__getitem__`` and needs a callable ``transform`` or none.
     ``is_valid_file(path)``, if given, replaces the extension check. ``allow_empty=True`` keeps
     class folders without images (their class index stays assigned). ``read_concurrency`` and
-    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource` (default: 1 for
-    a local root, 16 for a URL).
+    ``read_budget_bytes``: reads in flight per worker, see :class:`ImageSource`. Default: 16
+    for a URL; automatic for a local root (each worker reads one sample at a time until its
+    reads take at least half as long as its decoding, as on a network file system mounted as a
+    local path, then reads ahead, 2 to 64 in flight from the measured latency). An int is kept
+    as given (1: never read ahead).
 
     ``root`` may be a URL (``s3://bucket/train``, ``gs://...``, ``http(s)://...``, any fsspec
     protocol; ``pip install gpufeed[remote]``): the tree is listed and read through fsspec, with

@@ -61,12 +61,15 @@ class LMDBDataset(ImageSource):
     """Images and labels from an LMDB written by :func:`pack` (a directory or a single file).
 
     ``transform`` and ``target_transform``, ``read_concurrency`` and ``read_budget_bytes``
-    (reads in flight per worker): see :class:`~gpufeed.sources.ImageSource`.
+    (reads in flight per worker): see :class:`~gpufeed.sources.ImageSource`. The default
+    ``read_concurrency=None`` is automatic: each worker reads one sample at a time until its
+    reads take at least half as long as its decoding, then reads ahead (2 to 64 in flight, from
+    the measured latency); an int is kept as given (1: never read ahead).
     """
 
     def __init__(self, path: str | os.PathLike, transform: Any | None = None,
                  target_transform: Any | None = None, *,
-                 read_concurrency: int = DEFAULT_READ_CONCURRENCY,
+                 read_concurrency: int | None = DEFAULT_READ_CONCURRENCY,
                  read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
         self.set_read_options(read_concurrency, read_budget_bytes)
         self.path = os.fspath(path)

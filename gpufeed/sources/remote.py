@@ -335,8 +335,9 @@ def remote_root(root: str, storage_options: dict[str, Any] | None,
     return RemoteReader(storage_options, options)
 
 
-def read_concurrency_for(remote: bool, given: int | None, default: int) -> int:
-    """``given``, else :data:`REMOTE_READ_CONCURRENCY` for a remote source, else ``default``."""
+def read_concurrency_for(remote: bool, given: int | None, default: int | None) -> int | None:
+    """``given``, else :data:`REMOTE_READ_CONCURRENCY` for a remote source, else ``default``
+    (None: auto, see :class:`~gpufeed.sources.ImageSource`)."""
     if given is not None:
         return given
     return REMOTE_READ_CONCURRENCY if remote else default

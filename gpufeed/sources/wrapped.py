@@ -24,10 +24,11 @@ class ImageDataset(ImageSource):
     - any map-style dataset whose items are ``(path or encoded bytes, label)``: items are fetched
       from it on each read, one ``source[i]`` per sample.
 
-    ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`), 1 by default:
-    on local disk read threads cost more than they hide. On slow storage ask for more
-    (``ImageDataset(ds, read_concurrency=16)``); a wrapped dataset's ``__getitem__`` must then be
-    thread-safe.
+    ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`). A wrapped
+    dataset reads one sample at a time by default (its code need not be thread-safe); on slow
+    storage ask for more (``ImageDataset(ds, read_concurrency=16)``), its ``__getitem__`` must
+    then be thread-safe. A ``samples`` list of local paths is automatic by default, as
+    :class:`ImageFolder`: one read at a time until reads stall the worker, then read-ahead.
     ``read_budget_bytes`` bounds the bytes read and not yet decoded per worker.
 
     Paths may be URLs (``s3://``, ``gs://``, ``http(s)://``, any fsspec protocol;

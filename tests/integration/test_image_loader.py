@@ -115,10 +115,11 @@ class KillsOnRead(ImageFolder):
 
 
 class SlowReads(ImageFolder):
-    """An image folder whose reads take ``read_s`` seconds longer (a slow disk)."""
+    """An image folder whose reads take ``read_s`` seconds longer (a slow disk), read one at a
+    time (not the automatic default, which would read ahead once the reads stall a worker)."""
 
     def __init__(self, root, transform, read_s: float) -> None:
-        super().__init__(root, transform=transform)
+        super().__init__(root, transform=transform, read_concurrency=1)
         self.read_s = read_s
 
     def read(self, index: int) -> bytes:

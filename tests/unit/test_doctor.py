@@ -347,3 +347,14 @@ def test_generic_read_latency_names_fetch_threads():
     bottleneck, reasons, fix = decide(ev)
     assert bottleneck == "read"
     assert any("fetch_threads=0" in r for r in reasons) and "fetch_threads=8" in fix
+
+
+def test_read_verdict_says_when_read_concurrency_is_automatic():
+    ev = starving(read_s=18.0, decode_s=1.0, transform_s=0.5, worker_cpu=(0.05, 0.06),
+                  worker_running=0.1, worker_blocked=0.9, dstate_fraction=0.0, state_samples=800,
+                  idle_cores=3.8, read_concurrency=1, read_auto=True, read_concurrency_max=41)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "read"
+    assert any("chosen by each worker, up to 41 so far (the dataset's read_concurrency=None, "
+               "auto" in r for r in reasons), reasons
+    assert "read_concurrency to 16" in fix  # an explicit value is the setting that lifts it

@@ -411,3 +411,26 @@ def test_prefetch_factor_covers_reads_longer_than_the_decode_of_the_held_tasks()
     assert prefetch_for_reads(replace(row, read_concurrency=16), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=0.030), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=None), 2, "w") == (2, "w")
+
+
+@pytest.mark.timeout(120)
+def test_tune_measures_an_automatic_dataset_at_one_read_and_leaves_it_automatic(tmp_path):
+    from gpufeed import ResizeCenterCrop
+    from gpufeed.synth import make_image_folder
+
+    make_image_folder(tmp_path, num_classes=2, per_class=8, size=(40, 50))
+    ds = ImageFolder(tmp_path, ResizeCenterCrop(16, 20))
+    assert ds.read_auto
+    seen = []
+
+    class Watch(ImageFolder):  # records the setting the loader's dataset had when measured
+        def __len__(self) -> int:
+            seen.append((ds.read_auto, ds.read_concurrency))
+            return super().__len__()
+
+    ds.__class__ = Watch
+    result = tune(dataset=ds, batch_size=4, max_workers=1, batches=2, warmup_batches=1,
+                  available_memory_bytes=64 * GiB, progress=False)
+    assert result.rows[0].read_concurrency == 1
+    assert (False, 1) in seen  # measured at an explicit single read, not switching mid-run
+    assert ds.read_auto and ds.read_concurrency == 1  # the dataset's own setting is back
