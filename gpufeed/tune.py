@@ -33,6 +33,7 @@ from gpufeed._observe.batches import batch_size_of, doublings
 from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed._observe.probe import usable_core_count
 from gpufeed._observe.progress import ProgressBar
+from gpufeed._observe.tune_plot import save_tune_plot
 from gpufeed._observe.tune_reads import (
     prefetch_for_reads,
     read_concurrency_of,
@@ -357,36 +358,7 @@ class TuneResult:
 
         Returns True when written, False (and logs why) when matplotlib is not installed.
         """
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError:
-            logger.warning("not writing %s: matplotlib is not installed (pip install matplotlib)",
-                           os.fspath(path))
-            return False
-        rows = [r for r in self.rows if not r.pin_workers]
-        fig = Figure(figsize=(6.4, 4.0))
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
-        xs = [r.num_workers for r in rows]
-        ax.plot(xs, [r.samples_per_s for r in rows], "o-", color="tab:blue", label="images/s")
-        ax.axvline(self.recommended_num_workers, color="tab:green", linestyle="--",
-                   label=f"recommended: {self.recommended_num_workers}")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_xlabel("num_workers")
-        ax.set_ylabel("images/s")
-        mem_ax = ax.twinx()
-        mem_ax.plot(xs, [r.peak_memory_bytes / 2**30 for r in rows], "s:", color="tab:red",
-                    label="peak PSS (GiB)")
-        mem_ax.set_ylabel("peak PSS (GiB)")
-        handles = ax.get_legend_handles_labels()
-        mem_handles = mem_ax.get_legend_handles_labels()
-        ax.legend(handles[0] + mem_handles[0], handles[1] + mem_handles[1], loc="best")
-        ax.set_title("gpufeed tune")
-        fig.tight_layout()
-        fig.savefig(os.fspath(path), format="png", dpi=100)
-        return True
+        return save_tune_plot(self.rows, self.recommended_num_workers, path)
 
 
 def _finite_row(d: dict[str, Any]) -> dict[str, Any]:
