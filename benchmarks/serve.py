@@ -679,9 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ms-resnet18", type=float, default=None, help="default 250")
     p.add_argument("--slo-ms-smallcnn", type=float, default=None, help="default 50")
     p.add_argument("--max-batch-size", type=int, default=None,
-                   help="default per model (smallcnn 8, resnet18 4; cuda: 64)")
+                   help="default per model (smallcnn 8, resnet18 2; cuda: 64)")
     p.add_argument("--max-delay-ms", type=float, default=None,
-                   help="default per model (smallcnn 2, resnet18 10; cuda: 5)")
+                   help="default per model (smallcnn 2, resnet18 2; cuda: 5)")
     p.add_argument("--max-concurrent-batches", type=int, default=None,
                    help="default per model: 2 (one torch thread each, as batch-1; cuda: usable cores - 4)")
     p.add_argument("--max-queue", type=int, default=None,
