@@ -4,12 +4,13 @@ the engine without the engine knowing what it does.
 A plug-in has two halves:
 
 * ``BatchFiller``, the worker half: pickled into every worker with its ``WorkerSpec``. Its
-  ``setup()`` runs once per worker process; its ``fill()`` replaces the dataset fetch and the
-  ``collate_fn`` for each task, writing straight into the task's arena slot. Its ``prefetch()``
-  runs when the worker takes a task, and for the tasks already queued behind it, before the
-  current one is filled: it may start work without side effects on gpufeed's state (the image
-  path starts reads) and returns a handle that ``fill()`` consumes, or that the worker closes
-  unused when the task is skipped.
+  ``setup()`` runs once per worker process, and its ``teardown()`` once when the worker leaves
+  its task loop (releasing what the filler made there); its ``fill()`` replaces the dataset
+  fetch and the ``collate_fn`` for each task, writing straight into the task's arena slot. Its
+  ``prefetch()`` runs when the worker takes a task, and for the tasks already queued behind it,
+  before the current one is filled: it may start work without side effects on gpufeed's state
+  (the image path starts reads) and returns a handle that ``fill()`` consumes, or that the
+  worker closes unused when the task is skipped.
 * ``FillPlugin``, the parent half: ``prepare()`` runs when a task is submitted (or re-sent
   after its worker died) and may write into the task's slot first (cache hits); what it returns
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
@@ -82,6 +83,11 @@ class BatchFiller(Protocol):
 
     def setup(self) -> None:
         """Once per worker process, after the engine's own set-up (one torch thread)."""
+
+    def teardown(self) -> None:
+        """Once per worker process, when it leaves its task loop (an ``Exit``, the parent gone,
+        an error): release what ``setup``, ``prefetch`` and ``fill`` made in this process
+        (threads). Runs before the engine stops the process's thread pools."""
 
     def prefetch(self, dataset: Any, index: Any, extra: Any, /) -> Prefetched | None:
         """Start the work of a task the worker will fill later (reads), in task order."""

@@ -256,7 +256,11 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to do
     finally:
-        shutdown_pools()
+        try:
+            if spec.filler is not None:
+                spec.filler.teardown()  # its own threads first (the image path's read-ahead)
+        finally:
+            shutdown_pools()
 
 
 def _configure_process(spec: WorkerSpec) -> None:

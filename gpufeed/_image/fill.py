@@ -16,6 +16,7 @@ Results depend only on (seed, epoch, sample index), never on the worker.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -275,12 +276,64 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
     return convert_(out, images, constants)
 
 
+class WorkerReads:
+    """One process's reads on the image path: its read-ahead (``ReadAhead``, made when a source
+    asks for more than one read in flight) and, for a source with ``read_auto``, its automatic
+    concurrency (``AutoReads``). Owned by an ``ImageFiller`` and made in the process that fills
+    (a worker), never pickled nor used across a fork; :meth:`stop` ends its read threads."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # the process it was made in (the filler makes a new one elsewhere)
+        self.ahead: ReadAhead | None = None
+        self.auto: AutoReads | None = None
+
+    def for_source(self, source: Any) -> ReadAhead | None:
+        """The read-ahead for ``source`` (None when it reads one sample at a time). A source with
+        ``read_auto`` reads ahead once its reads stall the worker (``AutoReads``); a source with
+        other settings (concurrency, budget) than the read-ahead's stops it for a new one."""
+        if getattr(source, "read_auto", False):
+            if self.auto is None:
+                self.auto = AutoReads()
+            concurrency = self.auto.concurrency
+        else:
+            concurrency = int(getattr(source, "read_concurrency", 1) or 1)
+        if concurrency <= 1:
+            return None
+        budget = int(getattr(source, "read_budget_bytes", 0) or 0)
+        ahead = self.ahead
+        if ahead is None or (ahead.concurrency, ahead.budget_bytes) != (concurrency, budget):
+            if ahead is not None:
+                ahead.stop()  # its threads end (another source's settings)
+            ahead = self.ahead = ReadAhead(concurrency, budget)
+        return ahead
+
+    def observe(self, source: Any, report: FillReport) -> None:
+        """Take a filled task's figures (``AutoReads.observe``; ``read_auto`` sources only)."""
+        if self.auto is not None and getattr(source, "read_auto", False):
+            self.auto.observe(report.read_s, report.reads, report.read_latency_s,
+                              report.decode_s + report.transform_s, report.samples)
+
+    def stop(self) -> None:
+        """Close the open tasks' reads and end the read threads (idempotent; a later task
+        starts new ones)."""
+        if self.ahead is not None:
+            self.ahead.stop()
+
+
 @dataclass(frozen=True)
 class ImageFiller:
     """The image path's worker half (the engine's ``BatchFiller``): ``fill_batch`` into the
-    task's arena slot, instead of ``__getitem__`` + ``collate_fn``."""
+    task's arena slot, instead of ``__getitem__`` + ``collate_fn``.
+
+    Made in the parent; what a worker reads with (``WorkerReads``) is made in the worker at its
+    first task and ended by :meth:`teardown`: a pickled filler carries only its plan, and a
+    forked one makes its own."""
 
     plan: ImagePlan
+    _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[type[ImageFiller], tuple[ImagePlan]]:
+        return ImageFiller, (self.plan,)  # the plan only: read state belongs to one process
 
     def setup(self) -> None:
         """One OpenCV thread per worker."""
@@ -289,9 +342,23 @@ class ImageFiller:
 
             cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
 
+    def teardown(self) -> None:
+        """End this process's read threads (the worker leaves its task loop)."""
+        reads = self._reads
+        if reads is not None and reads.pid == os.getpid():
+            reads.stop()
+
+    def worker_reads(self) -> WorkerReads:
+        """This process's ``WorkerReads`` (made at the first call in each process)."""
+        reads = self._reads
+        if reads is None or reads.pid != os.getpid():
+            reads = WorkerReads()
+            object.__setattr__(self, "_reads", reads)  # frozen: the plan never changes, this does
+        return reads
+
     def prefetch(self, source: Any, indices: list[int], task: ImageTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it)."""
-        return begin_reads(_worker_reads(source), source, indices, task)
+        return begin_reads(self.worker_reads().for_source(source), source, indices, task)
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
@@ -315,7 +382,8 @@ class ImageFiller:
         def stage(pos: int, data: Any) -> tuple[int, int] | None:
             return w.stage(data)
 
-        reads = _worker_reads(source)
+        worker = self.worker_reads()
+        reads = worker.for_source(source)
         if reads is not None:
             reads.more = more
         try:
@@ -325,31 +393,5 @@ class ImageFiller:
             if reads is not None:
                 reads.more = None
         report.read_concurrency = 1 if reads is None else reads.concurrency
-        if _auto is not None and getattr(source, "read_auto", False):
-            _auto.observe(report.read_s, report.reads, report.read_latency_s,
-                          report.decode_s + report.transform_s, report.samples)
+        worker.observe(source, report)
         return out, report
-
-
-_reads: ReadAhead | None = None  # this worker process's read-ahead (made on first use)
-_auto: AutoReads | None = None  # this worker process's automatic read_concurrency (auto sources)
-
-
-def _worker_reads(source: Any) -> ReadAhead | None:
-    """The worker's read-ahead for ``source`` (None when it reads one sample at a time). A
-    source with ``read_auto`` reads ahead once its reads stall the worker (``AutoReads``)."""
-    global _reads, _auto
-    if getattr(source, "read_auto", False):
-        if _auto is None:
-            _auto = AutoReads()
-        concurrency = _auto.concurrency
-    else:
-        concurrency = int(getattr(source, "read_concurrency", 1) or 1)
-    if concurrency <= 1:
-        return None
-    budget = int(getattr(source, "read_budget_bytes", 0) or 0)
-    if _reads is None or (_reads.concurrency, _reads.budget_bytes) != (concurrency, budget):
-        if _reads is not None:
-            _reads.stop()  # its threads end (another source's settings)
-        _reads = ReadAhead(concurrency, budget)
-    return _reads
