@@ -323,8 +323,10 @@ class Images(_FutureService):
             mp_context=args.mp_context,
             name=f"bench-images-{spec.name}",
         )
-        for f in [self.batcher.submit(d) for d in warmup]:  # workers started and warm before the clock
-            f.result(timeout=120)
+        group = max_queue(args, spec)  # workers started and warm before the clock, never over the queue bound
+        for k in range(0, len(warmup), group):
+            for f in [self.batcher.submit(d) for d in warmup[k:k + group]]:
+                f.result(timeout=120)
         self.base = self.batcher.stats()["batch_size_hist"]
 
     def mean_batch(self) -> float:
