@@ -60,7 +60,7 @@ srv.stop()
 print(json.dumps(facts))
 """
 
-FRESH_IMPORTS = (4.0, python("-c", SCRIPT))  # a SIDE_BY_SIDE entry: seconds alone on 2 idle cores
+FRESH_IMPORTS = (2.5, python("-c", SCRIPT))  # a SIDE_BY_SIDE entry: seconds alone on 2 idle cores
 
 
 def facts(out: subprocess.CompletedProcess[str], step: str) -> dict[str, Any]:

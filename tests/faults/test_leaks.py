@@ -82,7 +82,7 @@ SIGKILLED_PARENT = textwrap.dedent("""
 
 
 SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores, mostly importing torch
-    "leaks-scenarios": (4.5, _scenarios),
+    "leaks-scenarios": (5.0, _scenarios),
     "leaks-live-loader-at-exit": (2.9, lambda _: _live_loader_at_exit()),
     "leaks-sigkilled-parent": (2.2, lambda _: _sigkill_of_main_process()),
 }

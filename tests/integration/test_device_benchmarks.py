@@ -71,8 +71,8 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
 
 SWEEP_MULTS = [0.5, 6, 12, 24]
 SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores
-    "core-scaling-tiny": (4.9, _scaling_run),
-    "serve-sweep": (9.3, _sweep_runs),
+    "core-scaling-tiny": (3.8, _scaling_run),
+    "serve-sweep": (8.0, _sweep_runs),
     "serve-failing-mode": (3.0, _failing_mode_run),
     **({} if torch.cuda.is_available() else {"serve-cuda-refusal": (2.5, _cuda_refusal_run)}),
 }
