@@ -1,7 +1,14 @@
-"""Run one exit-path scenario, then print what is left (JSON): child pids, gpufeed threads,
-memfd descriptors and /dev/shm entries. Used by test_leaks.py in a fresh interpreter.
+"""Run exit-path scenarios, each then reporting what is left: child pids, gpufeed threads, memfd
+descriptors and /dev/shm entries. Used by test_leaks.py.
 
-    python -m tests.faults._leak_scenarios SCENARIO
+    python -m tests.faults._leak_scenarios SCENARIO [SCENARIO ...]
+
+Each scenario runs in its own child forked from this fresh interpreter, which has imported torch,
+gpufeed and the test datasets and done nothing else (importing gpufeed starts nothing: see
+tests/unit/test_public_api.py), so every scenario starts from the state a fresh interpreter would
+have, without importing torch again (~2.5 s of CPU each). A scenario that does not end within
+``SCENARIO_TIMEOUT_S`` is killed and reported as such. Prints one JSON line: scenario ->
+{"exit": the child's exit status (or "timeout"), "state": what it left, or null}.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import os
 import signal
 import sys
 import threading
+import time
+import traceback
 
 import psutil
 
@@ -110,5 +119,41 @@ def run(scenario: str) -> dict:
     return state
 
 
+SCENARIO_TIMEOUT_S = 60.0
+
+
+def _forked(scenario: str) -> dict:
+    """``run(scenario)`` in a child forked from this process: {"exit": status, "state": ...}."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into the parent's loop
+        status = 1
+        try:
+            os.close(read_end)
+            _OURS.clear()
+            _OURS.add(os.getpid())
+            with os.fdopen(write_end, "w") as report:
+                report.write(json.dumps(run(scenario)))
+            status = 0
+        except BaseException:  # noqa: BLE001 - whatever it was, the parent reads it on stderr
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    os.close(write_end)
+    deadline = time.monotonic() + SCENARIO_TIMEOUT_S
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:  # a hang is a failure
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_end)
+            return {"exit": "timeout", "state": None}
+        time.sleep(0.02)
+    with os.fdopen(read_end) as report:
+        text = report.read()
+    return {"exit": os.waitstatus_to_exitcode(done[1]), "state": json.loads(text) if text else None}
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1])))
+    print(json.dumps({scenario: _forked(scenario) for scenario in sys.argv[1:]}))

@@ -1,6 +1,8 @@
 """Nothing leaks on any exit path: no child processes, gpufeed threads, memfds or /dev/shm files.
 
-Each scenario runs in a fresh interpreter with a hard timeout (a hang is a failure). These runs go
+Each scenario runs with a hard timeout (a hang is a failure) in a child forked from one fresh
+interpreter that has only imported torch and gpufeed (tests/faults/_leak_scenarios.py); the exit
+of an interpreter with a live loader, and a SIGKILLed parent, each have a fresh interpreter. These runs go
 side by side (tests/conftest.py): each looks only at its own process tree, threads and memfds,
 and at /dev/shm names that gpufeed or its own processes made (gpufeed makes none on Linux: its
 arenas are memfds).
@@ -8,7 +10,6 @@ arenas are memfds).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -56,8 +57,9 @@ LIVE_LOADER_AT_EXIT = textwrap.dedent("""
 """)
 
 
-def _scenario(scenario: str, _: pytest.TempPathFactory) -> subprocess.CompletedProcess:
-    return _python(["-m", "tests.faults._leak_scenarios", scenario])
+def _scenarios(_: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """Every scenario of ``SCENARIOS``, one forked child each, in one fresh interpreter."""
+    return _python(["-m", "tests.faults._leak_scenarios", *SCENARIOS], timeout_s=120)
 
 
 def _live_loader_at_exit() -> tuple[subprocess.CompletedProcess, list[int]]:
@@ -79,8 +81,8 @@ SIGKILLED_PARENT = textwrap.dedent("""
 """)
 
 
-SIDE_BY_SIDE = {  # see tests/conftest.py; ~2.5 s each alone, mostly importing torch
-    **{f"leaks-{scenario}": (2.7, functools.partial(_scenario, scenario)) for scenario in SCENARIOS},
+SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores, mostly importing torch
+    "leaks-scenarios": (5.0, _scenarios),
     "leaks-live-loader-at-exit": (2.9, lambda _: _live_loader_at_exit()),
     "leaks-sigkilled-parent": (2.2, lambda _: _sigkill_of_main_process()),
 }
@@ -89,10 +91,11 @@ SIDE_BY_SIDE = {  # see tests/conftest.py; ~2.5 s each alone, mostly importing t
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_exit_path_leaves_nothing(side_by_side, scenario):
-    proc = result(side_by_side, f"leaks-{scenario}")
+    proc = result(side_by_side, "leaks-scenarios")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    state = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert state == {"children": [], "threads": [], "memfds": [], "shm_new": []}
+    ran = json.loads(proc.stdout.strip().splitlines()[-1])[scenario]
+    assert ran["exit"] == 0, proc.stderr[-3000:]
+    assert ran["state"] == {"children": [], "threads": [], "memfds": [], "shm_new": []}
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)

@@ -38,3 +38,28 @@ def result(out: subprocess.CompletedProcess[str], tag: str = "RESULT ") -> Any:
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     (line,) = [line for line in out.stdout.splitlines() if line.startswith(tag)]
     return json.loads(line.removeprefix(tag))
+
+
+def torchrun_chain(workdir: Path, *launches: tuple[Path, tuple[str, ...], Path | None], nproc: int = 2,
+                   timeout: float = 300) -> list[tuple[subprocess.CompletedProcess[str], Any]]:
+    """``torchrun SCRIPT ARGS`` for each (SCRIPT, ARGS, RECORD) of ``launches``, one after the other
+    from one launcher process (``_torchrun_chain.py``: one import of torch for all of them), each
+    with fresh ranks and a free port, until one fails. Returns per launch run: (its result, as
+    ``torchrun`` would have returned it; the names in the folder RECORD right after it, or
+    whether the file RECORD exists, or None)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = [{"args": [str(script), *args], "nproc": nproc, "stdout": str(workdir / f"launch-{i}.out"),
+             "stderr": str(workdir / f"launch-{i}.err"), "record": None if record is None else str(record)}
+            for i, (script, args, record) in enumerate(launches)]
+    spec_path = workdir / "chain.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, str(Path(__file__).with_name("_torchrun_chain.py")), str(spec_path)]
+    chain = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    done = Path(f"{spec_path}.result.json")
+    assert chain.returncode == 0 and done.exists(), f"the launcher failed: {chain.stdout[-2000:]}{chain.stderr[-4000:]}"
+    return [(subprocess.CompletedProcess(["torchrun", *launch["args"]], result["returncode"],
+                                         Path(launch["stdout"]).read_text(), Path(launch["stderr"]).read_text()),
+             result["record"])
+            for launch, result in zip(spec, json.loads(done.read_text()), strict=False)]

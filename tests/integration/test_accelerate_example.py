@@ -6,7 +6,7 @@ import pytest
 
 from tests._concurrent import result as run_result
 
-from ._torchrun import REPO, result, torchrun
+from ._torchrun import REPO, result, torchrun_chain
 
 pytest.importorskip("accelerate", reason="HF Accelerate is not installed (pip install 'gpufeed[accelerate]')")
 
@@ -14,14 +14,17 @@ EXAMPLE = REPO / "examples" / "train_accelerate.py"
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """The example stopped at step 5 (a checkpoint at step 3), then run again: it resumes.
-    Returns (the first run, the files of its checkpoint, the second run)."""
+    """The example stopped at step 5 (a checkpoint at step 3), then run again: it resumes (fresh
+    ranks; one torchrun launcher process for both). Returns (the first run, the files of its
+    checkpoint, the second run)."""
     tmp_path = tmp_path_factory.mktemp("accelerate-example")
     args = ("--fast", "--data", str(tmp_path / "data"), "--ckpt", str(tmp_path / "ckpt"))
-    first = torchrun(EXAMPLE, *args, "--stop-after", "5")  # save_state at step 3, then "killed"
+    runs = torchrun_chain(tmp_path / "launches",
+                          (EXAMPLE, (*args, "--stop-after", "5"), tmp_path / "ckpt"),  # save_state at step 3
+                          (EXAMPLE, args, None))
+    first, saved = runs[0]  # saved: the checkpoint's files before the second run
     assert first.returncode == 0, first.stderr[-4000:]
-    saved = {p.name for p in (tmp_path / "ckpt").iterdir()}  # before the second run
-    return first, saved, torchrun(EXAMPLE, *args)
+    return first, set(saved), runs[1][0]
 
 
 SIDE_BY_SIDE = {"accelerate-example": (15.9, _run)}  # see tests/conftest.py

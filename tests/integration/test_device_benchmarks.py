@@ -28,7 +28,7 @@ def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     out = tmp_path / "core_scaling.json"
     proc = subprocess.run(
         [sys.executable, str(SCALING), "--workers", "1,2", "--images", "24", "--dir", str(tmp_path / "images"),
-         "--batch-size", "4", "--size", "48", "--resize", "56", "--seconds", "0.5", "--rounds", "2",
+         "--batch-size", "4", "--size", "48", "--resize", "56", "--seconds", "0.25", "--rounds", "2",
          "--json", str(out)],
         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=110,
     )
@@ -45,11 +45,12 @@ def _sweep_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subproce
     tmp_path = tmp_path_factory.mktemp("serve-sweep")
     out = tmp_path / "serve.json"
     common = [sys.executable, str(SERVE), "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
-              "--duration", "0.4", "--calibrate-s", "0.4", "--drain-s", "0.5", "--clients", "0", "--no-overload",
+              "--duration", "0.3", "--calibrate-s", "0.3", "--drain-s", "0.3", "--clients", "0", "--no-overload",
               "--images", "8", "--json", str(out)]
     runs = []
     for extra, limit in (([ "--rates", *map(str, SWEEP_MULTS), "--stop-after-fails", "2"], 120),
-                         (["--rates", "0.5", "1", "--budget-s", "1"], 60)):
+                         # no point fits (each needs its arrivals, drain and 2 s): no calibration either
+                         (["--rates", "0.5", "1", "--budget-s", "1", "--batch1-capacity", "100"], 60)):
         out.unlink(missing_ok=True)
         proc = subprocess.run([*common, *extra], cwd=tmp_path, env=script_env(), capture_output=True, text=True,
                               timeout=limit)
@@ -70,8 +71,8 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
 
 SWEEP_MULTS = [0.5, 6, 12, 24]
 SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores
-    "core-scaling-tiny": (4.9, _scaling_run),
-    "serve-sweep": (9.3, _sweep_runs),
+    "core-scaling-tiny": (3.8, _scaling_run),
+    "serve-sweep": (8.0, _sweep_runs),
     "serve-failing-mode": (3.0, _failing_mode_run),
     **({} if torch.cuda.is_available() else {"serve-cuda-refusal": (2.5, _cuda_refusal_run)}),
 }

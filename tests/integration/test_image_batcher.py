@@ -298,9 +298,10 @@ def test_an_idle_batcher_uses_almost_no_cpu(folder):
             return sum(sum(p.cpu_times()[:2]) for p in procs)
 
         before = cpu_s()
-        time.sleep(2.0)
+        time.sleep(1.0)
         used = cpu_s() - before
-    assert used < 0.1, f"an idle ImageBatcher and its workers used {used:.3f} s of CPU over 2 s"
+    # under 5% of a core in all (a spinning thread: ~100%); measured 0.00-0.02 s over 2 s
+    assert used < 0.05, f"an idle ImageBatcher and its workers used {used:.3f} s of CPU over 1 s"
 
 
 def test_bad_arguments_fail_before_any_process_starts():

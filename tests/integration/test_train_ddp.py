@@ -6,20 +6,23 @@ import pytest
 
 from tests._concurrent import result as run_result
 
-from ._torchrun import REPO, result, torchrun
+from ._torchrun import REPO, result, torchrun_chain
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """The example stopped at step 5 (a checkpoint at step 3), then run again: it resumes.
-    Returns (the first run, whether it left its checkpoint, the second run)."""
+    """The example stopped at step 5 (a checkpoint at step 3), then run again: it resumes (fresh
+    ranks; one torchrun launcher process for both). Returns (the first run, whether it left its
+    checkpoint, the second run)."""
     tmp_path = tmp_path_factory.mktemp("train-ddp")
     args = ("--fast", "--data", str(tmp_path / "data"), "--ckpt", str(tmp_path / "ckpt.pt"))
-    first = torchrun(EXAMPLE, *args, "--stop-after", "5")  # a checkpoint at step 3, then "killed"
+    runs = torchrun_chain(tmp_path / "launches",
+                          (EXAMPLE, (*args, "--stop-after", "5"), tmp_path / "ckpt.pt"),  # a checkpoint at step 3
+                          (EXAMPLE, args, None))
+    first, saved = runs[0]  # saved: the checkpoint existed before the second run
     assert first.returncode == 0, first.stderr[-4000:]
-    saved = (tmp_path / "ckpt.pt").exists()  # before the second run
-    return first, saved, torchrun(EXAMPLE, *args)
+    return first, saved, runs[1][0]
 
 
 SIDE_BY_SIDE = {"train-ddp": (12.2, _run)}  # see tests/conftest.py

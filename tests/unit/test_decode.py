@@ -26,7 +26,9 @@ from gpufeed.decode import _backends
 from gpufeed.decode._decode import FACTORS
 from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, DecodeError
 from gpufeed.synth import encode, photo_like, with_exif_orientation
-from tests._concurrent import python, result
+from tests._concurrent import result
+from tests._imports import FRESH_IMPORTS
+from tests._imports import facts as import_facts
 
 TURBO = backends()["turbojpeg"]["available"]
 requires_turbojpeg = pytest.mark.skipif(
@@ -302,16 +304,13 @@ def test_unknown_backend_rejected():
         decode(JPEGS["baseline420"], backend="pil")
 
 
-IMPORT_LOADS_NO_BACKEND = ("import sys; import gpufeed.decode, gpufeed.transforms, gpufeed.sources, gpufeed.synth;"
-                           "bad = [m for m in ('turbojpeg', 'cv2', 'lmdb') if m in sys.modules];"
-                           "print(bad); sys.exit(1 if bad else 0)")
-SIDE_BY_SIDE = {"decode-import": (2.3, python("-c", IMPORT_LOADS_NO_BACKEND))}  # see tests/conftest.py
+SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # a fresh interpreter (tests/_imports.py, tests/conftest.py)
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_import_loads_no_backend(side_by_side):
-    proc = result(side_by_side, "decode-import")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    """Importing gpufeed.decode, transforms, sources and synth imports no decoder or LMDB."""
+    assert import_facts(result(side_by_side, "fresh-imports"), "decode") == {"backends": []}
 
 
 # --- planes ---------------------------------------------------------------------------------

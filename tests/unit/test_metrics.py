@@ -23,7 +23,9 @@ from torch.utils.data import TensorDataset
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed.metrics import METRIC_NAMES, MetricsServer, serve
 from gpufeed.stats import STAGES as STAGE_KEYS
-from tests._concurrent import python, result
+from tests._concurrent import result
+from tests._imports import FRESH_IMPORTS
+from tests._imports import facts as import_facts
 
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
@@ -302,47 +304,24 @@ def test_bad_port_is_a_value_error_before_anything_starts(port):
     assert not metrics_threads()
 
 
-MISSING_PROMETHEUS = (
-    "import sys; sys.modules['prometheus_client'] = None\n"
-    "import torch\n"
-    "from gpufeed import BackendUnavailableError, FastLoader\n"
-    "from gpufeed.metrics import serve\n"
-    "ds = torch.utils.data.TensorDataset(torch.arange(4))\n"
-    "for start in (lambda: serve(0), lambda: FastLoader(ds, metrics_port=0)):\n"
-    "    try:\n"
-    "        start()\n"
-    "    except BackendUnavailableError as exc:\n"
-    "        print(exc)\n"
-    "import threading; assert threading.active_count() == 1, threading.enumerate()\n"
-)
-IMPORT_METRICS = (
-    "import sys, threading, gpufeed.metrics\n"
-    "assert 'prometheus_client' not in sys.modules\n"
-    "assert threading.active_count() == 1, threading.enumerate()\n"
-    "import prometheus_client\n"
-    "before = set(prometheus_client.REGISTRY._names_to_collectors)\n"
-    "srv = gpufeed.metrics.serve(0)\n"
-    "assert set(prometheus_client.REGISTRY._names_to_collectors) == before\n"
-    "srv.stop(); print('ok')\n"
-)
-SIDE_BY_SIDE = {"metrics-missing-prometheus": (2.0, python("-c", MISSING_PROMETHEUS)),  # see tests/conftest.py
-                "metrics-import": (2.8, python("-c", IMPORT_METRICS))}
+SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # a fresh interpreter (tests/_imports.py, tests/conftest.py)
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_missing_prometheus_client_is_a_clear_error(side_by_side):
-    out = result(side_by_side, "metrics-missing-prometheus")
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 2, out.stdout
-    for line in lines:
+    """prometheus_client unimportable: ``serve(0)`` and ``FastLoader(..., metrics_port=0)`` each
+    raise BackendUnavailableError with the fix, and start no thread."""
+    facts = import_facts(result(side_by_side, "fresh-imports"), "missing_prometheus")
+    assert len(facts["errors"]) == 2, facts
+    for line in facts["errors"]:
         assert "prometheus-client" in line and "pip install 'gpufeed[metrics]'" in line
+    assert facts["threads"] == ["MainThread"]
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 def test_importing_gpufeed_metrics_has_no_side_effects(side_by_side):
-    out = result(side_by_side, "metrics-import")
-    assert out.stdout.strip() == "ok", out.stderr
+    facts = import_facts(result(side_by_side, "fresh-imports"), "metrics")
+    assert facts == {"threads": ["MainThread"], "prometheus_client": False, "registry_unchanged": True}
 
 
 # -- shipped alerts and dashboard -----------------------------------------------------------------

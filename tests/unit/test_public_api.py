@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 
 import pytest
 import torch
@@ -11,7 +10,9 @@ from torch.utils.data import DataLoader
 
 import gpufeed
 from gpufeed import FastLoader
-from tests._concurrent import python, result
+from tests._concurrent import result
+from tests._imports import FRESH_IMPORTS
+from tests._imports import facts as import_facts
 
 
 def test_all_is_sorted_and_complete():
@@ -20,27 +21,14 @@ def test_all_is_sorted_and_complete():
     assert public == set(gpufeed.__all__)
 
 
-# One fresh interpreter for the checks of a plain ``import gpufeed``: what it started, captured
-# right after the import, then the lazily imported modules' first use.
-PLAIN_IMPORT = """
-import json, sys, threading, multiprocessing as mp
-import gpufeed
-facts = {"threads": [t.name for t in threading.enumerate()], "children": len(mp.active_children()),
-         "turbojpeg": "turbojpeg" in sys.modules, "tune": "gpufeed.tune" in sys.modules}
-facts["tune_callable"] = callable(gpufeed.tune.tune) and callable(gpufeed.doctor.diagnose)
-facts["diagnose"] = gpufeed.diagnose is gpufeed.doctor.diagnose
-print(json.dumps(facts))
-"""
-
-
-SIDE_BY_SIDE = {"plain-import": (2.1, python("-c", PLAIN_IMPORT))}  # see tests/conftest.py
+# The checks of a plain ``import gpufeed`` in a fresh interpreter (tests/_imports.py): what it
+# started, captured right after the import, then the lazily imported modules' first use.
+SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def plain_import(side_by_side) -> dict:
-    out = result(side_by_side, "plain-import")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return import_facts(result(side_by_side, "fresh-imports"), "plain")
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
