@@ -60,6 +60,7 @@ def create_app(
     max_delay_ms: float = 5.0,
     max_queue: int = 256,
     max_concurrent_batches: int = 1,
+    max_latency_ms: float | None = None,
     timeout_s: float = 1.0,
     images: bool = False,
     num_workers: int = 2,
@@ -68,6 +69,8 @@ def create_app(
     """The app; its lifespan creates the batcher (``app.state.batcher``) and closes it.
 
     ``images``: an ImageBatcher with ``num_workers`` decode processes started by ``mp_context``.
+    ``max_latency_ms``: the batcher's latency-aware admission (a 503 for a request predicted to
+    be answered later than that; None: only ``max_queue``).
     """
     net = model if model is not None else small_cnn()
     transform = ResizeCenterCrop(size=SIZE, resize=110)
@@ -84,7 +87,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         options: dict[str, Any] = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
-                                       max_concurrent_batches=max_concurrent_batches, name="http")
+                                       max_concurrent_batches=max_concurrent_batches, max_latency_ms=max_latency_ms,
+                                       name="http")
         batcher: DynamicBatcher | ImageBatcher
         if images:  # started off the event loop: the workers take a moment
             batcher = await run_in_threadpool(
@@ -135,8 +139,11 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--images", action="store_true", help="ImageBatcher: decode in worker processes")
     p.add_argument("--workers", type=int, default=2, help="decode processes with --images")
+    p.add_argument("--max-latency-ms", type=float, default=None,
+                   help="latency-aware admission: 503 for a request predicted to take longer (default: off)")
     args = p.parse_args()
-    uvicorn.run(create_app(images=args.images, num_workers=args.workers), host=args.host, port=args.port)
+    uvicorn.run(create_app(images=args.images, num_workers=args.workers, max_latency_ms=args.max_latency_ms),
+                host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

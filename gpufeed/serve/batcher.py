@@ -5,7 +5,8 @@ Lifecycle (one scheduler thread ``gpufeed-batcher``, ``max_concurrent_batches`` 
 ``DynamicBatcher`` and ``weakref.finalize`` can close a forgotten one):
 
 1. ``submit`` runs ``validate`` (if any) in the caller's thread, then appends the request under
-   the core's condition, or raises ``Overloaded`` (queue full) / ``BatcherClosedError``.
+   the core's condition, or raises ``Overloaded`` (queue full, or with ``max_latency_ms`` its
+   predicted latency over budget: ``_admission.RunTimes``) / ``BatcherClosedError``.
 2. The scheduler, holding the condition, drops cancelled requests, fails expired ones with
    ``TimeoutError``, and dispatches a batch when a model slot is free and the batch is full or
    its oldest request has waited ``max_delay_ms`` (counted from that request's arrival).
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufeed.errors import add_note, shorten
+from gpufeed.serve._admission import RunTimes
 from gpufeed.serve.clock import MAX_WAIT_S, Clock, MonotonicClock
 from gpufeed.serve.config import BatcherConfig
 from gpufeed.serve.errors import BatcherClosedError, Overloaded
@@ -93,6 +95,7 @@ class _Core:
         self.stats = BatcherStats(config.max_batch_size)
         self.threads: list[threading.Thread] = []
         self.delay_s = config.max_delay_ms / 1000.0
+        self.run_times = RunTimes()  # batch run times, for max_latency_ms (under cond)
 
     # -- scheduler ------------------------------------------------------------------------------
 
@@ -163,8 +166,31 @@ class _Core:
             if batch:
                 self.free_slots -= 1
                 self.batch_seq += 1
+                self.run_times.started(self.batch_seq, now, self.config.padded_size(len(batch)))
                 return batch
         return []
+
+    def check_latency(self, now: float) -> None:
+        """(cond held) Raise ``Overloaded`` if a request appended now would be answered later
+        than ``max_latency_ms`` from now, as far as the measured batch run times tell."""
+        self.drop_cancelled()
+        queued, size = len(self.queue), self.config.max_batch_size
+        first_of_last = (queued // size) * size  # the batch the new request would join starts here
+        oldest = self.queue[first_of_last].arrival if first_of_last < queued else now
+        answer_s = self.run_times.answer_in_s(now, queued, oldest, self.free_slots, size, self.delay_s)
+        budget_ms = self.config.max_latency_ms
+        if answer_s is None or budget_ms is None or answer_s * 1000.0 <= budget_ms:
+            return
+        self.stats.add("rejected")
+        self.stats.add("rejected_latency")
+        batch_ms = (self.run_times.estimate_s(size) or 0.0) * 1000.0
+        running = self.config.max_concurrent_batches - self.free_slots
+        raise Overloaded(
+            f"DynamicBatcher {self.config.name!r} is overloaded: a request now would be answered in about "
+            f"{answer_s * 1000.0:.0f} ms ({queued} requests queued, {running} "
+            f"batches running, a batch of {size} takes about {batch_ms:.0f} ms), over max_latency_ms={budget_ms:g}. "
+            "Retry later (HTTP 503), or raise `max_latency_ms` or `max_concurrent_batches` if the model keeps up."
+        )
 
     def _fail_expired(self, expired: list[_Request], now: float) -> None:
         if expired:
@@ -237,19 +263,21 @@ class _Core:
                 self._run(seq, batch)
             except BaseException:
                 with self.cond:
+                    self.run_times.ended(seq, self.clock.now())
                     self.free_slots += 1
                     self.cond.notify()
                 raise
-            job = self._next_job()
+            job = self._next_job(seq)
 
-    def _next_job(self) -> tuple[int, list[_Request]] | None:
-        """A model thread's batch has ended: take the next batch here if the rule lets it go now
-        (no hand-off through the scheduler, which costs two thread wake-ups and GIL hand-offs
-        per batch), else free the slot and wake the scheduler."""
+    def _next_job(self, ended: int) -> tuple[int, list[_Request]] | None:
+        """Batch ``ended`` has ended in this model thread: take the next batch here if the rule
+        lets it go now (no hand-off through the scheduler, which costs two thread wake-ups and
+        GIL hand-offs per batch), else free the slot and wake the scheduler."""
         expired: list[_Request] = []
         batch: list[_Request] = []
         with self.cond:
             now = self.clock.now()
+            self.run_times.ended(ended, now)
             self.free_slots += 1
             if not self.closing:
                 self._purge(now, expired)
@@ -348,7 +376,8 @@ class DynamicBatcher:
     (``max_batch_size``) or its **oldest** request has waited ``max_delay_ms``, counted from that
     request's arrival (``max_delay_ms=0``: whatever is queued goes at once). Requests past their
     deadline fail with ``TimeoutError`` and cancelled ones are dropped, both before their batch
-    runs, so neither takes a batch slot. A full queue rejects with :class:`Overloaded` at once.
+    runs, so neither takes a batch slot. A full queue rejects with :class:`Overloaded` at once,
+    and so does, with ``max_latency_ms``, a request predicted to be answered later than that.
 
     Failures: an exception from ``fn`` (or from ``collate``) fails every request of that batch
     with that exception (type kept, a note naming the batch); the batcher keeps serving. To fail
@@ -363,6 +392,7 @@ class DynamicBatcher:
         max_batch_size: see :class:`BatcherConfig` (as are the options not listed here).
         max_delay_ms: see :class:`BatcherConfig`.
         max_queue: see :class:`BatcherConfig`.
+        max_latency_ms: see :class:`BatcherConfig` (latency-aware admission).
         collate: False (``fn`` gets a list), True (torch's ``default_collate``), or a callable
             applied to the list of inputs.
         validate: called on each input in ``submit``; an exception fails that request only.
@@ -380,6 +410,7 @@ class DynamicBatcher:
         max_delay_ms: float,
         max_queue: int,
         max_concurrent_batches: int = 1,
+        max_latency_ms: float | None = None,
         preferred_batch_sizes: Sequence[int] = (),
         collate: bool | Callable[[list[Any]], Any] = False,
         validate: Callable[[Any], object] | None = None,
@@ -399,6 +430,7 @@ class DynamicBatcher:
             max_delay_ms=max_delay_ms,
             max_queue=max_queue,
             max_concurrent_batches=max_concurrent_batches,
+            max_latency_ms=max_latency_ms,
             preferred_batch_sizes=tuple(preferred_batch_sizes),
             default_timeout_s=default_timeout_s,
             close_timeout_s=close_timeout_s,
@@ -409,6 +441,7 @@ class DynamicBatcher:
         self.max_delay_ms = self.config.max_delay_ms
         self.max_queue = self.config.max_queue
         self.max_concurrent_batches = self.config.max_concurrent_batches
+        self.max_latency_ms = self.config.max_latency_ms
         self.preferred_batch_sizes = self.config.preferred_batch_sizes
         self.default_timeout_s = self.config.default_timeout_s
         self.close_timeout_s = self.config.close_timeout_s
@@ -436,7 +469,8 @@ class DynamicBatcher:
         Cancelling the future before its batch starts removes it from the queue.
 
         Raises:
-            Overloaded: ``max_queue`` requests are already waiting.
+            Overloaded: ``max_queue`` requests are already waiting, or (with ``max_latency_ms``)
+                this one's predicted latency exceeds it.
             BatcherClosedError: ``close()`` was called.
             ValueError: ``timeout_s`` is not a number > 0.
         """
@@ -471,6 +505,8 @@ class DynamicBatcher:
                     "or `max_concurrent_batches` if the model keeps up."
                 )
             now = self.clock.now()
+            if self.config.max_latency_ms is not None:
+                core.check_latency(now)
             deadline = math.inf if timeout_s is None else now + timeout_s
             core.queue.append(_Request(x, future, now, deadline, timeout_s))
             core.stats.add("requests")
@@ -493,7 +529,8 @@ class DynamicBatcher:
     def stats(self) -> dict[str, Any]:
         """A snapshot: counters, gauges, quantiles and histograms.
 
-        Keys: ``requests``, ``rejected``, ``expired``, ``cancelled``, ``invalid``, ``completed``,
+        Keys: ``requests``, ``rejected`` (of which ``rejected_latency``: over ``max_latency_ms``),
+        ``expired``, ``cancelled``, ``invalid``, ``completed``,
         ``failed``, ``batches`` (counts since creation); ``queue_depth`` (requests waiting),
         ``running_batches``; ``batch_size_mean``; ``queue_wait_p50_s``, ``queue_wait_p99_s``,
         ``latency_p50_s``, ``latency_p99_s`` (seconds, from the histograms; NaN before the first

@@ -27,6 +27,11 @@ class BatcherConfig:
         max_delay_ms: longest time the oldest queued request waits for a fuller batch
             (milliseconds, counted from that request's arrival); 0 dispatches at once.
         max_queue: most requests waiting; one more is rejected with ``Overloaded``.
+        max_latency_ms: latency budget of admission (milliseconds): a request whose predicted
+            time to its answer (the queue ahead of it and its own batch, at the batch run
+            times measured so far) exceeds it is rejected at once with ``Overloaded``, so the
+            requests accepted under overload keep to it. None: only ``max_queue`` bounds the
+            queue. Until the first batch ends nothing is predicted.
         max_concurrent_batches: batches running at once (model instances), each in its thread.
         preferred_batch_sizes: sizes the model prefers (e.g. compiled for); a batch is padded
             up to the smallest one that holds it by repeating its last input, and the padding's
@@ -40,6 +45,7 @@ class BatcherConfig:
     max_delay_ms: float
     max_queue: int
     max_concurrent_batches: int = 1
+    max_latency_ms: float | None = None
     preferred_batch_sizes: tuple[int, ...] = ()
     default_timeout_s: float | None = None
     close_timeout_s: float = 30.0
@@ -53,6 +59,11 @@ class BatcherConfig:
         if not _is_number(self.max_delay_ms) or self.max_delay_ms < 0:
             raise ValueError(
                 f"`max_delay_ms` must be a finite number >= 0 (milliseconds). Found: {shorten(self.max_delay_ms)}."
+            )
+        if self.max_latency_ms is not None and (not _is_number(self.max_latency_ms) or self.max_latency_ms <= 0):
+            raise ValueError(
+                f"`max_latency_ms` must be a finite number > 0 (milliseconds) or None. "
+                f"Found: {shorten(self.max_latency_ms)}."
             )
         sizes = self.preferred_batch_sizes
         if not isinstance(sizes, tuple) or not all(_is_int(s) and 1 <= s <= self.max_batch_size for s in sizes):

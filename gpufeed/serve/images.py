@@ -179,6 +179,8 @@ class ImageBatcher:
         max_queue: see :class:`~gpufeed.serve.BatcherConfig`.
         max_concurrent_batches: see :class:`~gpufeed.serve.BatcherConfig`; the default 2 lets
             one batch decode while another runs the model.
+        max_latency_ms: see :class:`~gpufeed.serve.BatcherConfig` (latency-aware admission;
+            the batches' run times include their decode).
         preferred_batch_sizes: see :class:`~gpufeed.serve.BatcherConfig`.
         default_timeout_s: see :class:`~gpufeed.serve.BatcherConfig`.
         close_timeout_s: see :class:`~gpufeed.serve.BatcherConfig`.
@@ -213,6 +215,7 @@ class ImageBatcher:
         max_delay_ms: float = 5.0,
         max_queue: int = 256,
         max_concurrent_batches: int = 2,
+        max_latency_ms: float | None = None,
         preferred_batch_sizes: Sequence[int] = (),
         default_timeout_s: float | None = None,
         close_timeout_s: float = 30.0,
@@ -246,13 +249,15 @@ class ImageBatcher:
         # The batch options, checked before any process starts (the DynamicBatcher checks them again).
         config = BatcherConfig(
             max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
-            max_concurrent_batches=max_concurrent_batches, preferred_batch_sizes=tuple(preferred_batch_sizes),
+            max_concurrent_batches=max_concurrent_batches, max_latency_ms=max_latency_ms,
+            preferred_batch_sizes=tuple(preferred_batch_sizes),
             default_timeout_s=default_timeout_s, close_timeout_s=close_timeout_s, name=name,
         )
         self.max_batch_size = config.max_batch_size
         self.max_delay_ms = config.max_delay_ms
         self.max_queue = config.max_queue
         self.max_concurrent_batches = config.max_concurrent_batches
+        self.max_latency_ms = config.max_latency_ms
         self.preferred_batch_sizes = config.preferred_batch_sizes
         self.default_timeout_s = config.default_timeout_s
         self.close_timeout_s = config.close_timeout_s
@@ -294,7 +299,8 @@ class ImageBatcher:
             self._runner = runner = _Runner(model, EngineDriver(engine), cuda, self.decode_timeout_s, name)
             self.batcher = DynamicBatcher(
                 runner, max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
-                max_concurrent_batches=max_concurrent_batches, preferred_batch_sizes=preferred_batch_sizes,
+                max_concurrent_batches=max_concurrent_batches, max_latency_ms=max_latency_ms,
+                preferred_batch_sizes=preferred_batch_sizes,
                 validate=_Validator(max_request_bytes, name), default_timeout_s=default_timeout_s,
                 close_timeout_s=close_timeout_s, name=name, clock=clock,
             )
@@ -314,7 +320,8 @@ class ImageBatcher:
         request that does not decode fails with ``DecodeError`` once its batch is decoded.
 
         Raises:
-            Overloaded: ``max_queue`` requests are already waiting.
+            Overloaded: ``max_queue`` requests are already waiting, or (with ``max_latency_ms``)
+                this one's predicted latency exceeds it.
             BatcherClosedError: ``close()`` was called.
             TypeError: ``data`` is not bytes-like.
         """

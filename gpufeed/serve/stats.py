@@ -85,7 +85,8 @@ class BatcherStats:
     """The batcher's counters (one lock). Keys of ``snapshot()`` are documented on
     :meth:`gpufeed.serve.DynamicBatcher.stats`."""
 
-    COUNTERS = ("requests", "rejected", "expired", "cancelled", "invalid", "completed", "failed", "batches")
+    COUNTERS = ("requests", "rejected", "rejected_latency", "expired", "cancelled", "invalid", "completed",
+                "failed", "batches")
 
     def __init__(self, max_batch_size: int) -> None:
         self.lock = threading.Lock()
@@ -115,7 +116,10 @@ class BatcherStats:
 # stats() counter key -> (metric name without "_total", HELP text with units)
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("requests", "gpufeed_serve_requests", "Requests accepted by submit() (count)."),
-    ("rejected", "gpufeed_serve_rejected", "Requests rejected with Overloaded: queue full (count)."),
+    ("rejected", "gpufeed_serve_rejected",
+     "Requests rejected with Overloaded: queue full or over max_latency_ms (count)."),
+    ("rejected_latency", "gpufeed_serve_rejected_latency",
+     "Of those, rejected because their predicted latency exceeded max_latency_ms (count)."),
     ("expired", "gpufeed_serve_expired", "Requests failed with TimeoutError before reaching the model (count)."),
     ("cancelled", "gpufeed_serve_cancelled", "Requests cancelled before their batch ran (count)."),
     ("invalid", "gpufeed_serve_invalid", "Requests failed by the validate hook (count)."),

@@ -99,11 +99,13 @@ def test_model_receives_exactly_the_loader_eval_batch(folder):
     paths = [dataset.describe(i) for i in range(len(dataset))]
     model = Recorder()
     with ImageBatcher(model, transform=TRANSFORM, normalize=NORMALIZE, num_workers=1, max_batch_size=4,
-                      max_delay_ms=50, max_concurrent_batches=1) as batcher:
+                      max_delay_ms=50, max_concurrent_batches=1, max_latency_ms=600_000) as batcher:
         assert batcher.mp_context == "forkserver"
+        assert batcher.max_latency_ms == batcher.batcher.max_latency_ms == 600_000  # admission passed through
         futures = [batcher.submit(Path(p).read_bytes()) for p in paths]
         outputs = [f.result(timeout=90) for f in futures]
         pids = batcher.worker_pids
+        assert batcher.stats()["rejected_latency"] == 0
     # One model thread: batches reach the model in submission order, rows in request order.
     received = torch.cat(model.batches)
     assert received.dtype == torch.float32 and received.shape == loader_images.shape
