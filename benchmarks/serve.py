@@ -14,8 +14,9 @@ image folder go to
   worker processes decode + crop + normalize each batch into a shared-memory slot; the model
   threads (as for batcher, ``--image-torch-threads`` torch threads) only run the model.
 
-A full queue (``--max-queue``; default: batch-1's measured capacity x SLO / 2, so that a full queue
-drains in about half the SLO) refuses a request at once (``Overloaded``).
+The batchers refuse a request at once (``Overloaded``) when its predicted latency is over
+``max_latency_ms`` (latency-aware admission; default ``--latency-budget`` x the SLO, per model)
+or their queue is full (``--max-queue``; default: batch-1's measured capacity x SLO, a backstop).
 
 Open loop (``--rates``): Poisson arrivals, bounded by ``--duration`` seconds and
 ``--max-requests``, at offered rates that are multiples of batch-1's capacity measured at
