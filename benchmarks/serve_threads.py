@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=["batch-1", "batcher"], choices=["batch-1", "batcher"])
     p.add_argument("--trivial", action="store_true", help="identity preprocess and model")
     p.add_argument("--max-queue", type=int, default=16, help="the batcher's max_queue")
+    p.add_argument("--max-latency-ms", type=float, default=None,
+                   help="the batcher's max_latency_ms (0: no latency-aware admission; default: serve.py's, "
+                   "0.6 x the 50 ms SLO)")
     p.add_argument("--cores", type=int, default=2)
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpufeed-serve-threads-") as tmp:
@@ -59,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         pipe.preprocess = lambda data: data  # type: ignore[method-assign,assignment,return-value]
         pipe.run = lambda inputs: inputs  # type: ignore[method-assign,assignment,return-value]
     args = argparse.Namespace(cores=a.cores, max_concurrent_batches=None, max_batch_size=None, max_delay_ms=None,
-                              max_queue=a.max_queue, capacity=0.0)
+                              max_queue=a.max_queue, max_latency_ms=a.max_latency_ms, latency_budget=None,
+                              capacity=0.0)
     print(f"smallcnn{' (trivial: identity preprocess and model)' if a.trivial else ''}, offered {a.rate:g}/s, "
-          f"{a.duration:g} s per run, batcher max_queue={a.max_queue}")
+          f"{a.duration:g} s per run, batcher max_queue={a.max_queue}, "
+          f"max_latency_ms={serve.max_latency_ms(args, spec)}")
     for rep in range(a.reps):
         for mode in a.modes:
             service = serve.make_service(mode, pipe, spec, jpegs, args)

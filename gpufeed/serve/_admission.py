@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+from collections.abc import Callable
 
 __all__ = ["RunTimes"]
 
@@ -68,11 +69,13 @@ class RunTimes:
         return self.typical_s[min(self.typical_s)]
 
     def answer_in_s(self, now: float, queued: int, oldest_of_last: float, free_slots: int,
-                    max_batch_size: int, delay_s: float) -> float | None:
+                    max_batch_size: int, delay_s: float,
+                    padded: Callable[[int], int] = int) -> float | None:
         """Seconds until a request appended now, behind ``queued`` requests, would be answered.
         None while no run time is known, and when its batch would find a slot free at once (it
         waits for nothing but its own timer). ``oldest_of_last``: arrival of the oldest request
-        of the batch the new one would join (``now`` when it would start a batch)."""
+        of the batch the new one would join (``now`` when it would start a batch); ``padded``:
+        the size a batch of n requests runs at (``BatcherConfig.padded_size``)."""
         full = self.estimate_s(max_batch_size)
         if full is None:
             return None
@@ -92,4 +95,4 @@ class RunTimes:
             return None
         if last < max_batch_size:
             start = max(start, oldest_of_last + delay_s)
-        return start + (self.estimate_s(last) or full) - now
+        return start + (self.estimate_s(padded(last)) or full) - now

@@ -177,7 +177,8 @@ class _Core:
         queued, size = len(self.queue), self.config.max_batch_size
         first_of_last = (queued // size) * size  # the batch the new request would join starts here
         oldest = self.queue[first_of_last].arrival if first_of_last < queued else now
-        answer_s = self.run_times.answer_in_s(now, queued, oldest, self.free_slots, size, self.delay_s)
+        answer_s = self.run_times.answer_in_s(now, queued, oldest, self.free_slots, size, self.delay_s,
+                                              self.config.padded_size)
         budget_ms = self.config.max_latency_ms
         if answer_s is None or budget_ms is None or answer_s * 1000.0 <= budget_ms:
             return

@@ -73,6 +73,14 @@ def test_a_batch_that_finds_a_slot_free_at_once_is_never_refused():
     assert times.answer_in_s(5.0, 4, 5.0, 1, 4, 0.05) == pytest.approx(60.0 + 60.0)
 
 
+def test_a_partial_batch_is_predicted_at_the_size_it_is_padded_to():
+    times = measured((2, 0.1), (4, 0.3))
+    times.started(7, 0.0, 4)  # the only slot, free at 0.3
+    pad = BatcherConfig(max_batch_size=4, max_delay_ms=0, max_queue=8, preferred_batch_sizes=(4,)).padded_size
+    assert times.answer_in_s(0.0, 1, 0.0, 0, 4, 0.0) == pytest.approx(0.3 + 0.1)  # runs as 2
+    assert times.answer_in_s(0.0, 1, 0.0, 0, 4, 0.0, pad) == pytest.approx(0.3 + 0.3)  # padded to 4
+
+
 def test_an_overdue_running_batch_is_expected_to_end_now():
     times = measured((4, 0.2))
     times.started(3, 0.0, 4)  # expected to end at 0.2; now is 5.0
