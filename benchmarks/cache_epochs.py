@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--outputs", nargs="+", default=list(OUTPUTS), choices=list(OUTPUTS))
+    parser.add_argument("--memcpy-mb", type=int, default=256,
+                        help="buffer of the memcpy reference (MiB; larger than the last-level cache)")
     parser.add_argument("--hold", action="store_true",
                         help="hold each batch until the next one arrives (default: release it first)")
     args = parser.parse_args()
@@ -101,14 +103,14 @@ def main() -> None:
                   f"| {os.cpu_count()} cpus | {len(dataset)} images | batch {args.batch_size} | "
                   f"{args.workers} workers | persistent_workers=False | "
                   f"{'batch held until the next' if args.hold else 'batch released before the next'}\n")
-        memcpy = [memcpy_bytes_per_s()]
+        memcpy = [memcpy_bytes_per_s(args.memcpy_mb << 20)]
         for name in args.outputs:
             loader = FastLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
                                 cache_bytes="60%", seed=0, **OUTPUTS[name])
             cold_s, cold_cpu, batches, nbytes = run_epoch(loader, args.hold)
             cached, ratios = [], []
             for _ in range(args.epochs):  # memcpy right before each epoch: the same load on the box
-                memcpy.append(memcpy_bytes_per_s())
+                memcpy.append(memcpy_bytes_per_s(args.memcpy_mb << 20))
                 cached.append(run_epoch(loader, args.hold))
                 ratios.append(nbytes / cached[-1][0] / memcpy[-1])
             stats = loader.stats()

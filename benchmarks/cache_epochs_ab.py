@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(root: str, hold: bool, output: str) -> None:
+def child(root: str, hold: bool, output: str, memcpy_bytes: int) -> None:
     """One checkout's side: a cold epoch, then one cached epoch per "go" line on stdin."""
     sys.path.insert(0, HERE)
     from cache_epochs import OUTPUTS, memcpy_bytes_per_s, run_epoch
@@ -38,7 +38,7 @@ def child(root: str, hold: bool, output: str) -> None:
     for line in sys.stdin:
         if line.strip() != "go":
             break
-        bw = memcpy_bytes_per_s()
+        bw = memcpy_bytes_per_s(memcpy_bytes)
         wall, cpu, batches, nbytes = run_epoch(loader, hold)
         print(f"{nbytes / wall / bw:.4f} {cpu / batches * 1e3:.4f}", flush=True)
     loader.close()
@@ -51,15 +51,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--outputs", default="uint8", choices=["uint8", "float32"])
+    parser.add_argument("--memcpy-mb", type=int, default=256,
+                        help="buffer of the memcpy reference (MiB; larger than the last-level cache)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.root, args.hold, args.outputs)
+        child(args.root, args.hold, args.outputs, args.memcpy_mb << 20)
         return
     procs = []
     for checkout in args.checkouts:
         cmd = [sys.executable, os.path.abspath(__file__), args.root, *args.checkouts, "--child",
-               "--outputs", args.outputs] + (["--hold"] if args.hold else [])
+               "--outputs", args.outputs, "--memcpy-mb", str(args.memcpy_mb)] + (["--hold"] if args.hold else [])
         proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=checkout), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdin is not None and proc.stdout is not None
