@@ -69,11 +69,20 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     return out, proc
 
 
+def _threads_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """benchmarks/serve_threads.py (per-thread CPU of the batcher) builds its services from serve.py's."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_threads.py"), "--trivial", "--rate", "300",
+         "--duration", "0.3", "--reps", "1", "--modes", "batch-1", "batcher", "--max-latency-ms", "40"],
+        cwd=tmp_path_factory.mktemp("serve-threads"), env=script_env(), capture_output=True, text=True, timeout=80)
+
+
 SWEEP_MULTS = [0.5, 6, 12, 24]
 SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores
     "core-scaling-tiny": (3.8, _scaling_run),
     "serve-sweep": (8.0, _sweep_runs),
     "serve-failing-mode": (3.0, _failing_mode_run),
+    "serve-threads": (2.5, _threads_run),
     **({} if torch.cuda.is_available() else {"serve-cuda-refusal": (2.5, _cuda_refusal_run)}),
 }
 
@@ -178,3 +187,13 @@ def test_serve_mode_that_fails_is_reported_and_the_others_go_on(side_by_side):
     assert [r["mode"] for r in result["rows"]] == ["batch-1"] and result["rows"][0]["answered"] > 0
     assert result["errors"]["images"].startswith("ValueError: `mp_context` must be one of")
     assert "smallcnn: images FAILED: ValueError" in proc.stdout
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_serve_threads_reports_cpu_per_request_of_each_mode(side_by_side):
+    proc = run_result(side_by_side, "serve-threads")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "max_latency_ms=40.0" in proc.stdout.splitlines()[0]
+    rows = [line for line in proc.stdout.splitlines() if "CPU ms/request" in line]
+    assert [row.split()[0] for row in rows] == ["batch-1", "batcher"], proc.stdout
+    assert all("answered " in row and "gpufeed-batcher" not in rows[0] for row in rows)
