@@ -525,7 +525,7 @@ def calibrate(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argpars
 
 
 def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    slo_ms = getattr(args, f"slo_ms_{spec.name}") or spec.slo_ms
+    slo_ms = slo_of(args, spec)
     slo_s = slo_ms / 1000.0
     pipe = Pipeline(spec, args.torch_device)
     if pipe.cuda:  # CUDA context, cuDNN/cuBLAS handles, kernels of the batch sizes at the ends

@@ -26,7 +26,6 @@ but its own batch's timer, no choice answers it sooner, and its run refreshes th
 from __future__ import annotations
 
 import collections
-import math
 import statistics
 from collections.abc import Callable
 
@@ -81,9 +80,7 @@ class RunTimes:
             return None
         # when each slot frees: running batches at their expected end (overdue ones: now), idle ones now
         frees = [max(now, start + (self.estimate_s(size) or 0.0)) for start, size in self.running.values()]
-        frees += [now] * max(0, free_slots)
-        if not frees:
-            return math.inf
+        frees += [now] * max(0, free_slots)  # together: one per model slot (max_concurrent_batches >= 1)
         frees.sort()
         total = queued + 1
         ahead = (total - 1) // max_batch_size  # full batches before the new request's batch
