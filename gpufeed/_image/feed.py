@@ -16,8 +16,8 @@ from torch.utils.data._utils.collate import default_collate
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
+from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed.cache import HostCache, aligned_copy
-from gpufeed.cuda import GpuTransform
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
+    from gpufeed._image.torchvision import is_torchvision
     from gpufeed.sources import ImageSource
     from gpufeed.sources._base import describe_callable
-    from gpufeed.torchvision_compat import is_torchvision
 
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):

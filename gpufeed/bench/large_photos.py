@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from gpufeed._image.transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare
 from gpufeed.bench.images import (
     FAST_NAME,
@@ -46,7 +47,6 @@ from gpufeed.bench.images import (
 )
 from gpufeed.bench.references import _cv2_interpolation, _ReferenceFolder
 from gpufeed.errors import shorten
-from gpufeed.transforms import ImageTransform, ResizeCenterCrop
 
 __all__ = ["CV_REDUCED_NAME", "GOALS", "PIL_DRAFT_NAME", "OpenCVReducedImageFolder",
            "PILDraftImageFolder", "large_photo_goals", "large_photo_factories", "needed_scale",

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed._image.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
 
 class _ReferenceFolder(Dataset):

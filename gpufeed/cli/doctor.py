@@ -59,10 +59,10 @@ def add_doctor_parser(sub: Any) -> None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Build the loader, diagnose it, print the report (and write ``--json``); exit status."""
+    from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
     from gpufeed.doctor import diagnose
     from gpufeed.loader import FastLoader
     from gpufeed.sources import ImageFolder
-    from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
     workers = _default_workers() if args.workers is None else args.workers
