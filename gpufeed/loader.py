@@ -16,9 +16,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
+from gpufeed._engine.iterator import FastIter
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._loader_state import ResumableLoader
+from gpufeed._image.local import LocalImageIter
+from gpufeed._resume.loader import ResumableLoader
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
@@ -374,12 +376,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 iterator = super()._get_iterator()
                 self._mark_pass(epoch)
                 return iterator
-            from gpufeed._image.local import LocalImageIter
-
             iterator = LocalImageIter(self, self._image_feed, context.stats, epoch)
         else:
-            from gpufeed._engine.iterator import FastIter
-
             self.check_worker_number_rationality()
             iterator = FastIter(self, context, epoch, self._take_resume_workers())
         self._epoch = epoch + 1
@@ -392,8 +390,6 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
             # torch's DataLoader.__iter__ would call ``self._iterator._reset(self)``; the new
             # pass's augmentation epoch goes with it.
-            from gpufeed._engine.iterator import FastIter
-
             iterator = self._iterator
             assert isinstance(iterator, FastIter)
             epoch = self._begin_epoch()
@@ -404,15 +400,13 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         user_iter: Any = iterator
         if self._cuda_feed is not None:
             user_iter = self._cuda_feed.wrap(iterator)
-        p = self._track_pass(iterator)
+        p = self._track_pass(iterator, isinstance(iterator, FastIter))
         if p is not None:
             # What the user received is counted where it is handed out: with workers or a CUDA
             # feed, batches are pulled from the index stream ahead of the user.
             p.count_pulls = self.num_workers == 0 and self._cuda_feed is None
             if not p.count_pulls:
                 user_iter.on_yield = p
-            from gpufeed._engine.iterator import FastIter
-
             if isinstance(iterator, FastIter) and not self.in_order and not isinstance(self.dataset, IterableDataset):
                 p.delivery = []  # batches go out as they complete: record which ones did
                 iterator.order_log = p.delivery

@@ -1,6 +1,6 @@
 """The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (DESIGN
 decision 13), a mixin of ``FastLoader``; the index stream and the state's format are in
-``gpufeed/_resume.py``."""
+``gpufeed/_resume/indices.py``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpufeed._engine.positions import WorkerResume
-from gpufeed._resume import (
+from gpufeed._resume.indices import (
     READABLE_VERSIONS,
     STATE_VERSION,
     SUPPORTED,
@@ -22,6 +21,7 @@ from gpufeed._resume import (
     pass_received,
     resolve,
 )
+from gpufeed._resume.positions import WorkerResume
 from gpufeed.errors import shorten
 
 
@@ -58,13 +58,11 @@ class ResumableLoader(DataLoader):
             self._resume = None  # applied (a map-style state is applied by its index stream)
         return workers
 
-    def _track_pass(self, iterator: Any) -> Pass | None:
+    def _track_pass(self, iterator: Any, fast: bool) -> Pass | None:
         """The position record of the pass ``iterator`` starts, connected to it when it has
         workers (map-style: the pass the index stream started; an IterableDataset with workers:
-        a new one, finished by the iterator)."""
-        from gpufeed._engine.iterator import FastIter
-
-        fast = isinstance(iterator, FastIter)
+        a new one, finished by the iterator). ``fast``: ``iterator`` is a ``FastIter`` (the engine's,
+        with worker positions)."""
         if isinstance(self.dataset, IterableDataset):
             if not fast:
                 return None
@@ -90,7 +88,7 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
-        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume.py``).
+        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume/indices.py``).
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the

@@ -28,7 +28,7 @@ State, version 2 (a JSON-serialisable dict; version 1, the same without ``worker
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
                      {"kind": "stateful", ...} or {"kind": "custom", ...}  (a sampler or batch
                          sampler of the user's: with its own state_dict(), or redrawn from the RNG
-                         states its pass started from; described in gpufeed/_sampler_state.py)
+                         states its pass started from; described in gpufeed/_resume/sampler_state.py)
                      {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
                          "drop_last": bool, "num_replicas": int, "dataset_len": int}
                          (torch's DistributedSampler, e.g. the one Lightning injects: its order is a
@@ -46,7 +46,7 @@ State, version 2 (a JSON-serialisable dict; version 1, the same without ``worker
     dataset          IterableDataset at num_workers=0 only: its own ``state_dict()``
     workers          with num_workers > 0, mid-pass: the workers' random states, the pass's base
                      seed and round-robin position, and for an IterableDataset each worker's copy's
-                     ``state_dict()`` (``gpufeed/_engine/positions.py``); used with the same
+                     ``state_dict()`` (``gpufeed/_resume/positions.py``); used with the same
                      num_workers only (docs/design/resume.md)
     accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
                      "iteration"} (Accelerate's sharding: resume on the same number of processes)
@@ -69,8 +69,9 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from gpufeed import _sampler_state
-from gpufeed._sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
+from gpufeed._resume import sampler_state as _sampler_state
+from gpufeed._resume.sampler import DistributedSampler
+from gpufeed._resume.sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
 
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # states this gpufeed loads
@@ -108,7 +109,7 @@ class Pass:
     # in_order=False: the pulls of the batches handed out, in the order handed out (FastIter's
     # order_log); None while batches go out in the order they were pulled.
     delivery: list[int] | None = None
-    workers: Any = None  # with workers: their states in this pass (gpufeed._engine.positions.WorkerPositions)
+    workers: Any = None  # with workers: their states in this pass (gpufeed._resume.positions.WorkerPositions)
 
     @property
     def batches_received(self) -> int:
@@ -161,8 +162,6 @@ _DRAWING: dict[type, str] = {WeightedRandomSampler: "weighted_random", SubsetRan
 
 
 def sampler_kind(sampler: Any) -> str | None:
-    from gpufeed.sampler import DistributedSampler
-
     if isinstance(sampler, DistributedSampler):
         return "gpufeed_distributed"
     if type(sampler) is TorchDistributedSampler:
@@ -179,7 +178,7 @@ def sampler_kind(sampler: Any) -> str | None:
 def resolve(index_sampler: Any) -> tuple[str | None, Any]:
     """The kind of position of a loader's index sampler, and the sampler it is the position of:
     a kind of ``sampler_kind``, "stateful" or "custom" (a sampler or batch sampler of the user's,
-    ``gpufeed/_sampler_state.py``), or None (no position: a custom sampler inside Accelerate's
+    ``gpufeed/_resume/sampler_state.py``), or None (no position: a custom sampler inside Accelerate's
     shard, gpufeed's sampler sharded again)."""
     sampler = base_sampler(index_sampler)
     plain = sampler is index_sampler or type(index_sampler) is BatchSampler
