@@ -507,7 +507,7 @@ def _serve_metrics(metrics_port: int) -> Any:
     environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
     serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
     logged as a warning, never an error: metrics must not stop a training rank."""
-    from gpufeed.metrics import serve
+    from gpufeed.observe.metrics import serve
 
     port = metrics_port
     if port:

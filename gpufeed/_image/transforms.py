@@ -1,41 +1,5 @@
-"""Declarative image transforms that run in workers and write straight into a batch row.
-
-A transform turns encoded bytes into a fixed-size RGB image in ``out``, a C-contiguous uint8
-array of shape (H, W, 3) or (3, H, W) (a row of the shared batch buffer). It first computes the
-crop box in source pixels from the header alone, then decodes at the smallest DCT scale that
-keeps the crop at least as large as the output (JPEG only), then crops and resizes just that
-region into ``out``.
-
-Resampling (``interpolation``): torchvision resizes with antialiased bilinear filtering.
-``"auto"`` (default) uses ``cv2.INTER_AREA`` (a box filter: antialiased) when the region shrinks
-by 2x or more on an axis and ``cv2.INTER_LINEAR`` otherwise, including every upscale.
-``"area"`` uses INTER_AREA for every shrink, ``"linear"`` INTER_LINEAR throughout. Why: INTER_AREA
-at a fractional ratio costs 6-9x INTER_LINEAR (0.8-1.1 ms vs 0.13 ms to bring a 300x360 or
-500x375 region to 224x224, one thread), about as much as decoding a 500x375 JPEG, while below
-2x, where bilinear barely aliases, the two differ from the full-resolution reference by the same
-amount (mean 2.4-2.8 vs 2.4-2.8 levels on our test images). After a DCT-scaled decode (factors
-1/8, 1/4, 1/2, 1) the remaining shrink is always below 2x, so JPEGs take the fast path.
-
-Two decode paths (the pixel work is in ``gpufeed._image.resample``). The RGB path decodes to RGB and
-resizes once. The plane path decodes a JPEG to its Y (Cb, Cr) planes, skipping libjpeg's chroma
-upsampling and colour conversion, resizes each plane straight to the output size (chroma lined
-up with luma: ``_resample._chroma_span``) and converts YCbCr to RGB once, at the output size.
-``apply`` takes it for greyscale and 4:4:0 JPEGs decoded by libjpeg-turbo in stored orientation
-(4:4:0 at DCT factor 1 only). Measured on the demo images (~400x350, quality 90) re-encoded per
-layout, 224x224 output, one thread, train and eval alike: greyscale 0.56 -> 0.44 ms/img, 4:4:0
-0.88 -> 0.73 (libjpeg-turbo 2.1 upsamples 4:4:0 chroma without SIMD). 4:2:0 keeps the RGB path:
-its plane decode saves 0.03-0.06 ms, but three plane resizes cost as much as one RGB resize
-(0.09-0.10 ms) and merging and converting colour add 0.035 ms, leaving it within +-0.015 ms
-of the RGB path (noise here). 4:2:2 and progressive 4:2:0 were 0.01-0.03 ms slower through
-planes; 4:4:4 has no upsampling to skip. Colour at DCT factors below 1 keeps the RGB path too:
-libjpeg-turbo then decodes chroma planes at half the scaled size, where the RGB decode
-IDCT-scales chroma to full detail. Output: greyscale is identical on both paths; colour differs
-from the RGB path by 0.4-0.9 levels on average (99th percentile 2-9) and is as close to the
-unencoded image.
-
-Randomness comes from (seed, epoch, sample index) only, hashed with SHAKE-128, so the same
-sample gets the same crop in whatever process computes it, and a new crop every epoch.
-"""
+"""Declarative image transforms that run in workers and write straight into a batch row (the code;
+documented in ``gpufeed.transforms``, which re-exports it)."""
 
 from __future__ import annotations
 

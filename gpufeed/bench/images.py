@@ -50,11 +50,11 @@ from torch.utils.data import DataLoader
 from gpufeed._engine.signals import ignore_sigint
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
 from gpufeed._image.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
-from gpufeed._observe.memory import PeakPSS, tree_memory
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
 from gpufeed.bench.references import OpenCVImageFolder, PILImageFolder, _ReferenceFolder
 from gpufeed.errors import shorten
+from gpufeed.observe.memory import PeakPSS, tree_memory
 
 __all__ = [
     "CV_NAME",

@@ -32,7 +32,7 @@ def _milliseconds(value: str) -> float:
 
 
 def _default_workers() -> int:
-    from gpufeed._observe.probe import usable_core_count
+    from gpufeed.observe.probe import usable_core_count
 
     return min(8, usable_core_count())
 
@@ -60,8 +60,8 @@ def add_doctor_parser(sub: Any) -> None:
 def run_doctor(args: argparse.Namespace) -> int:
     """Build the loader, diagnose it, print the report (and write ``--json``); exit status."""
     from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
-    from gpufeed.doctor import diagnose
     from gpufeed.loader import FastLoader
+    from gpufeed.observe.doctor import diagnose
     from gpufeed.sources import ImageFolder
 
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)

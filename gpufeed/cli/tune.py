@@ -109,7 +109,7 @@ def format_recommendation(result: Any) -> str:
 def run_tune(args: argparse.Namespace) -> int:
     """``gpufeed tune``: the search, its table, the recommendation; JSON and plot if asked."""
     from gpufeed.bench.environment import describe_environment
-    from gpufeed.tune import tune
+    from gpufeed.observe.tune import tune
 
     step: Callable[[Any], None] | None = None
     if args.step_ms > 0:
