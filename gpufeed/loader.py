@@ -250,6 +250,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         # build a plain torch DataLoader: say so (once) instead of losing the engine silently.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("accelerate.") and not self.__dict__.get("_rebuild_expected", False):
+            # an upward import, at use (docs/design/layers.md)
             from gpufeed.integrations._rebuilds import warn_rebuilt_by_accelerate
 
             warn_rebuilt_by_accelerate(self)
@@ -507,7 +508,7 @@ def _serve_metrics(metrics_port: int) -> Any:
     environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
     serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
     logged as a warning, never an error: metrics must not stop a training rank."""
-    from gpufeed.observe.metrics import serve
+    from gpufeed.observe.metrics import serve  # an upward import, at use (docs/design/layers.md)
 
     port = metrics_port
     if port:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gpufeed._image.normalize import check_image_output
+from gpufeed._image.normalize import affine, check_image_output, convert_, work_dtype
 from gpufeed._image.transforms import CropParams, ImageTransform, RandomResizedCrop, ResizeCenterCrop
 from gpufeed.errors import shorten
 
@@ -96,8 +96,6 @@ class TorchvisionPipeline(ImageTransform):
         """The pipeline's result for ``image``, this transform's uint8 CHW output: dtype and
         ``normalize`` as the loader's batch stage applies them (same numbers), a
         ``tv_tensors.Image`` for ``ToImage`` pipelines."""
-        from gpufeed._image.normalize import affine, convert_, work_dtype
-
         out: torch.Tensor = image
         if self.dtype != torch.uint8:
             constants = None if self.normalize is None else affine(self.normalize, work_dtype(self.dtype))

@@ -21,6 +21,7 @@ from gpufeed.decode import (
     plane_subsampling,
     read_header,
 )
+from gpufeed.decode._backends import BACKENDS
 from gpufeed.decode._decode import jpeg_decoder
 from gpufeed.decode._header import Buffer, ImageHeader
 from gpufeed.errors import shorten
@@ -301,8 +302,6 @@ def _check_interpolation(value: str) -> None:
 
 
 def _check_backend(value: str | None) -> None:
-    from gpufeed.decode._backends import BACKENDS
-
     if value is not None and value not in BACKENDS:
         raise ValueError(f"`backend` must be None or one of {BACKENDS}. Found: {shorten(value)}.")
 
