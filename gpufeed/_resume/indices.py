@@ -218,81 +218,19 @@ class PositionedIndices:
             p.unsupported = f"{type(self.inner).__name__} over {type(base_sampler(self.inner)).__name__}"
         loaded = resume["sampler"] if resume is not None else None
         skip = 0
-        if loaded is not None and kind is not None:
-            if loaded.get("kind") != kind:
-                raise ValueError(
-                    f"the loaded state was taken with a {loaded.get('kind')!r} sampler; this loader's is "
-                    f"{kind!r}. Resume with the sampler of the checkpointed run."
-                )
-            if kind == "gpufeed_distributed":
-                sampler.load_state_dict(loaded["state"])  # its position; no batches to skip
-            else:
-                if kind == "torch_distributed":
-                    _check_torch_distributed(sampler, loaded)
-                    sampler.set_epoch(int(loaded["epoch"]))  # the order of the checkpointed epoch
-                skip = int(resume["batches_yielded"])
-                p.skipped_batches = skip
-                p.skipped_samples = int(resume["samples_yielded"])
-            p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
+        if resume is not None and loaded is not None and kind is not None:
+            skip = _apply_loaded(p, kind, sampler, resume)
         if kind in CUSTOM_KINDS:
             p.custom = CustomPosition(kind, sampler, loaded, workers=self._loader.num_workers > 0)
             if kind == "stateful":
                 skip = 0  # its loaded state is past the received batches (torchdata's protocol)
-        restore_generator = False
-        if kind == "random":
-            if loaded is not None:
-                if "seed" in loaded:
-                    drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
-                else:
-                    drawn = _decode(loaded["generator_state"])
-                restore_generator = _draw_from(sampler, drawn)
-                p.sampler_state = dict(loaded)
-            elif sampler.generator is None:
-                # Peek at the seed RandomSampler is about to draw from the global RNG (then put
-                # the RNG back, so its own draw, and everything after it, is unchanged).
-                rng = torch.get_rng_state()
-                seed = int(torch.empty((), dtype=torch.int64).random_().item())
-                torch.set_rng_state(rng)
-                p.sampler_state = {"kind": "random", "seed": seed}
-            else:
-                p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
-        elif kind in _DRAWING.values():
-            if loaded is not None:
-                restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
-                p.sampler_state = dict(loaded)
-            else:
-                drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
-                p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
-        elif kind == "sequential":
-            p.sampler_state = {"kind": "sequential"}
-        elif kind == "gpufeed_distributed":
-            # its position is read at state_dict(); the epoch is for next_pass_state()
-            p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
-        elif kind == "torch_distributed":
-            p.sampler_state = torch_distributed_state(sampler)
-        custom = p.custom
-        try:
-            if custom is not None:
-                custom.begin()  # load its state, or record (resumed: set) the RNG states it draws from
-            stream = iter(self.inner)
-            try:
-                first = next(stream)
-            finally:
-                if restore_generator:
-                    sampler.generator = None
-            if custom is not None:
-                custom.pulled(first)
-            for _ in range(skip):  # indices only: nothing is fetched or decoded
-                first = next(stream)
-                if custom is not None:
-                    custom.pulled(first)
-        except StopIteration:
+        restore_generator = _record_start(p, kind, sampler, loaded)
+        started = _first_batch(p, self.inner, sampler, skip, restore_generator)
+        if started is None:
             p.finished = True
             return
-        finally:
-            if custom is not None:
-                custom.end()  # the process's own global RNG states are back
-        batch, number = first, 0
+        stream, batch = started
+        custom, number = p.custom, 0
         while True:
             if custom is not None:
                 custom.after_pull(number, p)
@@ -310,6 +248,95 @@ class PositionedIndices:
             if custom is not None:
                 custom.pulled(batch)
         p.finished = True
+
+
+def _apply_loaded(p: Pass, kind: str, sampler: Any, resume: dict[str, Any]) -> int:
+    """Apply a loaded state's sampler part to ``sampler`` and ``p``; the batches to skip."""
+    loaded = resume["sampler"]
+    skip = 0
+    if loaded.get("kind") != kind:
+        raise ValueError(
+            f"the loaded state was taken with a {loaded.get('kind')!r} sampler; this loader's is "
+            f"{kind!r}. Resume with the sampler of the checkpointed run."
+        )
+    if kind == "gpufeed_distributed":
+        sampler.load_state_dict(loaded["state"])  # its position; no batches to skip
+    else:
+        if kind == "torch_distributed":
+            _check_torch_distributed(sampler, loaded)
+            sampler.set_epoch(int(loaded["epoch"]))  # the order of the checkpointed epoch
+        skip = int(resume["batches_yielded"])
+        p.skipped_batches = skip
+        p.skipped_samples = int(resume["samples_yielded"])
+    p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
+    return skip
+
+
+def _record_start(p: Pass, kind: str | None, sampler: Any, loaded: dict[str, Any] | None) -> bool:
+    """Record in ``p`` where the pass's order starts (``p.sampler_state``), and with a loaded
+    state set a drawing sampler's generator to draw the checkpointed order; whether that
+    generator is to be put back to None after the first draw."""
+    restore_generator = False
+    if kind == "random":
+        if loaded is not None:
+            if "seed" in loaded:
+                drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
+            else:
+                drawn = _decode(loaded["generator_state"])
+            restore_generator = _draw_from(sampler, drawn)
+            p.sampler_state = dict(loaded)
+        elif sampler.generator is None:
+            # Peek at the seed RandomSampler is about to draw from the global RNG (then put
+            # the RNG back, so its own draw, and everything after it, is unchanged).
+            rng = torch.get_rng_state()
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            torch.set_rng_state(rng)
+            p.sampler_state = {"kind": "random", "seed": seed}
+        else:
+            p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
+    elif kind in _DRAWING.values():
+        if loaded is not None:
+            restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
+            p.sampler_state = dict(loaded)
+        else:
+            drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
+            p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
+    elif kind == "sequential":
+        p.sampler_state = {"kind": "sequential"}
+    elif kind == "gpufeed_distributed":
+        # its position is read at state_dict(); the epoch is for next_pass_state()
+        p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
+    elif kind == "torch_distributed":
+        p.sampler_state = torch_distributed_state(sampler)
+    return restore_generator
+
+
+def _first_batch(p: Pass, inner: Any, sampler: Any, skip: int,
+                 restore_generator: bool) -> tuple[Iterator[Any], Any] | None:
+    """Start ``inner``'s stream and pull its first batch past ``skip`` received ones (indices
+    only: nothing is fetched or decoded): (stream, batch), or None when the stream ends first."""
+    custom = p.custom
+    try:
+        if custom is not None:
+            custom.begin()  # load its state, or record (resumed: set) the RNG states it draws from
+        stream = iter(inner)
+        try:
+            first = next(stream)
+        finally:
+            if restore_generator:
+                sampler.generator = None
+        if custom is not None:
+            custom.pulled(first)
+        for _ in range(skip):
+            first = next(stream)
+            if custom is not None:
+                custom.pulled(first)
+    except StopIteration:
+        return None
+    finally:
+        if custom is not None:
+            custom.end()  # the process's own global RNG states are back
+    return stream, first
 
 
 def pass_received(p: Pass, index_sampler: Any) -> bool:
