@@ -20,7 +20,7 @@ from gpufeed._engine.iterator import FastIter
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
 from gpufeed._image.local import LocalImageIter
-from gpufeed._resume.loader import ResumableLoader
+from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
@@ -167,10 +167,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self._epoch = 0
         self._sampler_epochs: dict[int, Any] = {}  # id(sampler) -> its epoch at its last pass
         self._warned_epoch = False
-        self._pass = None  # the position of the latest pass (map-style datasets)
-        self._resume = None  # a loaded state, applied at the next iter()
-        self._resume_workers = None  # its workers' part, applied by the next FastIter pass
-        self._user_iter = None  # the latest iterator handed out
+        self._resume_state = ResumeState()  # what was loaded, the latest pass (gpufeed._resume.loader)
         self.metrics_server = None
         if metrics_port is not None:
             self.metrics_server = _serve_metrics(metrics_port)
@@ -411,7 +408,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             if isinstance(iterator, FastIter) and not self.in_order and not isinstance(self.dataset, IterableDataset):
                 p.delivery = []  # batches go out as they complete: record which ones did
                 iterator.order_log = p.delivery
-        self._user_iter = weakref.ref(user_iter)
+        self._resume_state.user_iter = weakref.ref(user_iter)
         return user_iter
 
     def stats(self) -> dict[str, float | int]:

@@ -205,7 +205,7 @@ class PositionedIndices:
 
     def __iter__(self) -> Iterator[Any]:
         p = Pass()
-        self._loader._pass = p
+        self._loader._resume_state.latest = p
         return self._stream(p)
 
     def _stream(self, p: Pass) -> Iterator[Any]:
