@@ -45,7 +45,7 @@ class EngineContext:
         engines: the live engines (for worker pids and usage).
         registrar: page-locks arena slots for CUDA (created with the arena when wanted).
         skeletons: the packed skeletons of batches the plug-in completed, by their layout
-            (``CompletingPlugin.complete``), reused by every engine of the loader.
+            (``FillPlugin.complete``), reused by every engine of the loader.
 
     ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda.CudaFeed.registrar``, given
     by the loader), used only for ``cuda_output`` and when CUDA is available. Arena memory is

@@ -14,6 +14,7 @@ import torch
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Engine
 from gpufeed._engine.messages import Done
+from gpufeed._engine.plugin import FillPlugin
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed._image.fill import FillReport
 from gpufeed.config import EngineConfig
@@ -44,7 +45,7 @@ class MarkingFiller:
         return out, FillReport(kept=list(range(len(index))))
 
 
-class MarkingPlugin:
+class MarkingPlugin(FillPlugin):
     """The parent half: nothing written at submission, nothing kept after."""
 
     def __init__(self, marks: str) -> None:
