@@ -44,7 +44,7 @@ from gpufeed._engine.signals import ignore_sigint
 from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
 from gpufeed._resume.rng import RngTracker
-from gpufeed.errors import add_note
+from gpufeed.errors import add_note, check_int
 
 if TYPE_CHECKING:
     from gpufeed._engine.plugin import BatchFiller, FillReport, Prefetched
@@ -98,9 +98,7 @@ def fetch_threads_of(dataset: Any) -> int:
     value = getattr(dataset, "fetch_threads", 0)
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"the dataset's `fetch_threads` must be an int >= 0. Found: {value!r:.60}.")
-    return value
+    return check_int("fetch_threads", value, 0, subject="the dataset's ")
 
 
 class _MapFetcher:

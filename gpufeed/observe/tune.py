@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int, is_int, shorten
 from gpufeed.loader import FastLoader
 from gpufeed.observe.batches import batch_size_of, doublings
 from gpufeed.observe.memory import PeakPSS, format_bytes, process_pss_bytes
@@ -181,8 +181,7 @@ def measure(
     """
     for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
                              ("warmup_batches", warmup_batches, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
+        check_int(name, value, low)
     with PeakPSS(interval_s=sample_interval_s) as mem:
         loader = make_loader(num_workers, pin_workers)
         try:
@@ -424,13 +423,13 @@ def tune(
         raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {shorten(memory_fraction)}.")
     if not 0 <= min_gain < 10:
         raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in read_concurrencies):
+    if any(not is_int(c) or c < 1 for c in read_concurrencies):
         raise ValueError(f"`read_concurrencies` must be ints >= 1. Found: {shorten(read_concurrencies)}.")
     cores = usable_cores()
     if max_workers is None:
         max_workers = cores
-    elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
+    else:
+        check_int("max_workers", max_workers, 1)
     if available_memory_bytes is None:
         available_memory_bytes = int(psutil.virtual_memory().available)
     budget_bytes = memory_fraction * available_memory_bytes

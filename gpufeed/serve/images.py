@@ -37,7 +37,7 @@ from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
-from gpufeed.errors import DecodeError, shorten
+from gpufeed.errors import DecodeError, check_int, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
 from gpufeed.serve.clock import MAX_WAIT_S, Clock
@@ -234,10 +234,8 @@ class ImageBatcher:
         if not isinstance(transform, ImageTransform):
             raise TypeError(f"`transform` must be a gpufeed image transform (e.g. ResizeCenterCrop). "
                             f"Found: {shorten(transform)}.")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"`num_workers` must be an int >= 1. Found: {shorten(num_workers)}.")
-        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
-            raise ValueError(f"`max_request_bytes` must be an int >= 1. Found: {shorten(max_request_bytes)}.")
+        check_int("num_workers", num_workers, 1)
+        check_int("max_request_bytes", max_request_bytes, 1)
         if not isinstance(decode_timeout_s, (int, float)) or not decode_timeout_s > 0:
             raise ValueError(f"`decode_timeout_s` must be a number > 0 (seconds). Found: {shorten(decode_timeout_s)}.")
         if restart_window_s is not None and (
