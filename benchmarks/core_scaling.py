@@ -42,7 +42,7 @@ import psutil
 from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder
-from gpufeed.observe.probe import usable_core_count
+from gpufeed._engine.context import usable_cores
 from gpufeed.bench.environment import describe_environment
 from gpufeed.cli.bench import prepare_demo_data
 from gpufeed.transforms import ResizeCenterCrop
@@ -81,7 +81,7 @@ def topology(root: str = "/sys/devices/system/cpu") -> dict[str, Any]:
     per_core = [len(_cpu_list(s)) for s in siblings]
     out: dict[str, Any] = {
         "logical_cpus": len(cpus),
-        "usable_cores": usable_core_count(),
+        "usable_cores": usable_cores(),
         "physical_cores": len(siblings) if not unread else None,
         "threads_per_core": max(per_core) if per_core and not unread else None,
         "hyperthreads": (max(per_core) > 1) if per_core and not unread else None,

@@ -13,11 +13,11 @@ from typing import Any
 
 import psutil
 
+from gpufeed._engine.context import usable_cores
 from gpufeed.errors import check_int, is_int, shorten
 from gpufeed.loader import FastLoader
 from gpufeed.observe.batches import batch_size_of, doublings
 from gpufeed.observe.memory import PeakPSS, format_bytes, process_pss_bytes
-from gpufeed.observe.probe import usable_core_count
 from gpufeed.observe.progress import ProgressBar
 from gpufeed.observe.tune_plot import save_tune_plot
 from gpufeed.observe.tune_reads import (
@@ -347,12 +347,6 @@ def _finite_row(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- rules
-
-def usable_cores() -> int:
-    """Whole cores this process may keep busy: the CPUs of its affinity mask, capped by the
-    cgroup CPU quota rounded up (``min(affinity CPUs, ceil(quota))``, at least 1)."""
-    return usable_core_count()
-
 
 def worker_counts(max_workers: int) -> list[int]:
     """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""

@@ -16,7 +16,8 @@ import pytest
 
 import gpufeed.tune
 from gpufeed.observe.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
-from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states, usable_cpus
+from gpufeed._engine.context import usable_cpus
+from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states
 from gpufeed.stats import STAGES, Stats
 
 pytestmark = pytest.mark.timeout(60)
@@ -249,7 +250,7 @@ def test_probe_accounts_for_the_cores_and_joins_its_thread():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_probe_and_tune_count_cores_from_the_same_cgroup_quota(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed._engine.context._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
     (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
     probe = TreeProbe(interval_s=0.01)

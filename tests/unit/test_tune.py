@@ -122,7 +122,7 @@ def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_a_cgroup_quota_below_the_affinity_lowers_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed._engine.context._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
     assert usable_cores() == 4
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
