@@ -1,7 +1,7 @@
 """Large photos, one image at a time in one thread: what bounds FastLoader against
 DataLoader+OpenCV ``IMREAD_REDUCED_*`` (issue 13's ">= 1.1x OpenCV reduced" goal).
 
-    python benchmarks/decode_large.py [ROOT] [--images 8] [--rounds 7] [--size 224 --resize 256]
+    python -m benchmarks.decode_large [ROOT] [--images 8] [--rounds 7] [--size 224 --resize 256]
 
 Per image, median over ``--rounds`` rounds that alternate the pipelines (milliseconds):
 

@@ -28,12 +28,13 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _epochs_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     root = _tiny_root(tmp_path_factory)
-    return _bench("benchmarks/cache_epochs.py", str(root), "--epochs", "1", "--outputs", "uint8", "--memcpy-mb", "16")
+    return _bench("-m", "benchmarks.cache_epochs", str(root), "--epochs", "1", "--outputs", "uint8",
+                  "--memcpy-mb", "16")
 
 
 def _ab_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     root = _tiny_root(tmp_path_factory)
-    return _bench("benchmarks/cache_epochs_ab.py", str(root), str(ROOT), str(ROOT), "--rounds", "2", "--hold",
+    return _bench("-m", "benchmarks.cache_epochs_ab", str(root), str(ROOT), str(ROOT), "--rounds", "2", "--hold",
                   "--memcpy-mb", "16")
 
 
