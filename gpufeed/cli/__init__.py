@@ -4,6 +4,7 @@
 
     gpufeed --version
     gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--workers N] [--no-progress]
+    gpufeed pack SRC_FOLDER DST_DIR --format tar [--shard-mb N] [...]
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.cli.bench)
@@ -23,6 +24,8 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _pack(args: argparse.Namespace) -> int:
+    if args.format == "tar":
+        return _pack_tar(args)
     from gpufeed.sources import pack
 
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
@@ -30,6 +33,21 @@ def _pack(args: argparse.Namespace) -> int:
     resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
     sys.stdout.write(f"packed {result.count} images in {len(result.classes)} classes into "
                      f"{result.path} ({result.bytes_read / 1e6:.1f} MB -> "
+                     f"{result.bytes_written / 1e6:.1f} MB, {result.reencoded} re-encoded, "
+                     f"{result.seconds:.1f} s{resumed})\n")
+    return 0
+
+
+def _pack_tar(args: argparse.Namespace) -> int:
+    from gpufeed.sources.tar_writer import write_shards
+
+    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20,
+                          max_side=args.max_side, quality=args.quality,
+                          progress=not args.no_progress, workers=args.workers)
+    resumed = (f", resumed after {result.resumed_from_shard} shards"
+               if result.resumed_from_shard else "")
+    sys.stdout.write(f"packed {result.count} images into {len(result.shards)} tar shards in "
+                     f"{args.dst} ({result.bytes_read / 1e6:.1f} MB -> "
                      f"{result.bytes_written / 1e6:.1f} MB, {result.reencoded} re-encoded, "
                      f"{result.seconds:.1f} s{resumed})\n")
     return 0
@@ -65,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-encode every image as JPEG at quality Q (1-100)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="threads reading and re-encoding images (default: the CPU count, at most 8)")
+    p.add_argument("--format", choices=("lmdb", "tar"), default="lmdb",
+                   help="lmdb: one LMDB file (default); tar: a directory DST of WebDataset tar "
+                        "shards with sidecar indexes (gpufeed.TarShards, webdataset)")
+    p.add_argument("--shard-mb", type=int, default=256, metavar="N",
+                   help="with --format tar: target shard size in MiB (default 256)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

@@ -10,6 +10,7 @@ from gpufeed.sources._base import ImageSource
 from gpufeed.sources.folder import IMG_EXTENSIONS, ImageFolder
 from gpufeed.sources.packed import LMDBDataset, PackResult, pack
 from gpufeed.sources.remote import RemoteOptions
+from gpufeed.sources.tar import TarIndexReport, TarShards
 from gpufeed.sources.wrapped import ImageDataset
 
 __all__ = [
@@ -20,5 +21,7 @@ __all__ = [
     "LMDBDataset",
     "PackResult",
     "RemoteOptions",
+    "TarIndexReport",
+    "TarShards",
     "pack",
 ]
