@@ -130,6 +130,7 @@ class TarShards(ImageSource):
         options = {"image_extensions": exts, "label": label_name(label), "label_fn": label,
                    "on_error": on_error}
         signatures = [self._signature(s) for s in self.shards]
+        self._sizes_by_url = {s: sig[0] for s, sig in zip(self.shards, signatures)}
         indexes = build(self.shards, signatures, options, self._walk, self.index_cache,
                         index_threads)
         self._set_tables(indexes, signatures)
@@ -148,7 +149,7 @@ class TarShards(ImageSource):
         if not is_url(shard):
             return walk_local(shard)
         assert self.remote is not None
-        size, _ = self.remote.signature(shard)
+        size = self._sizes_by_url[shard]
         try:
             members = read_sidecar(self.remote.read(shard + SIDECAR_SUFFIX), size)
         except ReadError as exc:
@@ -253,7 +254,7 @@ class TarShards(ImageSource):
                             f"such samples out.")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": None}
+        return {**self.__dict__, "_files": None, "_sizes_by_url": {}}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.shards)} shards, {len(self)} images, "
