@@ -135,13 +135,10 @@ def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], Shar
         for s in shards:
             end = start + int(s["count"])
             cut = key_offsets[start:end + 1]
-            text = key_blob[cut[0]:cut[-1]].tobytes().decode("utf-8", "surrogateescape")
-            rel = (cut - cut[0]).tolist()
-            keys = [text[rel[j]:rel[j + 1]] for j in range(end - start)] if text.isascii() \
-                else _split_utf8(key_blob[cut[0]:cut[-1]].tobytes(), rel)
             out[s["url"]] = (s["signature"], ShardIndex(
-                keys, arrays["offsets"][start:end], arrays["sizes"][start:end],
-                arrays["exts"][start:end], arrays["labels"][start:end], dict(s["skipped"])))
+                key_blob[cut[0]:cut[-1]], np.diff(cut), arrays["offsets"][start:end],
+                arrays["sizes"][start:end], arrays["exts"][start:end],
+                arrays["labels"][start:end], dict(s["skipped"])))
             start = end
         return out
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError,
@@ -152,17 +149,12 @@ def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], Shar
         return {}
 
 
-def _split_utf8(blob: bytes, rel: list[int]) -> list[str]:
-    return [blob[rel[j]:rel[j + 1]].decode("utf-8", "surrogateescape") for j in range(len(rel) - 1)]
-
-
 def key_table(indexes: list[ShardIndex]) -> tuple[np.ndarray, np.ndarray]:
     """(UTF-8 key bytes concatenated, int64 offsets with one more entry) of every sample."""
-    encoded = [k.encode("utf-8", "surrogateescape") for index in indexes for k in index.keys]
-    offsets = np.zeros(len(encoded) + 1, np.int64)
-    if encoded:
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    return np.frombuffer(b"".join(encoded), np.uint8), offsets
+    lens = _cat([ix.key_lens for ix in indexes], np.int64)
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return _cat([ix.key_blob for ix in indexes], np.uint8), offsets
 
 
 def _save(path: str, options: dict[str, Any], shards: list[str], signatures: list[Signature],

@@ -102,7 +102,8 @@ class ShardIndex:
     """The samples of one shard: keys, image data offsets and sizes, image extension codes
     (into ``image_extensions``), labels; and what was left out, by reason."""
 
-    keys: list[str]
+    key_blob: np.ndarray  # uint8: the UTF-8 keys, concatenated
+    key_lens: np.ndarray  # int64: each key's length in bytes
     offsets: np.ndarray
     sizes: np.ndarray
     exts: np.ndarray
@@ -110,7 +111,16 @@ class ShardIndex:
     skipped: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.key_lens)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys as strings (builds Python objects: for inspection)."""
+        blob, out, pos = self.key_blob.tobytes(), [], 0
+        for n in self.key_lens.tolist():
+            out.append(blob[pos:pos + n].decode("utf-8", "surrogateescape"))
+            pos += n
+        return out
 
 
 class TarIndexError(ValueError):
@@ -183,13 +193,17 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
         labels.append(value)
     if damage is not None:
         problem("truncated", str(damage))
-    return ShardIndex(keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
+    encoded = [k.encode("utf-8", "surrogateescape") for k in keys]
+    return ShardIndex(np.frombuffer(b"".join(encoded), np.uint8),
+                      np.fromiter(map(len, encoded), np.int64, len(encoded)),
+                      np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
                       np.asarray(exts, np.uint8), np.asarray(labels, np.int64), skipped)
 
 
 def _empty(skipped: dict[str, int]) -> ShardIndex:
     z = np.zeros(0, np.int64)
-    return ShardIndex([], z, z.copy(), np.zeros(0, np.uint8), z.copy(), skipped)
+    return ShardIndex(np.zeros(0, np.uint8), z, z.copy(), z.copy(), np.zeros(0, np.uint8),
+                      z.copy(), skipped)
 
 
 def _groups(members: Members) -> list[tuple[str, list[tuple[str, int]]]]:
