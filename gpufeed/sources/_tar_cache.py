@@ -57,8 +57,10 @@ def local_signature(path: str) -> Signature:
     return st.st_size, st.st_mtime_ns
 
 
-def walk_local(path: str) -> tuple[Members, TarFormatError | None]:
-    """The members of a local shard (and the damage that ended the walk early, if any)."""
+def walk_local(path: str, keep: Callable[[str], bool] | None = None
+               ) -> tuple[Members, TarFormatError | None]:
+    """The members of a local shard (and the damage that ended the walk early, if any);
+    ``keep``: see :func:`~gpufeed.sources._tar_walk.walk`."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -66,7 +68,7 @@ def walk_local(path: str) -> tuple[Members, TarFormatError | None]:
     try:
         size = os.fstat(fd).st_size
         try:
-            return walk(local_reader(fd), size, path), None
+            return walk(local_reader(fd), size, path, keep), None
         except TarFormatError as exc:
             return exc.members, exc
     finally:

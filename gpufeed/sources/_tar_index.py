@@ -3,7 +3,8 @@
 Grouping follows webdataset (``webdataset.tariterators.group_by_keys``): a member name
 ``DIR/KEY.EXT`` splits at the first dot of its last path component into the key ``DIR/KEY``
 and the extension ``EXT`` (lower-cased); consecutive members with the same key form one
-sample; names without a dot, and names starting with ``__...__`` (metadata), are passed over.
+sample; names without a dot in their last component (or whose last component starts with
+one), and names starting with ``__...__`` (metadata), are passed over.
 Unlike webdataset, a key seen again later in the same shard, or an extension twice in one
 sample, is an error (``"duplicate-key"``): webdataset would yield two samples, or stop.
 
@@ -34,7 +35,6 @@ DEFAULT_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 REASONS = ("no-image", "no-label", "bad-label", "duplicate-key", "truncated", "not-a-tar")
 LabelSpec = str | Callable[[dict[str, Any]], int] | None
 
-_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 _META = re.compile(r"__[^/]*__($|/)")
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -89,12 +89,13 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
 
 def split_name(name: str) -> tuple[str, str] | None:
     """(key, lower-cased extension) of a member name, or None for one webdataset passes over."""
-    if _META.match(name):
+    if name.startswith("__") and _META.match(name):
         return None
-    match = _KEY.match(name)
-    if match is None:
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash:  # no dot in the last component, or it starts with one
         return None
-    return match.group(1), match.group(2).lower()
+    return name[:dot], name[dot + 1:].lower()
 
 
 @dataclass
@@ -163,9 +164,6 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
     seen: set[str] = set()
     groups = _groups(members)
     for key, parts in groups:
-        first = parts[0][1]
-        where = (f"sample {key!r} (member {members.names[first]!r}, header at byte offset "
-                 f"{members.header_offset(first)}) of tar shard {shard!r}")
         by_ext: dict[str, int] = {}
         duplicate = key in seen
         for ext, i in parts:
@@ -173,16 +171,18 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
             by_ext.setdefault(ext, i)
         seen.add(key)
         if duplicate:
-            problem("duplicate-key", f"duplicate key: {where} repeats a key or a member name "
-                                     f"seen before in this shard. Give every sample its own key.")
+            problem("duplicate-key", f"duplicate key: {_where(members, shard, key, parts)} "
+                                     f"repeats a key or a member name seen before in this "
+                                     f"shard. Give every sample its own key.")
             continue
         image = next((i for i, ext in enumerate(image_extensions) if ext in by_ext), None)
         if image is None:
-            problem("no-image", f"no image in {where}: its members are "
-                                f"{sorted(by_ext)}, none of image_extensions "
+            problem("no-image", f"no image in {_where(members, shard, key, parts)}: its members "
+                                f"are {sorted(by_ext)}, none of image_extensions "
                                 f"{list(image_extensions)}. Pass image_extensions= to match.")
             continue
-        value = _label(members, by_ext, key, label, where, problem)
+        value = _label(members, by_ext, key, label,
+                       lambda key=key, parts=parts: _where(members, shard, key, parts), problem)
         if value is None:
             continue
         member = by_ext[image_extensions[image]]
@@ -198,6 +198,12 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
                       np.fromiter(map(len, encoded), np.int64, len(encoded)),
                       np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
                       np.asarray(exts, np.uint8), np.asarray(labels, np.int64), skipped)
+
+
+def _where(members: Members, shard: str, key: str, parts: list[tuple[str, int]]) -> str:
+    first = parts[0][1]
+    return (f"sample {key!r} (member {members.names[first]!r}, header at byte offset "
+            f"{members.header_offset(first)}) of tar shard {shard!r}")
 
 
 def _empty(skipped: dict[str, int]) -> ShardIndex:
@@ -221,15 +227,15 @@ def _groups(members: Members) -> list[tuple[str, list[tuple[str, int]]]]:
     return out
 
 
-def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec, where: str,
-           problem: Callable[[str, str], None]) -> int | None:
+def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
+           where_fn: Callable[[], str], problem: Callable[[str, str], None]) -> int | None:
     """The sample's label, or None after reporting a problem."""
     if label is None:
         return -1
     if isinstance(label, str):
         member = by_ext.get(label)
         if member is None:
-            problem("no-label", f"no label in {where}: no .{label} member (found "
+            problem("no-label", f"no label in {where_fn()}: no .{label} member (found "
                                 f"{sorted(by_ext)}). Pass label=None for unlabelled samples, or "
                                 f"label=FUNCTION to compute one.")
             return None
@@ -239,7 +245,7 @@ def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
                 raise ValueError(f"{members.sizes[member]} bytes, not a small member")
             return int(raw.decode("utf-8").strip())
         except (ValueError, UnicodeDecodeError) as exc:
-            problem("bad-label", f"bad label in {where}: member {members.names[member]!r} at "
+            problem("bad-label", f"bad label in {where_fn()}: member {members.names[member]!r} at "
                                  f"byte offset {members.offsets[member]} holds "
                                  f"{(raw or b'')[:40]!r}, not an integer ({exc}).")
             return None
@@ -250,7 +256,7 @@ def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
     try:
         return operator.index(label(sample))
     except Exception as exc:  # noqa: BLE001 - the user's function: reported with where it ran
-        problem("bad-label", f"label function failed on {where}: {type(exc).__name__}: "
+        problem("bad-label", f"label function failed on {where_fn()}: {type(exc).__name__}: "
                              f"{str(exc)[:200]}. It is given a dict of the sample's small "
                              f"members (bytes, by extension) and '__key__', and must return "
                              f"an int.")

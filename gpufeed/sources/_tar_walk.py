@@ -6,10 +6,11 @@ bytes, two zero blocks at the end. Long names come from a GNU ``L`` record or a 
 (pax ``size`` too); pax global headers, directories, links and other non-regular members are
 passed over. Every header's checksum is verified.
 
-The walk reads each header and the block after it in one positioned read (``os.pread`` on a
-local file, ``seek`` + ``read`` on a file object), so a member of at most 512 bytes (a ``.cls``
-label) costs no extra read; the contents of members up to :data:`SMALL_MEMBER_BYTES` are kept
-(labels, captions, JSON), larger ones (the images) are only located.
+The walk reads :data:`CHUNK` bytes at each header it does not hold yet (``os.pread`` on a local
+file, ``seek`` + ``read`` on a file object), so small members following a header (a ``.cls``
+label and the next header) cost no extra read; the contents of members up to
+:data:`SMALL_MEMBER_BYTES` are kept (labels, captions, JSON) unless the caller's ``keep`` says
+otherwise (images are only located).
 
 A file that is not a tar (bad checksum at offset 0), or a truncated one (a header or data
 running past the end of the file), raises :class:`TarFormatError` naming the shard, the member
@@ -19,6 +20,7 @@ and its byte offset; the members found before the damage are in the error's ``me
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +29,8 @@ import numpy as np
 BLOCK = 512
 #: Members up to this size (bytes) are read during the walk, for labels and captions.
 SMALL_MEMBER_BYTES = 64 << 10
+#: Bytes one read of the walk fetches (a header, and what follows it if that is small).
+CHUNK = 4096
 _REGULAR = (b"0", b"\0", b"7")
 _SKIP_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6", b"g", b"V", b"M", b"D", b"S", b"N")
 
@@ -90,12 +94,14 @@ def parse_number(field_bytes: bytes) -> int:
 
 def checksum_ok(header: bytes) -> bool:
     """Whether a 512-byte header's checksum field matches its bytes (unsigned or signed sum)."""
+    field_bytes = header[148:156]
     try:
-        stored = parse_number(header[148:156])
+        stored = parse_number(field_bytes)
     except ValueError:
         return False
-    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:512])
-    if stored == unsigned:
+    # adler32's low half is (1 + the byte sum) mod 65521: the sum in C, exact for sums (at most
+    # 512 * 255) within 65521 of the stored value, i.e. any plausible header
+    if (1 + stored + sum(field_bytes) - 8 * 32) % 65521 == zlib.adler32(header) & 0xFFFF:
         return True
     signed = sum(b - 256 if b > 127 else b for b in header[:148] + header[156:512]) + 256
     return stored == signed
@@ -126,14 +132,35 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
-def walk(read_at: ReadAt, size: int, shard: str) -> Members:
-    """Every regular member of the tar shard ``shard`` (``size`` bytes, read by ``read_at``)."""
+class _Buffered:
+    """Positioned reads through a :data:`CHUNK` buffer: headers and small members that follow
+    each other closely cost one read between them."""
+
+    def __init__(self, read_at: ReadAt) -> None:
+        self.read_at = read_at
+        self.start, self.data = 0, b""
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        end = offset + length
+        if not (self.start <= offset and end <= self.start + len(self.data)):
+            if length > CHUNK:
+                return self.read_at(offset, length)
+            self.start, self.data = offset, self.read_at(offset, CHUNK)
+        return self.data[offset - self.start:end - self.start]
+
+
+def walk(read_at: ReadAt, size: int, shard: str,
+         keep: Callable[[str], bool] | None = None) -> Members:
+    """Every regular member of the tar shard ``shard`` (``size`` bytes, read by ``read_at``);
+    the contents of members up to :data:`SMALL_MEMBER_BYTES` are kept where ``keep(name)``
+    (default: all)."""
     found = Members()
     offset = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
+    read_at = _Buffered(read_at)
     while offset + BLOCK <= size:
-        chunk = read_at(offset, 2 * BLOCK)
+        chunk = read_at(offset, min(2 * BLOCK, size - offset))
         header = chunk[:BLOCK]
         if len(header) < BLOCK:
             break
@@ -146,10 +173,20 @@ def walk(read_at: ReadAt, size: int, shard: str) -> Members:
             raise TarFormatError(f"tar shard {shard!r} {what}{after}", "not-a-tar"
                                  if offset == 0 else "truncated", found)
         kind = header[156:157]
-        length = parse_number(header[124:136])
-        if "size" in pax:
+        size_field = header[124:136]
+        length = (int(size_field.strip(b" \0") or b"0", 8) if size_field[0] < 0x80
+                  else parse_number(size_field))
+        if pax and "size" in pax:
             length = int(pax["size"])
-        name = long_name if long_name is not None else pax.get("path") or header_name(header)
+        if long_name is not None:
+            name = long_name
+        elif pax and "path" in pax:
+            name = pax["path"]
+        elif header[345] == 0 or header[257:262] != b"ustar":  # no prefix field in use
+            nul = header.find(b"\0", 0, 100)
+            name = header[:100 if nul < 0 else nul].decode("utf-8", "surrogateescape")
+        else:
+            name = header_name(header)
         data_at = offset + BLOCK
         end = data_at + length
         if end > size:
@@ -169,7 +206,7 @@ def walk(read_at: ReadAt, size: int, shard: str) -> Members:
                 found.names.append(name)
                 found.offsets.append(data_at)
                 found.sizes.append(length)
-                if length <= SMALL_MEMBER_BYTES:
+                if length <= SMALL_MEMBER_BYTES and (keep is None or keep(name)):
                     found.small[i] = (chunk[BLOCK:BLOCK + length] if length <= BLOCK
                                       else read_at(data_at, length))
             long_name, pax = None, {}

@@ -126,6 +126,7 @@ class TarShards(ImageSource):
         self.transform = transform
         self.target_transform = target_transform
         self.image_extensions = exts
+        self._image_suffixes = tuple("." + e for e in exts)
         self.index_cache = None if index_cache is None else os.fspath(index_cache)
         options = {"image_extensions": exts, "label": label_name(label), "label_fn": label,
                    "on_error": on_error}
@@ -147,7 +148,7 @@ class TarShards(ImageSource):
 
     def _walk(self, shard: str) -> tuple[Members, TarFormatError | None]:
         if not is_url(shard):
-            return walk_local(shard)
+            return walk_local(shard, self._keep)
         assert self.remote is not None
         size = self._sizes_by_url[shard]
         try:
@@ -160,9 +161,13 @@ class TarShards(ImageSource):
             return members, None
         with self.remote.open(shard) as f:
             try:
-                return walk(file_reader(f), size, shard), None
+                return walk(file_reader(f), size, shard, self._keep), None
             except TarFormatError as exc:
                 return exc.members, exc
+
+    def _keep(self, name: str) -> bool:
+        """Whether the walk keeps a small member's contents: all but the images."""
+        return not name.lower().endswith(self._image_suffixes)
 
     def _set_tables(self, indexes: list[ShardIndex], signatures: list[Signature]) -> None:
         counts = np.array([len(ix) for ix in indexes], np.int64)
