@@ -250,7 +250,8 @@ class TarShards(ImageSource):
             problem = "no valid tar header precedes it"
         elif parse_number(header[124:136]) not in (size, 0):
             problem = f"its header gives {parse_number(header[124:136])} bytes, the index {size}"
-        elif len(name.encode()) <= 100 and header_name(header) != name:
+        elif name.isascii() and len(name) <= 100 and header_name(header) != name:
+            # (longer or non-ASCII names live in a GNU or pax record before this header)
             problem = f"its header names {header_name(header)!r}"
         if problem is not None:
             raise ReadError(f"cannot read {self.describe(index)} (sample index {index}): "

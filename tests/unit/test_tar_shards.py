@@ -88,6 +88,10 @@ def test_long_names_gnu_and_ustar_formats(tmp_path: Path) -> None:
         ds = TarShards(path)
         assert [ds.key(i) for i in range(2)] == [f"{deep}/k1", "k2"]
         assert ds.targets == [7, 3] and bytes(ds.read(0)) == jpeg(1)
+    path = tmp_path / "utf8.tar"  # pax records carry non-ASCII names
+    write_tar(path, [("фото/ключ.jpg", jpeg(3)), ("фото/ключ.cls", b"2")])
+    ds = TarShards(path)
+    assert ds.member(0) == "фото/ключ.jpg" and bytes(ds.read(0)) == jpeg(3)
 
 
 def test_labels_from_a_function_of_small_members_or_none(shards: list[Path]) -> None:
