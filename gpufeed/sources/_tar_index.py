@@ -19,6 +19,7 @@ sample (or the damaged rest of a shard) is left out and counted.
 
 from __future__ import annotations
 
+import functools
 import glob
 import operator
 import os
@@ -182,7 +183,7 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
                                 f"{list(image_extensions)}. Pass image_extensions= to match.")
             continue
         value = _label(members, by_ext, key, label,
-                       lambda key=key, parts=parts: _where(members, shard, key, parts), problem)
+                       functools.partial(_where, members, shard, key, parts), problem)
         if value is None:
             continue
         member = by_ext[image_extensions[image]]
