@@ -132,7 +132,10 @@ def _path_of(dataset: Any, i: int) -> str | None:
 
 def _job(dataset: Any, src: Any, shard_bytes: int, max_samples: int | None, prefix: str,
          max_side: int | None, quality: int | None) -> dict[str, Any]:
-    digest = hashlib.blake2b(np.asarray(dataset.labels, np.int64).tobytes())
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        labels = [dataset.label(i) for i in range(len(dataset))]
+    digest = hashlib.blake2b(np.asarray(labels, np.int64).tobytes())
     for i in range(len(dataset)):
         digest.update(dataset.describe(i).encode("utf-8", "surrogateescape") + b"\0")
     return {"format": "gpufeed-tar-pack", "version": 1,

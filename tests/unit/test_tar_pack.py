@@ -38,6 +38,10 @@ def test_shards_hold_the_folder_in_order_near_the_target_size(folder: Path, tmp_
     assert all(bytes(ds.read(i)) == source.read(i) for i in range(len(source)))
     # remote shards are indexed from the sidecars; locally too they describe the same members
     assert ds.key(5) == "000000005" and ds.member(5) == "000000005.jpg"
+    again = write_shards(ds, tmp_path / "again", shard_bytes=10 * target, progress=False)
+    resharded = TarShards(again.shards)  # from a dataset: the extension comes from the bytes
+    assert len(again.shards) < len(result.shards) and resharded.targets == source.targets
+    assert bytes(resharded.read(17)) == source.read(17) and resharded.member(17).endswith(".jpg")
 
 
 def test_pack_resumes_after_an_interruption_with_the_same_shards(folder: Path, tmp_path: Path) -> None:
