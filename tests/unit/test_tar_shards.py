@@ -219,3 +219,13 @@ def test_bad_arguments_fail_at_construction(shards: list[Path]) -> None:
         TarShards(str(shards[0]) + ".missing")
     with pytest.raises(ValueError, match="apply to shard URLs"):
         TarShards(shards, storage_options={})
+
+
+def test_pickled_copy_reads_alike_and_opens_its_own_files(shards: list[Path]) -> None:
+    import pickle
+
+    ds = TarShards(shards, label=lambda s: json.loads(s["json"])["y"])  # the function stays behind
+    assert bytes(ds.read(5)) == jpeg(11)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._files is None and copy.targets == ds.targets
+    assert bytes(copy.read(5)) == jpeg(11) and copy.describe(5) == ds.describe(5)
