@@ -519,11 +519,13 @@ def tune(
                 knee = n
                 reasons.append(
                     f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                    f"{best.num_workers} (under the {min_gain:.0%} minimum gain): the knee is at "
-                    f"{n}; backing off to {best.num_workers}.")
+                    f"{_workers(best.num_workers)}, less than the {min_gain:.0%} a step must "
+                    f"gain: throughput stopped rising after {_workers(best.num_workers)}; "
+                    f"recommending {best.num_workers}, the last count that still gained enough.")
                 break
             reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                           f"{best.num_workers}: worth it.")
+                           f"{_workers(best.num_workers)}, at least the {min_gain:.0%} a step must "
+                           f"gain: more workers still help.")
             best = row
         else:
             reasons.append(f"stopped at {max_workers} workers: the max_workers limit "
@@ -538,9 +540,10 @@ def tune(
             rows.append(pinned)
             gain = relative_gain(best.samples_per_s, pinned.samples_per_s)
             pin = gain >= min_gain
-            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: "
-                           f"{pinned.samples_per_s:.0f} vs {best.samples_per_s:.0f} images/s "
-                           f"unpinned ({gain:+.1%}; needs {min_gain:+.0%}).")
+            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: one CPU "
+                           f"per worker gave {pinned.samples_per_s:.0f} images/s against "
+                           f"{best.samples_per_s:.0f} unpinned ({gain:+.1%}; it must gain "
+                           f"{min_gain:+.0%}).")
             if pin:
                 recommended = pinned
         else:
@@ -574,6 +577,10 @@ def tune(
         dataset_cache_bytes=needed,
         recommended_read_concurrency=recommended.read_concurrency,
     )
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
 
 
 def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:

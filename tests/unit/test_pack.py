@@ -14,9 +14,8 @@ import pytest
 
 from gpufeed.cli import main
 from gpufeed.decode import backends, decode, read_header
-from gpufeed.errors import DecodeError
+from gpufeed.errors import DecodeError, GpufeedWarning
 from gpufeed.sources import ImageFolder, LMDBDataset, pack
-from gpufeed.errors import GpufeedWarning
 from gpufeed.sources._pack import _put_all
 from gpufeed.sources.packed import META_KEY, sample_key
 from gpufeed.synth import encode, make_image_folder, photo_like
@@ -313,7 +312,8 @@ def test_cli_pack_names_the_file_and_its_flags_and_skips_with_a_count(src, tmp_p
     assert warned == [f"gpufeed pack: warning: gpufeed pack: starting {dst}.partial over: it "
                       f"packs another --quality (None; now 80)"], captured.err
     assert "packed 14 images in 3 classes" in captured.out
-    assert f"skipped 1 file that does not decode (--on-error skip): {os.path.join('class_01', 'img_00002.jpg')}" in captured.out
+    skipped = os.path.join("class_01", "img_00002.jpg")
+    assert f"skipped 1 file that does not decode (--on-error skip): {skipped}" in captured.out
     assert main(["pack", str(src), str(tmp_path / "u.lmdb"), "--no-verify", "--no-progress"]) == 0
     assert "packed 15 images" in capsys.readouterr().out
 
