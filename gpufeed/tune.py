@@ -521,7 +521,7 @@ def tune(
                     f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
                     f"{_workers(best.num_workers)}, less than the {min_gain:.0%} a step must "
                     f"gain: throughput stopped rising after {_workers(best.num_workers)}; "
-                    f"recommending {best.num_workers}, the last count that still gained enough.")
+                    f"recommending {best.num_workers}, the last count before it stopped.")
                 break
             reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
                            f"{_workers(best.num_workers)}, at least the {min_gain:.0%} a step must "

@@ -111,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gpufeed`` command line with ``argv`` (default ``sys.argv[1:]``); exit status.
 
     Errors a user can act on (bad input, a file that does not decode, a worker that died) are
-    one line on stderr (and the notes that say how to resume), no traceback; warnings are one
-    line each, without the library's source line.
+    one line on stderr (and a line per note: where it happened, how to resume), no traceback
+    (a worker's traceback with ``--verbose``); warnings are one line each, without the
+    library's source line.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -124,17 +125,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run(args)
         except (OSError, ValueError, GpufeedError) as exc:  # user errors: no traceback
-            _say(args.command, f"error: {exc}", exc)
+            _say(args.command, f"error: {exc}", exc, args.verbose)
             return 1
         except KeyboardInterrupt as exc:  # Ctrl-C: the loaders have stopped their workers
-            _say(args.command, "interrupted", exc)
+            _say(args.command, "interrupted", exc, args.verbose)
             return 130
 
 
-def _say(command: str, text: str, exc: BaseException) -> None:
-    """``text`` and ``exc``'s notes on stderr, as the command line words them."""
+def _say(command: str, text: str, exc: BaseException, verbose: bool = False) -> None:
+    """``text`` and ``exc``'s notes on stderr, as the command line words them: the first line
+    of each note (where it happened, how to resume), whole notes (a worker's traceback) with
+    ``--verbose``."""
     lines = [f"gpufeed {command}: {cli_text(text)}"]
-    lines += [f"  {cli_text(note)}" for note in getattr(exc, "__notes__", ())]
+    for note in getattr(exc, "__notes__", ()):
+        note = str(note) if verbose else str(note).split("\n", 1)[0]
+        lines.append(f"  {cli_text(note)}")
     sys.stderr.write("\n".join(lines) + "\n")
 
 
