@@ -423,9 +423,9 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
 
 
 #: What a user coming from ``ToTensor`` must know about a gpufeed transform's batches.
-UINT8_HINT = ("Batches are uint8 0-255 by default (as PILToTensor gives, a quarter of float32's "
-              "bytes), not ToTensor's float 0-1: pass FastLoader(..., dtype=torch.float32) for "
-              "x / 255, or normalize=(mean, std) for normalized float32.")
+UINT8_HINT = ("FastLoader's batches are uint8 0-255 by default (as PILToTensor gives; a quarter "
+              "of float32's bytes), not ToTensor's float 0-1: pass FastLoader(..., "
+              "dtype=torch.float32) for x / 255, or normalize=(mean, std) for normalized float32.")
 
 
 def explain(transform: Any) -> str:

@@ -475,7 +475,7 @@ def tune(
     counts = worker_counts(max_workers)
     reasons: list[str] = []
     if max_workers > cores:
-        reasons.append(f"max_workers={max_workers} is above the {cores} usable cores (explicit).")
+        reasons.append(f"max_workers={max_workers} is above the {_cores(cores)} (explicit).")
     rows: list[TuneRow] = []
     knee: int | None = None
     bar = ProgressBar(len(counts) + 1, progress)
@@ -498,7 +498,7 @@ def tune(
                         f"exceeds {memory_fraction:.0%} of the {format_bytes(available_memory_bytes)} "
                         "available.")
                     break
-            bar.start(f"{n} workers")
+            bar.start(_workers(n))
             row = run(n, False)
             bar.done()
             rows.append(row)
@@ -528,13 +528,13 @@ def tune(
                            f"gain: more workers still help.")
             best = row
         else:
-            reasons.append(f"stopped at {max_workers} workers: the max_workers limit "
-                           f"({cores} usable cores).")
+            reasons.append(f"stopped at {_workers(max_workers)}: the max_workers limit "
+                           f"({_cores(cores)}).")
         assert best is not None  # the first count is always measured
         recommended = best
         pin = False
         if hasattr(os, "sched_setaffinity"):
-            bar.start(f"{best.num_workers} workers pinned")
+            bar.start(f"{_workers(best.num_workers)} pinned")
             pinned = run(best.num_workers, True)
             bar.done()
             rows.append(pinned)
@@ -581,6 +581,10 @@ def tune(
 
 def _workers(n: int) -> str:
     return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def _cores(n: int) -> str:
+    return f"{n} usable core" if n == 1 else f"{n} usable cores"
 
 
 def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:

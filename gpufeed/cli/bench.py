@@ -255,7 +255,7 @@ def run_demo(args: argparse.Namespace) -> int:
         write("")
         runs.append(run)
     write("summary: " + "; ".join(format_summary(r) for r in runs))
-    write(f"output: every pipeline here yields uint8 [N, 3, 224, 224] batches. {UINT8_HINT}")
+    write(f"output: uint8 [N, 3, 224, 224] batches in every pipeline here. {UINT8_HINT}")
     write(format_environment(runs[-1].result.environment))
     write(f"\n(demo took {time.perf_counter() - t0:.0f} s; rerun with `gpufeed bench {root} "
           f"--transform train` for one benchmark, --rounds for steadier medians)")

@@ -137,4 +137,4 @@ def test_option_errors_and_explain_read_as_sentences():
     with pytest.raises(ValueError, match="`on_error`, `seed` only apply to the image fast path"):
         FastLoader(ds, batch_size=2, on_error="skip", seed=1)
     text = explain(ResizeCenterCrop(224, 256))
-    assert "Batches are uint8 0-255 by default" in text and "dtype=torch.float32" in text
+    assert "FastLoader's batches are uint8 0-255 by default" in text and "dtype=torch.float32" in text
