@@ -289,9 +289,13 @@ def _load_one(path: str, options: _Options) -> tuple[int, bytes, bool]:
 
 
 def _save_files(partial: str, folder: Any) -> None:
+    """The source's file list and labels into ``partial`` (written aside, then renamed: a kill
+    leaves the old list or the new one, never half of one)."""
     table = folder._paths
-    np.savez(os.path.join(partial, FILES_FILE), blob=np.asarray(table.blob),
-             offsets=np.asarray(table.offsets), labels=np.asarray(folder.labels))
+    aside = os.path.join(partial, "new-" + FILES_FILE)
+    np.savez(aside, blob=np.asarray(table.blob), offsets=np.asarray(table.offsets),
+             labels=np.asarray(folder.labels))
+    os.replace(aside, os.path.join(partial, FILES_FILE))
 
 
 def _resume_point(partial: str, job: dict[str, Any], folder: Any) -> _Position | None:

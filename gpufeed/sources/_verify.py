@@ -4,7 +4,9 @@ A header check (:func:`gpufeed.decode.read_header`) rejects empty files and non-
 not a JPEG cut short: its header is intact and libjpeg-turbo only warns when the data runs out.
 :func:`verify_image` decodes at the smallest scale (JPEG: 1/8, PyTurboJPEG's scaling factor or
 OpenCV's ``IMREAD_REDUCED_COLOR_8``; other formats at full size), which still walks the whole
-entropy-coded stream, so truncation and corruption raise here rather than in training.
+entropy-coded stream, so truncation and corruption raise here rather than in training. JPEGs
+go to :func:`gpufeed.decode._check.check_jpeg` (greyscale, thread-safe: pack threads check in
+parallel), the rest to :func:`gpufeed.decode.decode`.
 
 :func:`skip_or_raise` applies a loader-style ``on_error`` policy to a failed check: ``"raise"``
 (an error naming the file, the sample index, what was found and the fix) or ``"skip"`` (the
@@ -26,12 +28,15 @@ def verify_image(data: bytes | memoryview) -> None:
     """Raise :class:`~gpufeed.errors.DecodeError` unless ``data`` decodes as an image.
 
     JPEGs are decoded at 1/8 scale (the whole stream is still read: truncation is caught);
-    PNG, WebP, BMP and TIFF at full size. Nothing is returned: the pixels are dropped.
+    PNG, WebP, BMP and TIFF at full size. Nothing is returned: the pixels are dropped. Safe to
+    call from several threads at once.
     """
     from gpufeed.decode import decode, read_header
+    from gpufeed.decode._check import check_jpeg
 
     header = read_header(data)
-    decode(data, min_height=1, min_width=1, header=header)
+    if not check_jpeg(data, header):  # libjpeg-turbo directly: threads check side by side
+        decode(data, min_height=1, min_width=1, header=header)
 
 
 def check_on_error(on_error: str) -> str:

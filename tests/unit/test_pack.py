@@ -284,6 +284,18 @@ def test_skip_leaves_bad_files_out_counts_them_and_keeps_labels_aligned(src, tmp
     assert ds.describe(12).endswith(f"(packed from {os.path.join('class_02', 'img_00004.jpg')})")
 
 
+def test_every_truncated_jpeg_is_caught_by_many_pack_threads(tmp_path):
+    # PyTurboJPEG reports truncation by a warning; threads decoding at once must not lose one.
+    make_image_folder(tmp_path / "src", num_classes=1, per_class=24, size=(64, 80), seed=2)
+    files = sorted((tmp_path / "src" / "class_00").iterdir())
+    for path in files[::2]:
+        truncate(path)
+    for attempt in range(3):
+        result = pack(tmp_path / "src", tmp_path / f"db{attempt}.lmdb", progress=False,
+                      on_error="skip", workers=4)
+        assert len(result.skipped) == 12 and result.count == 12
+
+
 def test_no_verify_stores_a_truncated_jpeg_unchecked(src, tmp_path):
     truncate(src / "class_00" / "img_00001.jpg")
     result = pack(src, tmp_path / "db.lmdb", progress=False, verify=False)
