@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="re-encode every image as JPEG at quality Q (1-100)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="threads reading and re-encoding images (default: the CPU count, at most 8)")
+                   help="threads reading, checking and re-encoding images (default: the CPU count, "
+                        "at most 8)")
     p.add_argument("--no-verify", action="store_true",
                    help="store images without decoding them (a header check only): "
                         f"{VERIFY_COST}; a truncated or corrupt file then fails in training")
