@@ -140,8 +140,14 @@ def _say(command: str, text: str, exc: BaseException, verbose: bool = False) -> 
     lines = [f"gpufeed {command}: {cli_text(text)}"]
     for note in getattr(exc, "__notes__", ()):
         note = str(note) if verbose else str(note).split("\n", 1)[0]
-        lines.append(f"  {cli_text(note)}")
+        lines.append(f"  {_unprefixed(cli_text(note), command)}")
     sys.stderr.write("\n".join(lines) + "\n")
+
+
+def _unprefixed(text: str, command: str) -> str:
+    """``text`` without a leading "gpufeed COMMAND: " (the command line's own prefix says it)."""
+    prefix = f"gpufeed {command}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
 
 
 def _one_line_warning(command: str) -> Callable[..., None]:
@@ -149,7 +155,8 @@ def _one_line_warning(command: str) -> Callable[..., None]:
              file: Any = None, line: str | None = None) -> None:
         stream = sys.stderr if file is None else file
         try:
-            stream.write(f"gpufeed {command}: warning: {cli_text(str(message))}\n")
+            text = _unprefixed(cli_text(str(message)), command)
+            stream.write(f"gpufeed {command}: warning: {text}\n")
         except (OSError, ValueError):  # stderr closed: a warning must not fail the command
             pass
 

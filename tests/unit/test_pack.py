@@ -315,14 +315,15 @@ def test_cli_pack_names_the_file_and_its_flags_and_skips_with_a_count(src, tmp_p
     err = capsys.readouterr().err
     assert err.startswith(f"gpufeed pack: error: cannot pack {bad} (sample index 7)")
     assert "--on-error skip" in err and "on_error=" not in err and "Traceback" not in err
+    assert "\n  the first 7 of 15 files are done in" in err
     assert "run the same pack again to resume at sample 7" in err
     assert main(["pack", str(src), dst, "--quality", "80", "--on-error", "skip",
                  "--no-progress"]) == 0
     captured = capsys.readouterr()
     # another --quality: the partial pack starts over, said in one line (no source line)
     warned = [ln for ln in captured.err.splitlines() if "warning" in ln]
-    assert warned == [f"gpufeed pack: warning: gpufeed pack: starting {dst}.partial over: it "
-                      f"packs another --quality (None; now 80)"], captured.err
+    assert warned == [f"gpufeed pack: warning: starting {dst}.partial over: it packs another "
+                      f"--quality (None; now 80)"], captured.err
     assert "packed 14 images in 3 classes" in captured.out
     skipped = os.path.join("class_01", "img_00002.jpg")
     assert f"skipped 1 file that does not decode (--on-error skip): {skipped}" in captured.out
