@@ -22,8 +22,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpufeed import __version__
+from gpufeed.cli import bench as cli_bench
+from gpufeed.cli import doctor as cli_doctor
+from gpufeed.cli import tune as cli_tune
 from gpufeed.cli._util import add_on_error, cli_text, write
+from gpufeed.decode import backends
 from gpufeed.errors import GpufeedError
+from gpufeed.sources import pack
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -33,8 +39,6 @@ VERIFY_COST = ("packs about 2.5x faster: the check adds ~0.4 ms of CPU per ~400x
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from gpufeed.sources import pack
-
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
                   progress=not args.no_progress, workers=args.workers,
                   verify=not args.no_verify, on_error=args.on_error)
@@ -52,15 +56,11 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from gpufeed.decode import backends
-
     write(json.dumps(backends(), indent=2))
     return 0
 
 
 def _version() -> str:
-    from gpufeed import __version__
-
     return __version__
 
 
@@ -93,16 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backends", help="print the active image decoders as JSON")
     p.set_defaults(run=_backends)
 
-    from gpufeed.cli import bench as cli_bench
-
     cli_bench.add_bench_parser(sub)
     cli_bench.add_demo_parser(sub)
 
-    from gpufeed.cli import tune as cli_tune
-
     cli_tune.add_tune_parser(sub)
-
-    from gpufeed.cli import doctor as cli_doctor
 
     cli_doctor.add_doctor_parser(sub)
     return parser

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufeed._observe.memory import format_bytes
-from gpufeed._observe.progress import ProgressBar
+from gpufeed._image.torchvision import UINT8_HINT
+from gpufeed._progress import ProgressBar
 from gpufeed.bench.images import (
     CV_NAME,
     DTYPES,
@@ -41,7 +41,8 @@ from gpufeed.bench.images import (
 from gpufeed.cli._util import add_on_error, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
-from gpufeed.torchvision_compat import UINT8_HINT
+from gpufeed.observe.memory import format_bytes
+from gpufeed.synth import LARGE_SIZE, make_image_folder
 
 __all__ = ["add_bench_parser", "add_demo_parser", "format_report", "format_summary", "outputs_of",
            "prepare_demo_data", "run_bench", "run_demo", "write"]
@@ -212,8 +213,6 @@ def prepare_demo_data(directory: str | Path, num_images: int,
     Returns (root, number of images, reused). A folder this function made before for another
     ``num_images`` is remade; any other non-empty folder is refused (ValueError).
     """
-    from gpufeed.synth import LARGE_SIZE, make_image_folder
-
     root = Path(directory)
     classes = min(DEMO_CLASSES, num_images)
     per_class = num_images // classes

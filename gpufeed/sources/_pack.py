@@ -29,8 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed._progress import ProgressBar
+from gpufeed.decode import decode, read_header
 from gpufeed.errors import DecodeError, GpufeedWarning, add_note, shorten
 from gpufeed.sources._verify import check_on_error, skip_or_raise, verify_image
+from gpufeed.sources.folder import ImageFolder
 from gpufeed.sources.packed import FORMAT, LABELS_KEY, META_KEY, PATHS_KEY, VERSION, sample_key
 
 logger = logging.getLogger("gpufeed.sources.packed")
@@ -110,8 +113,6 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     replaced (with a warning saying why); delete ``DST.partial`` to start over.
     """
     import lmdb
-
-    from gpufeed.sources.folder import ImageFolder
 
     if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
                                  or max_side <= 0):
@@ -399,8 +400,6 @@ def _estimated_bytes(folder: Any, samples: int = 1000) -> int:
 
 def _prepare(data: bytes, max_side: int | None, quality: int | None) -> tuple[bytes, bool]:
     """The bytes to store for one image, and whether they were re-encoded."""
-    from gpufeed.decode import decode, read_header
-
     header = read_header(data)
     longest = max(header.height, header.width)
     shrink_to = max_side if max_side is not None and longest > max_side else None
@@ -461,12 +460,10 @@ def _remove_tree(path: str) -> None:
 
 
 class _PackProgress:
-    """A bar on a terminal (:class:`~gpufeed._observe.progress.ProgressBar`), else a log line
+    """A bar on a terminal (:class:`~gpufeed._progress.ProgressBar`), else a log line
     every 5 s (or nothing when not ``enabled``)."""
 
     def __init__(self, total: int, name: str, enabled: bool, done: int = 0) -> None:
-        from gpufeed._observe.progress import ProgressBar
-
         self.total, self.done, self.nbytes = total, done, 0
         self.start = self.last = time.perf_counter()
         self.bar = ProgressBar(total, enabled, f"pack {os.path.basename(name)}", unit="img",

@@ -17,6 +17,8 @@ What the check costs: see ``benchmarks/pack_verify.py`` (its docstring records a
 
 from __future__ import annotations
 
+from gpufeed.decode import decode, read_header
+from gpufeed.decode._check import check_jpeg
 from gpufeed.errors import SKIP_HINT, DecodeError
 
 __all__ = ["ON_ERROR_CHOICES", "check_on_error", "skip_or_raise", "verify_image"]
@@ -31,9 +33,6 @@ def verify_image(data: bytes | memoryview) -> None:
     PNG, WebP, BMP and TIFF at full size. Nothing is returned: the pixels are dropped. Safe to
     call from several threads at once.
     """
-    from gpufeed.decode import decode, read_header
-    from gpufeed.decode._check import check_jpeg
-
     header = read_header(data)
     if not check_jpeg(data, header):  # libjpeg-turbo directly: threads check side by side
         decode(data, min_height=1, min_width=1, header=header)

@@ -227,7 +227,7 @@ def _drawn_on_a_terminal(draw) -> str:
 @pytest.mark.parametrize("tqdm_installed", [True, False])
 def test_progress_bar_is_drawn_on_a_terminal_only(src, tmp_path, capfd, caplog, monkeypatch,
                                                   tqdm_installed):
-    from gpufeed._observe.progress import ProgressBar
+    from gpufeed._progress import ProgressBar
 
     if not tqdm_installed:
         monkeypatch.setitem(sys.modules, "tqdm", None)  # the built-in text bar
