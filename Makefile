@@ -13,7 +13,7 @@ TV_VENV  ?= .venv-tv
 TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
 TV_STAMP := $(TV_VENV)/.gpufeed-installed
 
-.PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels
+.PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels package-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +48,23 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
 
+# The package as a user gets it: build the sdist and, from it, the wheel into dist/; install the
+# wheel into a fresh venv ($(PKG_VENV), rebuilt every time) with $(TORCH) and run
+# scripts/package_smoke.py there, outside the tree: import, LICENSE in the dist-info,
+# `gpufeed --version`, one FastLoader epoch. pip's cache keeps it offline after the first run;
+# --no-compile skips byte-compiling torch (most of the install time).
+PKG_VENV ?= .venv-pkg
+package-check: $(STAMP)
+	rm -rf dist $(PKG_VENV)
+	$(BIN)/python -m build -q --outdir dist .
+	$(PYTHON) -m venv $(PKG_VENV)
+	$(PKG_VENV)/bin/python -m pip install -q --no-compile "$(TORCH)"
+	$(PKG_VENV)/bin/python -m pip install -q dist/gpufeed-*.whl
+	cd $(PKG_VENV) && env -u PYTHONPATH bin/python "$(CURDIR)/scripts/package_smoke.py"
+
 # The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
 # with real torchvision in .venv-tv.
-test: sysdeps $(STAMP) $(TV_STAMP) lint docs
+test: sysdeps $(STAMP) $(TV_STAMP) lint docs package-check
 	$(BIN)/python -m pytest tests
 	$(TV_VENV)/bin/python -m pytest tests/torchvision
 
@@ -75,4 +89,4 @@ gpu-wheels:
 	PYTHON="$(PYTHON)" bash scripts/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) $(TV_VENV) build site *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) $(TV_VENV) $(PKG_VENV) build dist site *.egg-info .pytest_cache .benchmarks
