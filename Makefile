@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 # A second venv for tests/torchvision: PyPI's torchvision does not import beside the pinned CPU
 # torch, so these tests run on torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.5 GB, that
-# runs on the CPU; about 75 s to install here from local files). See README, "Coming from torchvision".
+# runs on the CPU; about 75 s to install here from local files). See docs/getting-started.md, "The two commands of a clone".
 TV_VENV  ?= .venv-tv
 TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
 TV_STAMP := $(TV_VENV)/.gpufeed-installed
@@ -79,7 +79,7 @@ bench: sysdeps $(STAMP)
 
 # Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py, serve.py --device cuda,
 # core_scaling.py), on this machine's own Python and torch, offline: no venv, no pip. Without
-# CUDA: one line, exit 0. See README, "GPU check".
+# CUDA: one line, exit 0. See docs/gpu-feed.md, "The GPU check".
 GPU_PYTHON ?= $(firstword $(wildcard /opt/torch/.venv/bin/python3) python3)
 gpu-check:
 	@GPU_PYTHON="$(GPU_PYTHON)" bash scripts/gpu_check.sh
