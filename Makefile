@@ -48,18 +48,18 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
 
-# The package as a user gets it: build the sdist and, from it, the wheel into dist/; install the
-# wheel into a fresh venv ($(PKG_VENV), rebuilt every time) with $(TORCH) and run
-# scripts/package_smoke.py there, outside the tree: import, LICENSE in the dist-info,
-# `gpufeed --version`, one FastLoader epoch. pip's cache keeps it offline after the first run;
-# --no-compile skips byte-compiling torch (most of the install time).
+# The package as a user gets it: build the sdist and, from it, the wheel into dist/ (isolated
+# builds, as pip does); install the wheel with $(TORCH) into a fresh venv ($(PKG_VENV), made anew
+# every time) and run scripts/package_smoke.py there, outside the tree: import, LICENSE in the
+# dist-info, `gpufeed --version`, one FastLoader epoch. The venv has no pip of its own (.venv's pip
+# installs into it with --python: ensurepip would cost more than the rest of the venv); one pip run,
+# wheels from pip's cache, and --no-compile (byte-compiling torch is most of an install's time).
 PKG_VENV ?= .venv-pkg
 package-check: $(STAMP)
 	rm -rf dist $(PKG_VENV)
 	$(BIN)/python -m build -q --outdir dist .
-	$(PYTHON) -m venv $(PKG_VENV)
-	$(PKG_VENV)/bin/python -m pip install -q --no-compile "$(TORCH)"
-	$(PKG_VENV)/bin/python -m pip install -q dist/gpufeed-*.whl
+	$(PYTHON) -m venv --without-pip $(PKG_VENV)
+	$(BIN)/python -m pip --python $(PKG_VENV)/bin/python install -q --no-compile "$(TORCH)" dist/gpufeed-*.whl
 	cd $(PKG_VENV) && env -u PYTHONPATH bin/python "$(CURDIR)/scripts/package_smoke.py"
 
 # The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
