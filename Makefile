@@ -43,10 +43,12 @@ demo: sysdeps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
-# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine).
+# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine),
+# the layers of docs/design/layers.md (lint-imports, [tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
 
 # The package as a user gets it: build the sdist and, from it, the wheel into dist/ (isolated
 # builds, as pip does); install the wheel with $(TORCH) into a fresh venv ($(PKG_VENV), made anew
