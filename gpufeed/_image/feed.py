@@ -16,8 +16,11 @@ from torch.utils.data._utils.collate import default_collate
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
+from gpufeed._image.gpu_transform import GpuTransform
+from gpufeed._image.torchvision import is_torchvision
 from gpufeed.cache import HostCache, aligned_copy
-from gpufeed.cuda import GpuTransform
+from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
+from gpufeed.sources._base import describe_callable
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,6 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
-    from gpufeed.sources import ImageSource
-    from gpufeed.sources._base import describe_callable
-    from gpufeed.torchvision_compat import is_torchvision
-
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
@@ -79,10 +78,13 @@ def make_image_feed(
     cache_budget: int,
     seed: int | None,
     on_gpu: bool = False,
+    announce: bool = False,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
+    loader asks once, at construction, not again when each process makes its feed.
     """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
@@ -94,10 +96,10 @@ def make_image_feed(
                    "Use gpufeed.ImageFolder / ImageDataset / LMDBDataset with a transform and "
                    "the default collate_fn, or drop these options.")
             raise ValueError(
-                f"{', '.join(f'`{g}`' for g in given)} only apply to the image fast path, which this "
-                f"loader cannot take: {blocker}. {fix}"
+                f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} "
+                f"to the image fast path, which this loader cannot take: {blocker}. {fix}"
             )
-        if user_callable:
+        if user_callable and announce:
             log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
     # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.torchvision_compat).
@@ -140,8 +142,6 @@ def _default_seed(generator: torch.Generator | None) -> int:
 def _label_table(source: Any) -> np.ndarray | None:
     """The source's int64 label array when its ``label(i)`` is that array's item ``i``
     (``ImageFolder``, ``LMDBDataset``, not a subclass that overrides ``label``), else None."""
-    from gpufeed.sources import ImageFolder, LMDBDataset
-
     if type(source).label not in (ImageFolder.label, LMDBDataset.label):
         return None
     table = source.labels

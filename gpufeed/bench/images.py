@@ -49,12 +49,15 @@ from torch.utils.data import DataLoader
 
 from gpufeed._engine.signals import ignore_sigint
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
-from gpufeed._observe.memory import PeakPSS, tree_memory
+from gpufeed._image.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
 from gpufeed.bench.references import OpenCVImageFolder, PILImageFolder, _ReferenceFolder
+from gpufeed.decode import backends
 from gpufeed.errors import shorten
-from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed.loader import FastLoader
+from gpufeed.observe.memory import PeakPSS, tree_memory
+from gpufeed.sources import ImageFolder
 
 __all__ = [
     "CV_NAME",
@@ -177,17 +180,16 @@ def loader_factories(
     include: Iterable[str] = (PIL_NAME, CV_NAME, FAST_NAME),
     persistent_workers: bool = False,
     outputs: Iterable[Output] = (Output(),),
+    on_error: str = "raise",
 ) -> dict[str, LoaderFactory]:
     """name -> a callable building a fresh loader of that pipeline (datasets are built once).
 
     ``include`` picks and orders the loaders (names :data:`PIL_NAME`, :data:`CV_NAME`,
     :data:`FAST_NAME`); :data:`FAST_NAME` stands for one FastLoader per ``outputs`` entry, named
     by :attr:`Output.name`. Every loader gets the same batch_size, num_workers, shuffle (train only),
-    a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``.
+    a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``; FastLoaders
+    get ``on_error`` (the DataLoader pipelines have no such option: they raise).
     """
-    from gpufeed import FastLoader
-    from gpufeed.sources import ImageFolder
-
     names = list(include)
     unknown = [n for n in names if n not in (PIL_NAME, CV_NAME, FAST_NAME)]
     if unknown or not names:
@@ -201,7 +203,8 @@ def loader_factories(
                     generator=torch.Generator().manual_seed(seed), persistent_workers=persistent)
 
     def fast(ds: ImageFolder, output: Output) -> LoaderFactory:
-        return lambda: FastLoader(ds, **common(), seed=seed, **output.loader_kwargs())
+        return lambda: FastLoader(ds, **common(), seed=seed, on_error=on_error,
+                                  **output.loader_kwargs())
 
     def reference(ds: _ReferenceFolder) -> LoaderFactory:
         return lambda: DataLoader(ds, **common(), worker_init_fn=_ignore_sigint)
@@ -399,8 +402,6 @@ def image_environment(num_workers: int) -> dict[str, Any]:
     JPEGs in each pipeline (FastLoader's backend, Pillow's libjpeg, OpenCV)."""
     import cv2
 
-    from gpufeed.decode import backends
-
     env = describe_environment(num_workers=num_workers)
     env["pillow"] = package_version("PIL", "pillow")
     found = backends()
@@ -467,6 +468,7 @@ def run_image_bench(
     on_round: RoundCallback | None = None,
     outputs: Iterable[Output] = (Output(),),
     include_reference: bool = True,
+    on_error: str = "raise",
 ) -> ImageBenchResult:
     """Compares the three pipelines on ``root`` in alternating rounds, then FastLoader's memory
     over ``num_epochs`` epochs (0: skip) with persistent workers.
@@ -477,6 +479,7 @@ def run_image_bench(
     ``on_round(name)`` is called after each round and each flatness epoch (progress bars).
     ``outputs``: FastLoader's output formats, one loader each (the flatness check runs the
     first); ``include_reference=False`` leaves the DataLoader pipelines out (layout runs).
+    ``on_error``: FastLoader's (see :func:`loader_factories`).
     """
     if transform not in TRANSFORMS:
         raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {shorten(transform)}.")
@@ -490,10 +493,8 @@ def run_image_bench(
     include = ([PIL_NAME] if with_pil else []) + ([CV_NAME] if include_reference else []) + [FAST_NAME]
     factories = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
                                  seed=seed, size=size, resize=resize, include=include,
-                                 outputs=outputs)
+                                 outputs=outputs, on_error=on_error)
     names = list(factories)
-    from gpufeed.sources import ImageFolder
-
     num_images = len(ImageFolder(root))
     full_batches = num_images // batch_size
     if num_batches is None:
@@ -514,7 +515,8 @@ def run_image_bench(
         if num_epochs > 0:
             persistent = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
                                           seed=seed, size=size, resize=resize, include=[FAST_NAME],
-                                          persistent_workers=True, outputs=outputs[:1])[outputs[0].name]
+                                          persistent_workers=True, outputs=outputs[:1],
+                                          on_error=on_error)[outputs[0].name]
             flatness = measure_flatness(outputs[0].name, persistent, num_epochs=num_epochs,
                                         num_batches=None if full_batches <= 2 * num_batches else num_batches,
                                         on_epoch=on_round)

@@ -44,8 +44,10 @@ _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"BM", "bmp"), (b"GIF8
 
 @dataclass(frozen=True)
 class TarPackResult:
-    """What :func:`write_shards` wrote: the shard paths, samples, bytes of image data read and
-    written, re-encoded count, seconds (this run), and the shard it resumed at (0: fresh)."""
+    """What :func:`write_shards` wrote: the shard paths, samples of the source, bytes of image
+    data read and written, re-encoded count, seconds (this run), the shard it resumed at (0:
+    fresh), whether images were decoded to check them, and (this run) the samples left out with
+    ``on_error="skip"``: "DESCRIPTION (sample index I): why"."""
 
     shards: tuple[str, ...]
     count: int
@@ -54,6 +56,8 @@ class TarPackResult:
     reencoded: int
     seconds: float
     resumed_from_shard: int = 0
+    verified: bool = True
+    skipped: tuple[str, ...] = ()
 
 
 def image_extension(data: bytes, path: str | None) -> str:
@@ -70,18 +74,22 @@ def image_extension(data: bytes, path: str | None) -> str:
 def write_shards(src: Any, dst: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
                  max_samples: int | None = None, prefix: str = "shard",
                  max_side: int | None = None, quality: int | None = None,
-                 workers: int | None = None, progress: bool = True) -> TarPackResult:
+                 workers: int | None = None, progress: bool = True, verify: bool = True,
+                 on_error: str = "raise") -> TarPackResult:
     """Write ``src`` (an image folder path, or any gpufeed image dataset: ``ImageFolder``,
     ``LMDBDataset``, ``TarShards``...) as tar shards into the directory ``dst``.
 
     ``shard_bytes``: target shard size (bytes); ``max_samples``: at most this many samples per
-    shard. ``max_side``/``quality``: as for :func:`gpufeed.pack` (downscale, re-encode as JPEG);
-    every image's header is checked as it is packed (an empty or non-image file is a
-    :class:`~gpufeed.errors.DecodeError` naming it). ``workers``: threads reading and preparing
-    images ahead of the writer. See the module docstring for the layout and resuming.
+    shard. ``max_side``/``quality``: as for :func:`gpufeed.pack` (downscale, re-encode as JPEG).
+    ``verify``: decode every image stored as is at reduced scale, as :func:`gpufeed.pack` does
+    (False: a header check only); a file that fails is a :class:`~gpufeed.errors.DecodeError`
+    naming it with ``on_error="raise"``, left out (its key is then missing) and listed in
+    ``skipped`` with ``"skip"``. ``workers``: threads reading and preparing images ahead of the
+    writer. See the module docstring for the layout and resuming.
     """
+    from gpufeed.sources._pack import MAX_DEFAULT_PACK_WORKERS, _PackProgress
+    from gpufeed.sources._verify import check_on_error
     from gpufeed.sources.folder import ImageFolder
-    from gpufeed.sources.packed import MAX_DEFAULT_PACK_WORKERS, _Progress
 
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ValueError(f"`shard_bytes` must be an int >= 1. Found: {shorten(shard_bytes)}.")
@@ -94,18 +102,27 @@ def write_shards(src: Any, dst: str | os.PathLike, *, shard_bytes: int = DEFAULT
     workers = min(MAX_DEFAULT_PACK_WORKERS, os.cpu_count() or 1) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`workers` must be an int >= 1. Found: {shorten(workers)}.")
+    check_on_error(on_error)
     dataset = ImageFolder(src) if isinstance(src, (str, os.PathLike)) else src
     out_dir = os.fspath(dst)
     job = _job(dataset, src, shard_bytes, max_samples, prefix, max_side, quality)
+    job.update(verify=bool(verify), on_error=on_error)
     start = time.perf_counter()
     done_shards, first = _resume(out_dir, prefix, job)
     writer = _ShardWriter(out_dir, prefix, len(done_shards), shard_bytes, max_samples)
-    bar = _Progress(len(dataset), os.path.join(out_dir, prefix), progress, done=first)
+    bar = _PackProgress(len(dataset), os.path.join(out_dir, prefix), progress, done=first)
     read = reencoded = 0
+    skipped: list[str] = []
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="gpufeed-pack") as ex:
-            for i, (size, data, changed) in _prepared(ex, dataset, first, workers,
-                                                      max_side, quality):
+            for i, item in _prepared(ex, dataset, first, workers, max_side, quality, verify,
+                                     on_error):
+                if isinstance(item, str):
+                    skipped.append(item)
+                    logger.warning("pack: skipping %s", item)
+                    bar.update(0)
+                    continue
+                size, data, changed = item
                 writer.add(i, data, image_extension(data, _path_of(dataset, i)
                                                     if not changed else None),
                            int(dataset.label(i)))
@@ -122,7 +139,8 @@ def write_shards(src: Any, dst: str | os.PathLike, *, shard_bytes: int = DEFAULT
     os.unlink(os.path.join(out_dir, JOB_FILE))
     shards = tuple(done_shards + writer.done)
     return TarPackResult(shards, len(dataset), read, writer.bytes_written, reencoded,
-                         time.perf_counter() - start, len(done_shards))
+                         time.perf_counter() - start, len(done_shards), bool(verify),
+                         tuple(skipped))
 
 
 def _path_of(dataset: Any, i: int) -> str | None:
@@ -167,7 +185,8 @@ def _resume(out_dir: str, prefix: str, job: dict[str, Any]) -> tuple[list[str], 
             if members is None:
                 break
             done.append(path)
-            first += sum(1 for n in members.names if n.endswith(".cls"))
+            if members.names:  # the next sample follows the last key written
+                first = int(members.names[-1].split(".", 1)[0]) + 1
         logger.info("pack: resuming %s after %d shards (%d samples)", out_dir, len(done), first)
         return done, first
     if os.path.isdir(out_dir) and any(n.startswith(prefix + "-") for n in os.listdir(out_dir)):
@@ -189,16 +208,20 @@ def _sidecar(path: str) -> Any:
 
 
 def _prepared(ex: ThreadPoolExecutor, dataset: Any, first: int, workers: int,
-              max_side: int | None, quality: int | None) -> Iterator[tuple[int, tuple[int, bytes, bool]]]:
+              max_side: int | None, quality: int | None, verify: bool, on_error: str,
+              ) -> Iterator[tuple[int, tuple[int, bytes, bool] | str]]:
     """(i, (bytes read, bytes to store, re-encoded)) for samples ``first..``, in order, read
-    and prepared on ``ex`` a bounded window ahead."""
+    and prepared on ``ex`` a bounded window ahead; (i, why) for one skipped."""
     from collections import deque
 
-    from gpufeed.sources.packed import _prepare
+    from gpufeed.sources._pack import _prepare
+    from gpufeed.sources._verify import skip_or_raise, verify_image
 
     def load(i: int) -> tuple[int, bytes, bool]:
         data = bytes(dataset.read(i))
         value, changed = _prepare(data, max_side, quality)
+        if verify and not changed:
+            verify_image(data)
         return len(data), value, changed
 
     n = len(dataset)
@@ -209,12 +232,11 @@ def _prepared(ex: ThreadPoolExecutor, dataset: Any, first: int, workers: int,
         nxt += 1
     while window:
         i, future = window.popleft()
+        item: tuple[int, bytes, bool] | str
         try:
             item = future.result()
         except DecodeError as exc:
-            raise DecodeError(f"cannot pack {dataset.describe(i)} (sample index {i}): {exc}. "
-                              f"Remove or replace it and run the same pack again: it resumes "
-                              f"at its shard.") from exc
+            item = skip_or_raise(exc, dataset.describe(i), i, on_error)
         if nxt < n:
             window.append((nxt, ex.submit(load, nxt)))
             nxt += 1

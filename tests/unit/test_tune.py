@@ -14,8 +14,8 @@ import pytest
 from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
-from gpufeed._observe.tune_reads import prefetch_for_reads
-from gpufeed._observe.tune_rules import reads_ahead
+from gpufeed.observe.tune_reads import prefetch_for_reads
+from gpufeed.observe.tune_rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
@@ -80,7 +80,8 @@ def test_knee_at_16_recommends_8():
     assert result.knee_num_workers == 16
     assert result.recommended_num_workers == 8
     assert model.calls[-1] == (8, True)  # pinning tried at the recommended count only
-    assert any("knee is at 16" in r and "backing off to 8" in r for r in result.reasons)
+    assert any("throughput stopped rising after 8 workers; recommending 8" in r
+               for r in result.reasons), result.reasons
 
 
 def test_reversal_stops_and_backs_off():
@@ -108,7 +109,7 @@ def test_no_knee_recommends_the_limit_and_says_so():
 
 
 def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
-    monkeypatch.setattr("gpufeed.tune.usable_cores", lambda: 4)
+    monkeypatch.setattr("gpufeed.observe.tune.usable_cores", lambda: 4)
     model = CostModel(lambda w: 100 * w)
     result = _tune(model)
     assert _unpinned(model) == [1, 2, 4]
@@ -122,7 +123,7 @@ def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_a_cgroup_quota_below_the_affinity_lowers_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed._observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
     assert usable_cores() == 4
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
@@ -345,7 +346,7 @@ def test_read_concurrency_search_stops_at_its_knee():
 
     best, rows, reasons = search_read_concurrency(at, _Row(1, 50.0), 0.05)
     assert measured == [4, 16, 64] and best.read_concurrency == 16
-    assert "keeping 16" in reasons[-1] and "worth it" in reasons[0]
+    assert "stopped helping; keeping 16" in reasons[-1] and "still help" in reasons[0]
     assert search_read_concurrency(at, _Row(16, 600.0), 0.05)[0].read_concurrency == 16
     assert measured[-1] == 64  # only values above the baseline's are tried
 
