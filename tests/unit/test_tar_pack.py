@@ -95,3 +95,19 @@ def test_cli_pack_format_tar(folder: Path, tmp_path: Path, capsys: pytest.Captur
     ds = TarShards(out / "shard-000000.tar")
     image = cv2.imdecode(np.frombuffer(bytes(ds.read(0)), np.uint8), cv2.IMREAD_COLOR)
     assert max(image.shape[:2]) == 40 and len(ds) == 18
+
+
+def test_a_truncated_image_fails_the_check_or_is_skipped(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_image_folder(src, num_classes=2, per_class=4, size=(60, 80), seed=3)
+    cut = ImageFolder(src).path(5)
+    data = Path(cut).read_bytes()
+    Path(cut).write_bytes(data[:len(data) // 2])  # the header is intact, the scan data is not
+    with pytest.raises(DecodeError, match=r"cannot pack .* \(sample index 5\)"):
+        write_shards(src, tmp_path / "raise", progress=False)
+    result = write_shards(src, tmp_path / "skip", progress=False, on_error="skip")
+    assert len(result.skipped) == 1 and "(sample index 5)" in result.skipped[0]
+    ds = TarShards(result.shards)
+    assert len(ds) == 7 and "000000005" not in [ds.key(i) for i in range(7)]
+    unchecked = write_shards(src, tmp_path / "unchecked", progress=False, verify=False)
+    assert not unchecked.verified and len(TarShards(unchecked.shards)) == 8
