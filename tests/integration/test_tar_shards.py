@@ -130,5 +130,10 @@ def test_shards_over_http_by_ranged_reads(packed: tuple[Path, list[str]], tmp_pa
         kw: dict[str, Any] = dict(batch_size=8, num_workers=2)
         assert same(list(FastLoader(remote, **kw)), list(FastLoader(local, **kw)))
         assert server.requests == len(local)  # one ranged request per sample
+        urls = [f"{server.url}/{n}" for n in names]
+        TarShards(urls, index_cache=tmp_path / "index.npz")
+        server.reset_counts()
+        cached = TarShards(urls, index_cache=tmp_path / "index.npz")
+        assert server.requests == 0 and cached.targets == local.targets  # sizes by HEAD only
     assert not [t for t in threading.enumerate() if t.name == "test-http-server"]
     assert os.path.exists(shards[0] + ".idx")
