@@ -48,7 +48,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from gpufeed._image.resample import crop_resize, crop_resize_planes
+from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, _check_ops
+from gpufeed._image.resample import crop_resize, crop_resize_planes, scratch_rows, split_into
 from gpufeed.decode import (
     choose_factor,
     decode,
@@ -93,6 +94,15 @@ class ImageTransform:
     #: Apply the EXIF orientation (True: gpufeed's transforms) or use the image as stored
     #: (False: translated torchvision pipelines, as torchvision's PIL loader does).
     apply_exif: bool = True
+    #: Augmentations after the geometry (gpufeed.augment): on the uint8 rows, then on the
+    #: normalized float rows of a batch.
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
+
+    @property
+    def row_ops(self) -> RowOps:
+        """``ops`` and ``float_ops`` as one :class:`~gpufeed._image.augment.base.RowOps`."""
+        return RowOps(self.ops, self.float_ops)
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -131,6 +141,20 @@ class ImageTransform:
         for any YCbCr or greyscale JPEG in stored orientation, ValueError for anything else)."""
         t0 = time.perf_counter()
         layout = _check_out(out, self.output_size)
+        if self.ops:  # geometry into an (H, W, 3) row, the ops on it, then out's layout
+            target = out if layout == "hwc" else scratch_rows(*self.output_size)
+            decode_s = self._geometry(data, index, epoch, seed, target, "hwc", path, t0)
+            result = RowOps(self.ops).apply(target, seed, epoch, index)
+            if layout == "chw":
+                split_into(result, out)
+            elif result is not out:
+                np.copyto(out, result)
+            return decode_s
+        return self._geometry(data, index, epoch, seed, out, layout, path, t0)
+
+    def _geometry(self, data: Buffer, index: int, epoch: int, seed: int, out: np.ndarray,
+                  layout: str, path: str, t0: float) -> float:
+        """Decode, crop, resize and flip into ``out`` (``layout``); returns the decode seconds."""
         header = read_header(data)
         if not self.apply_exif:
             header = stored_orientation(header)
@@ -177,8 +201,18 @@ class ImageTransform:
         layout = _check_out(out, self.output_size)
         height, width = img.shape[:2]
         top, left, bh, bw, flip = self._box(height, width, seed, epoch, index)
+        if self.ops and layout == "chw":
+            hwc = scratch_rows(*self.output_size)
+            crop_resize(img, height, width, (top, left, bh, bw), flip, hwc, "hwc",
+                        self.interpolation)
+            split_into(RowOps(self.ops).apply(hwc, seed, epoch, index), out)
+            return out
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
                     self.interpolation)
+        if self.ops:
+            result = RowOps(self.ops).apply(out, seed, epoch, index)
+            if result is not out:
+                np.copyto(out, result)
         return out
 
 
@@ -196,10 +230,13 @@ class ResizeCenterCrop(ImageTransform):
     interpolation: str = "auto"
     dct_scaling: bool = True
     backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
     deterministic = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
         if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
             raise ValueError(f"`resize` must be an int > 0. Found: {shorten(self.resize)}.")
         if self.resize < max(self.output_size):
@@ -248,10 +285,13 @@ class RandomResizedCrop(ImageTransform):
     interpolation: str = "auto"
     dct_scaling: bool = True
     backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
     deterministic = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
         for name in ("scale", "ratio"):
             value = getattr(self, name)
             try:
@@ -315,6 +355,15 @@ def stored_orientation(header: ImageHeader) -> ImageHeader:
         return header
     return replace(header, orientation=1, height=header.encoded_height,
                    width=header.encoded_width)
+
+
+def _set_ops(transform: ImageTransform) -> None:
+    """Check a transform's ``ops``/``float_ops`` and store them as tuples."""
+    object.__setattr__(transform, "ops", _check_ops(transform.ops, RowOp, "ops"))
+    object.__setattr__(transform, "float_ops",
+                       _check_ops(transform.float_ops, FloatRowOp, "float_ops"))
+    if transform.ops:  # random rows: a decoded-row cache would repeat one draw every epoch
+        object.__setattr__(transform, "deterministic", False)
 
 
 def _check_size(size: Size) -> tuple[int, int]:

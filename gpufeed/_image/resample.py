@@ -186,6 +186,21 @@ def _merge_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], target: np.nd
         np.copyto(target, result)
 
 
+def split_into(hwc: np.ndarray, out: np.ndarray) -> None:
+    """Write an (H, W, 3) image into the (3, H, W) ``out``."""
+    _split_into(hwc, out)
+
+
+def scratch_rows(oh: int, ow: int) -> np.ndarray:
+    """A per-thread reusable (oh, ow, 3) row for a transform's augmentations (another buffer
+    than the one :func:`crop_resize` uses for the planar layout)."""
+    buf = getattr(_scratch, "aug", None)
+    if buf is None or buf.shape != (oh, ow, 3):
+        buf = np.empty((oh, ow, 3), np.uint8)
+        _scratch.aug = buf
+    return buf
+
+
 def _split_into(hwc: np.ndarray, out: np.ndarray) -> None:
     """Write an (H, W, 3) image into the (3, H, W) ``out``."""
     import cv2
