@@ -31,38 +31,58 @@ from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps
 from gpufeed._image.normalize import check_image_output
-from gpufeed.errors import shorten
+from gpufeed._image.recipe_ops import place
+from gpufeed._image.tensor_ops import op_text
+from gpufeed.errors import GpufeedWarning, shorten
 from gpufeed.transforms import CropParams, ImageTransform, RandomResizedCrop, ResizeCenterCrop
 
 __all__ = ["TorchvisionPipeline", "explain", "from_torchvision", "is_torchvision"]
 
 log = logging.getLogger(__name__)
 
-_PREFIX = "torchvision.transforms"
+_PREFIXES = ("torchvision.transforms", "timm.data")
 _BILINEAR = ("bilinear", 2)  # InterpolationMode.BILINEAR's value; PIL.Image.BILINEAR
-_GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip")
-_TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image"}
+_GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip",
+             "RandomResizedCropAndInterpolation")
+_TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image",
+              "MaybeToTensor": "float", "MaybePILToTensor": "uint8"}  # the last two: timm's
 
 
 def is_torchvision(obj: object) -> bool:
-    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)."""
-    return type(obj).__module__.startswith(_PREFIX)
+    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)
+    or a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both)."""
+    return type(obj).__module__.startswith(_PREFIXES)
+
+
+#: explain()'s label of each place an op runs (``OpRoute.where``)
+WHERE = {"fast": "fast", "tensor": "tensor", "float": "float", "pil": "NO"}
 
 
 @dataclass(frozen=True)
 class OpRoute:
-    """Where one op of a pipeline runs: ``fast`` (gpufeed's path) or not, and how or why."""
+    """Where one op of a pipeline runs: ``fast`` (gpufeed's own path: its ops in the worker,
+    dtype and normalize in the batch stage) or not, and how or why. ``where`` says more:
+    "fast", "tensor" (run as given on the row as a tensor), "float" (run as given on the
+    normalized float row) or "pil" (needs the pipeline as given on PIL images)."""
 
     op: str
     fast: bool
     note: str
+    where: str = ""
+
+    @property
+    def place(self) -> str:
+        """``where``, or "fast"/"pil" from ``fast`` when not given."""
+        return self.where or ("fast" if self.fast else "pil")
 
 
 class TorchvisionPipeline(ImageTransform):
@@ -92,6 +112,8 @@ class TorchvisionPipeline(ImageTransform):
             raise ValueError(f"`normalize` needs a float `dtype` (Normalize follows ToTensor or "
                              f"ToDtype(float, scale=True)). Found: dtype {dtype}.")
         self.geometry = geometry
+        self.ops = geometry.ops
+        self.float_ops = geometry.float_ops
         self.size = geometry.output_size
         self.interpolation = geometry.interpolation
         self.dct_scaling = geometry.dct_scaling
@@ -118,10 +140,12 @@ class TorchvisionPipeline(ImageTransform):
                              "is deterministic: torchvision's own pipeline gives the same box.")
         return self.geometry.params(seed, epoch, index, height, width)
 
-    def to_output(self, image: torch.Tensor) -> Any:
-        """The pipeline's result for ``image``, this transform's uint8 CHW output: dtype and
-        ``normalize`` as the loader's batch stage applies them (same numbers), a
-        ``tv_tensors.Image`` for ``ToImage`` pipelines."""
+    def to_output(self, image: torch.Tensor, *, index: int = 0, epoch: int = 0,
+                  seed: int = 0) -> Any:
+        """The pipeline's result for ``image``, this transform's uint8 CHW output for sample
+        ``index``: dtype and ``normalize`` as the loader's batch stage applies them (same
+        numbers), then the float ops (``RandomErasing``) drawn from (seed, epoch, index) as the
+        workers draw them; a ``tv_tensors.Image`` for ``ToImage`` pipelines."""
         from gpufeed._image.normalize import affine, convert_, work_dtype
 
         out: torch.Tensor = image
@@ -129,6 +153,9 @@ class TorchvisionPipeline(ImageTransform):
             constants = None if self.normalize is None else affine(self.normalize, work_dtype(self.dtype))
             batch = image[None].contiguous()
             out = convert_(torch.empty(batch.shape, dtype=self.dtype), batch, constants)[0]
+            if self.float_ops:
+                out = torch.as_tensor(RowOps(float_ops=self.float_ops).apply_float(
+                    out, seed, epoch, index))
         if self.output == "image":
             out = importlib.import_module("torchvision.tv_tensors").Image(out)
         return out
@@ -172,26 +199,49 @@ class _Walk:
     dtype: torch.dtype | None = None
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     rejected: int = 0  # ops not translated (the rest of ``blockers`` is about the whole pipeline)
+    ops: list[RowOp] = field(default_factory=list)  # on the uint8 rows, after the geometry
+    float_ops: list[FloatRowOp] = field(default_factory=list)  # on the normalized rows
 
-    def ok(self, op: str, note: str) -> None:
-        self.routes.append(OpRoute(op, True, note))
+    def ok(self, op: str, note: str, where: str = "fast") -> None:
+        self.routes.append(OpRoute(op, True, note, where))
 
     def no(self, op: str, why: str) -> None:
-        self.routes.append(OpRoute(op, False, why))
+        self.routes.append(OpRoute(op, False, why, "pil"))
         self.blockers.append(f"{op}: {why}")
         self.rejected += 1
+
+    @property
+    def domain(self) -> str:
+        """What an op sees here in the original pipeline: "pil", "uint8", "float" or
+        "normalized" (``gpufeed._image.recipe_ops``)."""
+        if self.output is None:
+            return "pil"
+        if self.normalize is not None:
+            return "normalized"
+        return "float" if self.dtype is not None and self.dtype.is_floating_point else "uint8"
+
+    @property
+    def cropped(self) -> bool:
+        """True once the crop/resize is known (later ops run on the cropped rows)."""
+        return self.rrc is not None or self.crop is not None
+
+    def augment(self, op: Any, text: str) -> None:
+        """Place an op the walk does not handle itself (``recipe_ops.place``)."""
+        placed = place(op, domain=self.domain, after_geometry=self.cropped, text=text)
+        if placed.where == "pil":
+            self.no(text, placed.note)
+            return
+        if placed.row_op is not None:
+            self.ops.append(placed.row_op)
+        if placed.float_op is not None:
+            self.float_ops.append(placed.float_op)
+        self.ok(text, placed.note, placed.where)
 
 
 def _flatten(transform: Any) -> list[Any]:
     if type(transform).__name__ == "Compose" and hasattr(transform, "transforms"):
         return [op for inner in transform.transforms for op in _flatten(inner)]
     return [transform]
-
-
-def _op_text(op: Any) -> str:
-    text = repr(op).replace("\n", " ")
-    text = " ".join(text.split())
-    return text if len(text) <= 90 else text[:87] + "..."
 
 
 def _interp_name(value: Any) -> str:
@@ -248,9 +298,9 @@ def _float_dtype(op: Any) -> tuple[torch.dtype | None, str]:
 
 
 def _walk_op(walk: _Walk, op: Any) -> None:
-    name, text = type(op).__name__, _op_text(op)
+    name, text = type(op).__name__, op_text(op)
     if not is_torchvision(op):
-        walk.no(text, f"not a torchvision transform ({type(op).__module__}.{name})")
+        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
     elif name in _GEOMETRY:
         _walk_geometry(walk, op, name, text)
     elif name in _TO_TENSOR:
@@ -258,8 +308,9 @@ def _walk_op(walk: _Walk, op: Any) -> None:
             walk.no(text, "a second conversion to tensor")
         else:
             walk.output = _TO_TENSOR[name]
-            walk.dtype = torch.float32 if name == "ToTensor" else torch.uint8
-            walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if name == "ToTensor"
+            to_float = _TO_TENSOR[name] == "float"
+            walk.dtype = torch.float32 if to_float else torch.uint8
+            walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if to_float
                            else "uint8 CHW rows written by the workers"))
     elif name in ("ToDtype", "ConvertImageDtype"):
         dtype, why = _float_dtype(op)
@@ -278,18 +329,16 @@ def _walk_op(walk: _Walk, op: Any) -> None:
     elif name == "Normalize":
         _walk_normalize(walk, op, text)
     else:
-        walk.no(text, f"gpufeed has no fast-path equivalent of {name}")
+        walk.augment(op, text)
 
 
 def _walk_geometry(walk: _Walk, op: Any, name: str, text: str) -> None:
     if name == "RandomHorizontalFlip":
-        if float(op.p) != 0.5:
-            walk.no(text, f"p={op.p}: gpufeed flips with probability 0.5 only")
-        elif walk.flip:
-            walk.no(text, "a second RandomHorizontalFlip")
-        else:
+        if float(op.p) == 0.5 and walk.rrc is not None and not walk.flip and not walk.ops:
             walk.flip = True
             walk.ok(text, "flip drawn from (seed, epoch, index), applied in the worker")
+        else:  # another p, another place, or a second flip: an op on the rows
+            walk.augment(op, text)
         return
     if walk.resize is not None or walk.crop is not None or walk.rrc is not None:
         if not (name == "CenterCrop" and walk.resize is not None and walk.crop is None):
@@ -352,17 +401,16 @@ def _translate(transform: Any) -> tuple[TorchvisionPipeline | None, _Walk]:
     if walk.rejected == 0 and walk.rrc is None and (walk.resize is None or walk.crop is None):
         walk.blockers.append("no fixed output size: needs RandomResizedCrop, or Resize(int) "
                              "followed by CenterCrop")
-    if walk.flip and walk.rrc is None:
-        walk.blockers.append("RandomHorizontalFlip is translated together with "
-                             "RandomResizedCrop only")
     geometry: ResizeCenterCrop | RandomResizedCrop | None = None
     try:
         if walk.rrc is not None:
             geometry = RandomResizedCrop(size=_pair(walk.rrc.size) or 0,
                                          scale=tuple(walk.rrc.scale), ratio=tuple(walk.rrc.ratio),
-                                         flip=walk.flip)
+                                         flip=walk.flip, ops=tuple(walk.ops),
+                                         float_ops=tuple(walk.float_ops))
         elif walk.crop is not None and walk.resize is not None:
-            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize)
+            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize, ops=tuple(walk.ops),
+                                        float_ops=tuple(walk.float_ops))
     except (TypeError, ValueError) as exc:  # parameters torchvision took and gpufeed does not
         walk.blockers.append(f"gpufeed cannot take these parameters: {exc}")
     if walk.blockers or geometry is None or walk.output is None or walk.dtype is None:
@@ -402,6 +450,18 @@ def translate_or_none(transform: Any) -> tuple[TorchvisionPipeline | None, str]:
     return pipeline, _report(pipeline, walk)
 
 
+def warn_fallback(transform: Any, where: str) -> None:
+    """Warn (``GpufeedWarning``) that ``transform``, a torchvision/timm pipeline, runs as given
+    on PIL images in ``where`` (e.g. "ImageFolder"): which ops, why, what to use instead.
+    Python's warning filters show one such message once per process by default."""
+    _, walk = _translate(transform)
+    why = "; ".join(walk.blockers) or "it cannot be translated"
+    warnings.warn(GpufeedWarning(
+        f"{where}: this pipeline leaves gpufeed's fast path and runs as given on PIL images in "
+        f"the workers (the generic path, slower): {why}. gpufeed.explain(transform) lists "
+        f"where every op runs."), stacklevel=4)
+
+
 def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
     if pipeline is not None:
         kind = "RandomResizedCrop" if isinstance(pipeline.geometry, RandomResizedCrop) else \
@@ -417,8 +477,8 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
                 "path, slower) because " + "; ".join(why) + ":")
     lines = [head]
     for route in walk.routes:  # "ok": translatable, but the pipeline as a whole runs as given
-        label = "NO  " if not route.fast else "fast" if pipeline is not None else "ok  "
-        lines.append(f"  {label}  {route.op}: {route.note}")
+        label = WHERE[route.place] if pipeline is not None or not route.fast else "ok"
+        lines.append(f"  {label:<6}  {route.op}: {route.note}")
     return "\n".join(lines)
 
 
@@ -436,7 +496,7 @@ def explain(transform: Any) -> str:
                 "transform of fixed output size to batch images.")
     if is_torchvision(transform):
         return translate_or_none(transform)[1]
-    return (f"{_op_text(transform)} is a callable gpufeed cannot look into: workers call it on "
+    return (f"{op_text(transform)} is a callable gpufeed cannot look into: workers call it on "
             f"PIL images (generic path, slower). For the fast path use gpufeed.ResizeCenterCrop "
             f"/ RandomResizedCrop or a torchvision pipeline of the ops gpufeed translates.")
 

@@ -114,7 +114,7 @@ class ImageTransform:
         """(top, left, height, width, flip): the source box, in (fractional) source pixels."""
         raise NotImplementedError
 
-    def to_output(self, image: Any) -> Any:
+    def to_output(self, image: Any, *, index: int = 0, epoch: int = 0, seed: int = 0) -> Any:
         """What ``dataset[i]`` returns for ``image``, this transform's uint8 CHW tensor: the
         tensor itself (a translated torchvision pipeline converts dtype and normalizes)."""
         return image
