@@ -39,7 +39,7 @@ __all__ = ["Placed", "place"]
 _RESIZING = frozenset({
     "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop", "Pad", "FiveCrop", "TenCrop",
     "ScaleJitter", "RandomShortestSize", "RandomResize", "RandomZoomOut", "RandomIoUCrop",
-    "Grayscale", "RandomCropOrPad", "CenterCropOrPad", "RandomPad", "ResizeKeepRatio",
+    "RandomCropOrPad", "CenterCropOrPad", "RandomPad", "ResizeKeepRatio",
     "TrimBorder", "RandomResizedCropAndInterpolation",
 })
 #: torchvision classes that take PIL images only (v1 ops that are not ``nn.Module``s)
@@ -80,6 +80,10 @@ def place(op: Any, *, domain: str, after_geometry: bool, text: str) -> Placed:
     """Where ``op`` runs on the fast path (module docstring); ``text`` is its one-line repr."""
     name = type(op).__name__
     known = _module(op).startswith((TV_PREFIX, TIMM_PREFIX))
+    if known and name == "Grayscale" and getattr(op, "num_output_channels", 1) != 3:
+        return Placed("pil", "Grayscale(num_output_channels=1) makes one-channel images; gpufeed "
+                             "batches RGB rows (use Grayscale(num_output_channels=3) or "
+                             "RandomGrayscale(p=1.0))")
     if known and name in _RESIZING:
         return Placed("pil", f"{name} changes the image's size after the crop; gpufeed does one "
                              f"crop + resize per image (use one RandomResizedCrop, or Resize(int) "
@@ -87,6 +91,7 @@ def place(op: Any, *, domain: str, after_geometry: bool, text: str) -> Placed:
     if not after_geometry:
         return Placed("pil", "comes before the crop/resize: gpufeed runs augmentations on the "
                              "cropped rows; move it after RandomResizedCrop (or CenterCrop)")
+    why = ""
     if known:
         made = gpufeed_op(op, domain)
         if isinstance(made, RowOp) and domain == "normalized":  # the row op runs before it
@@ -98,18 +103,14 @@ def place(op: Any, *, domain: str, after_geometry: bool, text: str) -> Placed:
             return Placed("fast", f"gpufeed.augment.{made.name} on the normalized float row",
                           float_op=made)
         if isinstance(made, str):  # the parameters gpufeed cannot take, or where it cannot run
-            return _as_tensor_op(op, domain, f"{made}; ", known_pil=not tensor_capable(op))
-    if not known and domain == "pil":
+            why = f"{made}; "
+    if name == "ToPILImage" or (domain == "pil" and not (known and tensor_capable(op))):
+        if known:
+            return Placed("pil", f"{why}{name} needs a PIL image; use an op that accepts "
+                                 f"tensors (torchvision.transforms.v2) or gpufeed.augment")
         return Placed("pil", f"{_describe(op)} is given a PIL image in this pipeline; place it "
                              f"after ToTensor / PILToTensor / ToImage (it then runs on the "
                              f"fast path's rows as a tensor op)")
-    return _as_tensor_op(op, domain, "", known_pil=known and not tensor_capable(op))
-
-
-def _as_tensor_op(op: Any, domain: str, why: str, *, known_pil: bool) -> Placed:
-    if known_pil:
-        return Placed("pil", f"{why}{type(op).__name__} needs a PIL image; use an op that accepts "
-                             f"tensors (torchvision.transforms.v2) or gpufeed.augment")
     fn: Callable[[torch.Tensor], Any] = op
     if domain == "normalized":
         return Placed("float", f"{why}run as given on the normalized float row (tensor op)",

@@ -1,0 +1,199 @@
+"""Training recipes on the fast path: ops gpufeed does not know run as given on the rows as
+tensors, only an op that needs a PIL image leaves the fast path (one GpufeedWarning naming it),
+explain() says where every op runs, batches are the same for any num_workers.
+
+Real torchvision and timm (``make test`` runs this folder in ``.venv-tv``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+tv = pytest.importorskip(
+    "torchvision", reason="torchvision is not installed in this venv; `make test` runs "
+    "tests/torchvision in .venv-tv (torch==2.14.1, torchvision==0.29.1)")
+timm_data = pytest.importorskip("timm.data", reason="timm is not installed in this venv; "
+                                "`make test` runs tests/torchvision in .venv-tv (timm>=1.0)")
+
+import torchvision.transforms as T  # noqa: E402
+import torchvision.transforms.v2 as V  # noqa: E402
+
+import gpufeed  # noqa: E402
+from gpufeed import FastLoader, ImageFolder, TorchvisionPipeline  # noqa: E402
+from gpufeed._image.augment.base import ROW_STREAM, row_rng  # noqa: E402
+from gpufeed._image.tensor_ops import seeded  # noqa: E402
+from tests.torchvision._folder import MEAN, STD, make_folder  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Negate(torch.nn.Module):
+    """A user's op on uint8 tensors that gpufeed does not know."""
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return 255 - image
+
+
+class PilMirror:
+    """A user's op on PIL images."""
+
+    def __call__(self, image):
+        return image.transpose(0)  # PIL.Image.Transpose.FLIP_LEFT_RIGHT
+
+
+class Resize64(torch.nn.Module):
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return image[:, :64, :64]
+
+
+def _labels(text: str) -> list[str]:
+    return [line.split()[0] for line in text.splitlines()[1:]]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return make_folder(tmp_path_factory.mktemp("tvrecipes"))
+
+
+def recipes() -> dict[str, object]:
+    return {
+        "timm": timm_data.create_transform(224, is_training=True),
+        "tv_v2": V.Compose([V.RandomResizedCrop(224), V.RandomHorizontalFlip(),
+                            V.TrivialAugmentWide(), V.ToImage(),
+                            V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD),
+                            V.RandomErasing(0.1)]),
+        "randaugment": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                                  T.RandAugment(2, 9), T.ToTensor(), T.Normalize(MEAN, STD)]),
+        "tensor_op": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                                T.PILToTensor(), Negate(), T.ConvertImageDtype(torch.float32),
+                                T.Normalize(MEAN, STD)]),
+    }
+
+
+@pytest.mark.parametrize("name", list(recipes()))
+def test_each_recipe_runs_on_the_fast_path_and_explain_says_where(root, name):
+    recipe = recipes()[name]
+    text = gpufeed.explain(recipe)
+    assert text.startswith("torchvision pipeline -> gpufeed fast path"), text
+    labels = _labels(text)
+    assert len(labels) == len(recipe.transforms), text  # one line per op
+    assert set(labels) <= {"fast", "tensor", "float"}, text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpufeed.GpufeedWarning)
+        ds = ImageFolder(root, transform=recipe)
+    assert isinstance(ds.transform, TorchvisionPipeline)
+    loader = FastLoader(ds, batch_size=4, num_workers=0, seed=1)
+    assert loader._image_path
+    images, labels_ = next(iter(loader))
+    assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32
+
+
+@pytest.mark.parametrize("op", [T.RandomHorizontalFlip(p=0.3), T.ColorJitter(0.4),
+                                V.RandomVerticalFlip(), T.Grayscale(num_output_channels=3)],
+                         ids=["flip-p0.3", "color-jitter", "vflip", "grayscale3"])
+def test_ops_that_used_to_leave_the_fast_path_now_stay_on_it(root, op):
+    text = gpufeed.explain(T.Compose([T.RandomResizedCrop(64), op, T.ToTensor()]))
+    assert text.startswith("torchvision pipeline -> gpufeed fast path"), text
+    assert _labels(text)[1] in ("fast", "tensor"), text
+
+
+def test_an_unknown_tensor_op_runs_as_given_on_the_row(root):
+    plain = ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(96),
+                                                   T.RandomHorizontalFlip(), T.PILToTensor()]))
+    ours = ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(),
+                                                  T.PILToTensor(), Negate()]))
+    line = gpufeed.explain(ours.transform).splitlines()[4]
+    assert line.split()[0] == "tensor" and "Negate()" in line and "uint8 (3, H, W)" in line
+    for i in (0, 3, 7):
+        torch.testing.assert_close(ours[i][0], 255 - plain[i][0], rtol=0, atol=0)
+
+
+def test_a_random_torchvision_op_draws_from_seed_epoch_index(root):
+    rotate = V.RandomRotation(30)
+    plain = ImageFolder(root, transform=V.Compose([V.RandomResizedCrop(96), V.PILToTensor()]))
+    ours = ImageFolder(root, transform=V.Compose([V.RandomResizedCrop(96), V.PILToTensor(), rotate]))
+    assert _labels(gpufeed.explain(ours.transform))[2] == "tensor"
+    for epoch in (0, 1):
+        plain.set_epoch(epoch)
+        ours.set_epoch(epoch)
+        for i in (0, 5):
+            op_seed = int(row_rng(0, epoch, i, ROW_STREAM).integers(0, 1 << 63))
+            with seeded(op_seed):
+                want = rotate(plain[i][0])
+            torch.testing.assert_close(ours[i][0], want.as_subclass(torch.Tensor), rtol=0, atol=0)
+
+
+def test_an_op_between_totensor_and_normalize_sees_floats_within_half_a_level(root):
+    jitter = T.ColorJitter(brightness=(0.5, 0.5))  # deterministic: factor 0.5
+    plain = ImageFolder(root, transform=T.Compose([T.Resize(128), T.CenterCrop(112), T.ToTensor()]))
+    ours = gpufeed.from_torchvision(T.Compose([T.Resize(128), T.CenterCrop(112), T.ToTensor(),
+                                               T.Lambda(lambda x: x * 0.5)]))
+    line = gpufeed.explain(ours).splitlines()[4]
+    assert line.split()[0] == "tensor" and "float32 0-1" in line
+    ds = ImageFolder(root, transform=ours)
+    for i in (0, 2):
+        diff = (ds[i][0] - jitter(plain[i][0])).abs().max().item()
+        assert diff <= 0.5 / 255 + 1e-6, diff
+
+
+def test_an_op_after_normalize_runs_on_the_normalized_float_row(root):
+    ours = ImageFolder(root, transform=T.Compose([
+        T.Resize(128), T.CenterCrop(112), T.ToTensor(), T.Normalize(MEAN, STD),
+        T.Lambda(lambda x: x.clamp(-1.0, 1.0))]))
+    assert _labels(gpufeed.explain(ours.transform))[-1] == "float"
+    images, _ = next(iter(FastLoader(ours, batch_size=3, num_workers=0)))
+    assert images.min().item() >= -1.0 and images.max().item() <= 1.0
+    assert (images.abs() == 1.0).float().mean().item() > 0.01  # the clamp ran on the batch
+
+
+@pytest.mark.timeout(180)
+def test_batches_are_the_same_for_any_num_workers(root):
+    recipe = V.Compose([V.RandomResizedCrop(64), V.RandomHorizontalFlip(), V.ToImage(),
+                        V.RandomRotation(20), Negate(), V.ToDtype(torch.float32, scale=True),
+                        V.Normalize(MEAN, STD), V.RandomErasing(0.5)])
+    ds = ImageFolder(root, transform=recipe)
+    runs = []
+    for workers in (0, 1, 2):
+        loader = FastLoader(ds, batch_size=4, num_workers=workers, shuffle=True, seed=5,
+                            generator=torch.Generator().manual_seed(3), timeout=60)
+        runs.append(torch.cat([images for images, _ in loader]))
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+    torch.testing.assert_close(runs[0], runs[2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op,why", [
+    (T.Lambda(lambda img: img), "Lambda needs a PIL image"),
+    (PilMirror(), "is given a PIL image in this pipeline"),
+], ids=["lambda", "callable-before-totensor"])
+def test_a_pil_only_op_leaves_the_fast_path_with_one_warning_naming_it(root, op, why):
+    pipeline = T.Compose([T.RandomResizedCrop(64), op, T.ToTensor()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = ImageFolder(root, transform=pipeline)
+        loader = FastLoader(ds, batch_size=2, num_workers=0)
+        next(iter(loader))
+    ours = [w for w in caught if issubclass(w.category, gpufeed.GpufeedWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    message = str(ours[0].message)
+    assert type(op).__name__ in message and why in message and "gpufeed.explain" in message
+    assert ds.transform is pipeline and not loader._image_path
+    assert ours[0].filename == __file__  # points at the user's line
+
+
+def test_an_op_that_changes_the_row_shape_is_a_clear_error(root):
+    ds = ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(96), T.PILToTensor(),
+                                                Resize64()]))
+    with pytest.raises(ValueError, match=r"Resize64\(\) changed the row's shape from "
+                                         r"\(3, 96, 96\) to \(3, 64, 64\)"):
+        ds[0]
+
+
+def test_timm_pipelines_are_recognised(root):
+    pipe = gpufeed.from_torchvision(timm_data.create_transform(160, is_training=True))
+    assert pipe.output_size == (160, 160) and pipe.dtype == torch.float32
+    assert pipe.normalize is not None
+    torch.testing.assert_close(torch.tensor(pipe.normalize[0]), torch.tensor(MEAN))
