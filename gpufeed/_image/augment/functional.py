@@ -1,0 +1,217 @@
+"""The pixel work of the augmentations on one uint8 (H, W, 3) RGB row, as PIL computes it.
+
+Point ops are 256-entry lookup tables (``cv2.LUT``, in place); blends are ``cv2.addWeighted``.
+Definitions follow PIL's (``ImageOps``, ``ImageEnhance``), which torchvision's ops call on PIL
+images and timm's policies call directly:
+
+- a blend ``ImageEnhance.*(img).enhance(f)`` is ``trunc(d + f * (x - d))`` clipped to 0-255,
+  ``d`` the op's degenerate image (black, the grey mean, the grey image, the smoothed image).
+  Lookup tables reproduce it exactly; per-pixel blends round ``v - 0.49`` (``addWeighted``'s
+  ``gamma``), which is the truncation except within 0.01 of a half level;
+- ``equalize`` and ``autocontrast`` are PIL's per-channel tables from the row's histograms.
+
+Every function takes the row and its parameters, returns the result (the row itself when it
+could write in place).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["autocontrast", "blur", "brightness", "color", "contrast", "equalize", "grayscale",
+           "hue", "invert", "lut", "posterize", "sharpness", "solarize", "solarize_add"]
+
+_LEVELS = np.arange(256, dtype=np.float32)
+_TRUNC = -0.49  # addWeighted gamma: round(v - 0.49) is trunc(v) but within 0.01 of a half level
+
+
+def lut(row: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``row`` through ``table`` (256 uint8 values, or (256, 3) per channel), in place."""
+    import cv2
+
+    if table.ndim == 2:
+        table = table.reshape(1, 256, 3)
+    result = cv2.LUT(row, table, dst=row)
+    if result is not row:
+        np.copyto(row, result)
+    return row
+
+
+def _blend_table(degenerate: float, factor: float) -> np.ndarray:
+    """PIL's ``Image.blend(constant, img, factor)`` as a table: trunc(d + f * (x - d))."""
+    f, d = np.float32(factor), np.float32(degenerate)
+    return np.clip(np.trunc(d + f * (_LEVELS - d)), 0, 255).astype(np.uint8)
+
+
+def brightness(row: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Brightness(img).enhance(factor)`` (torchvision's ``adjust_brightness``)."""
+    return lut(row, _blend_table(0.0, factor))
+
+
+def grey_mean(row: np.ndarray) -> int:
+    """PIL's ``int(mean of img.convert("L") + 0.5)``, the degenerate level of ``contrast``."""
+    import cv2
+
+    return int(float(cv2.mean(cv2.cvtColor(row, cv2.COLOR_RGB2GRAY))[0]) + 0.5)
+
+
+def contrast(row: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Contrast(img).enhance(factor)``: a blend with the grey mean."""
+    return lut(row, _blend_table(grey_mean(row), factor))
+
+
+def _blend_rows(row: np.ndarray, degenerate: np.ndarray, factor: float) -> np.ndarray:
+    """trunc(d + f * (x - d)) per pixel, into ``row``."""
+    import cv2
+
+    result = cv2.addWeighted(row, factor, degenerate, 1.0 - factor, _TRUNC, dst=row)
+    if result is not row:
+        np.copyto(row, result)
+    return row
+
+
+def _grey3(row: np.ndarray) -> np.ndarray:
+    import cv2
+
+    return cv2.cvtColor(cv2.cvtColor(row, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
+
+
+def color(row: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Color(img).enhance(factor)`` (``adjust_saturation``): a blend with the
+    grey image."""
+    return _blend_rows(row, _grey3(row), factor)
+
+
+def grayscale(row: np.ndarray) -> np.ndarray:
+    """``img.convert("L").convert("RGB")`` (``RandomGrayscale``, ``rgb_to_grayscale(img, 3)``)."""
+    np.copyto(row, _grey3(row))
+    return row
+
+
+_SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / 13.0
+
+
+def sharpness(row: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Sharpness(img).enhance(factor)``: a blend with PIL's SMOOTH filter of the
+    row, whose outermost pixels are the row's own (``adjust_sharpness``)."""
+    import cv2
+
+    if row.shape[0] <= 2 or row.shape[1] <= 2:
+        return row
+    smooth = cv2.filter2D(row, -1, _SMOOTH, borderType=cv2.BORDER_REPLICATE)
+    smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = row[0], row[-1], row[:, 0], row[:, -1]
+    return _blend_rows(row, smooth, factor)
+
+
+def hue(row: np.ndarray, factor: float) -> np.ndarray:
+    """torchvision's ``adjust_hue`` on PIL: HSV, the hue byte plus ``int(factor * 255)``
+    (mod 256), back to RGB. ``factor`` in [-0.5, 0.5]."""
+    import cv2
+
+    shift = int(factor * 255) % 256
+    if shift == 0:
+        return row
+    hsv = cv2.cvtColor(row, cv2.COLOR_RGB2HSV_FULL)
+    h = hsv[:, :, 0]
+    np.add(h, np.uint8(shift), out=h, casting="unsafe")  # wraps mod 256
+    result = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB_FULL, dst=row)
+    if result is not row:
+        np.copyto(row, result)
+    return row
+
+
+def gaussian_kernel(kernel_size: int, sigma: float) -> np.ndarray:
+    """torchvision's 1-d kernel: exp(-x^2 / (2 sigma^2)) at x = -(k-1)/2 .. (k-1)/2, summed to 1."""
+    half = (kernel_size - 1) * 0.5
+    x = np.linspace(-half, half, kernel_size, dtype=np.float32)
+    pdf = np.exp(-0.5 * (x / np.float32(sigma)) ** 2)
+    return (pdf / pdf.sum()).astype(np.float32)
+
+
+def blur(row: np.ndarray, kernel_size: tuple[int, int], sigma: tuple[float, float]) -> np.ndarray:
+    """torchvision's ``gaussian_blur``: separable kernel, reflected borders, rounded.
+    ``kernel_size`` and ``sigma`` are (x, y)."""
+    import cv2
+
+    kx = gaussian_kernel(kernel_size[0], sigma[0])
+    ky = gaussian_kernel(kernel_size[1], sigma[1])
+    result = cv2.sepFilter2D(row, -1, kx, ky, dst=row, borderType=cv2.BORDER_REFLECT_101)
+    if result is not row:
+        np.copyto(row, result)
+    return row
+
+
+def invert(row: np.ndarray) -> np.ndarray:
+    """``ImageOps.invert``: 255 - x."""
+    import cv2
+
+    result = cv2.bitwise_not(row, dst=row)
+    if result is not row:
+        np.copyto(row, result)
+    return row
+
+
+def solarize(row: np.ndarray, threshold: float) -> np.ndarray:
+    """``ImageOps.solarize``: x below ``threshold`` kept, 255 - x from it up."""
+    levels = np.arange(256)
+    return lut(row, np.where(levels < threshold, levels, 255 - levels).astype(np.uint8))
+
+
+def solarize_add(row: np.ndarray, add: int, threshold: int = 128) -> np.ndarray:
+    """timm's ``solarize_add``: min(255, x + add) below ``threshold``, x from it up."""
+    levels = np.arange(256)
+    return lut(row, np.where(levels < threshold, np.minimum(255, levels + add), levels)
+               .astype(np.uint8))
+
+
+def posterize(row: np.ndarray, bits: int) -> np.ndarray:
+    """``ImageOps.posterize``: keep the ``bits`` high bits (0-8)."""
+    if bits >= 8:
+        return row
+    mask = ~(2 ** (8 - int(bits)) - 1) & 0xFF
+    return lut(row, (np.arange(256) & mask).astype(np.uint8))
+
+
+def _histograms(row: np.ndarray) -> list[np.ndarray]:
+    import cv2
+
+    return [cv2.calcHist([row], [c], None, [256], [0, 256]).ravel().astype(np.int64)
+            for c in range(3)]
+
+
+def equalize(row: np.ndarray) -> np.ndarray:
+    """``ImageOps.equalize``: per channel, step = (pixels - count of the top level present) // 256,
+    table[i] = (step // 2 + pixels below i) // step; unchanged where step is 0."""
+    tables = np.empty((256, 3), np.uint8)
+    for c, h in enumerate(_histograms(row)):
+        present = h[h > 0]
+        step = (int(present.sum()) - int(present[-1])) // 256 if len(present) > 1 else 0
+        if step == 0:
+            tables[:, c] = np.arange(256)
+            continue
+        below = np.concatenate(([0], np.cumsum(h)[:-1]))
+        tables[:, c] = np.clip((step // 2 + below) // step, 0, 255)
+    return lut(row, tables)
+
+
+def autocontrast(row: np.ndarray) -> np.ndarray:
+    """``ImageOps.autocontrast`` (cutoff 0): per channel, [lo, hi] stretched to [0, 255] as
+    ``int(x * 255 / (hi - lo) - lo * 255 / (hi - lo))``; unchanged where hi <= lo."""
+    tables = np.empty((256, 3), np.uint8)
+    levels = np.arange(256, dtype=np.float64)
+    for c, h in enumerate(_histograms(row)):
+        nz = np.flatnonzero(h)
+        lo, hi = int(nz[0]), int(nz[-1])
+        if hi <= lo:
+            tables[:, c] = np.arange(256)
+            continue
+        scale = 255.0 / (hi - lo)
+        tables[:, c] = np.clip((levels * scale - lo * scale).astype(np.int64), 0, 255)
+    return lut(row, tables)
+
+
+def angle_ok(value: float) -> bool:
+    """True for a finite number (angles, shears)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
