@@ -53,6 +53,7 @@ _PREFIXES = ("torchvision.transforms", "timm.data")
 _BILINEAR = ("bilinear", 2)  # InterpolationMode.BILINEAR's value; PIL.Image.BILINEAR
 _GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip",
              "RandomResizedCropAndInterpolation")
+_GEOMETRY_OPS = tuple(f"{name}(" for name in _GEOMETRY if name != "RandomHorizontalFlip")
 _TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image",
               "MaybeToTensor": "float", "MaybePILToTensor": "uint8"}  # the last two: timm's
 
@@ -227,7 +228,9 @@ class _Walk:
 
     def augment(self, op: Any, text: str) -> None:
         """Place an op the walk does not handle itself (``recipe_ops.place``)."""
-        placed = place(op, domain=self.domain, after_geometry=self.cropped, text=text)
+        after = self.cropped or any(r.op.startswith(_GEOMETRY_OPS) and not r.fast
+                                    for r in self.routes)  # a rejected crop says it already
+        placed = place(op, domain=self.domain, after_geometry=after, text=text)
         if placed.where == "pil":
             self.no(text, placed.note)
             return

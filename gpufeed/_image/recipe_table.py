@@ -68,14 +68,19 @@ def _threshold(op: Any, domain: str) -> Made:
     threshold = float(op.threshold)
     if domain in ("float", "normalized"):  # torchvision thresholds a float image on the 0-1 scale
         threshold *= 255.0
-    return _make("Solarize", threshold=threshold, p=float(op.p))
+    return _make("RandomSolarize", threshold=threshold, p=float(op.p))
 
 
 def _erasing(op: Any, domain: str) -> Made:
     if domain != "normalized":
         return "RandomErasing before Normalize (gpufeed erases the normalized rows)"
+    value = op.value
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    elif isinstance(value, (list, tuple)):
+        value = tuple(float(v) for v in value)
     return _make("RandomErasing", p=float(op.p), scale=tuple(op.scale), ratio=tuple(op.ratio),
-                 value=op.value)
+                 value=value)
 
 
 def _timm_erasing(op: Any, domain: str) -> Made:
@@ -84,9 +89,19 @@ def _timm_erasing(op: Any, domain: str) -> Made:
     import math
 
     lo, hi = op.log_aspect_ratio
-    return _make("RandomErasing", p=float(op.probability), scale=(op.min_area, op.max_area),
-                 ratio=(math.exp(lo), math.exp(hi)), mode=op.mode,
-                 count=(op.min_count, op.max_count))
+    if getattr(op, "num_splits", 0):
+        return "RandomErasing(num_splits>0) treats batch splits differently (augmix)"
+    return _make("TimmRandomErasing", probability=float(op.probability),
+                 min_area=float(op.min_area), max_area=float(op.max_area),
+                 min_aspect=math.exp(lo), max_aspect=math.exp(hi), mode=op.mode,
+                 min_count=int(op.min_count), max_count=int(op.max_count))
+
+
+def _rotation(op: Any, domain: str) -> Made:
+    if getattr(op, "expand", False) or getattr(op, "center", None) is not None:
+        return "RandomRotation with expand=True or a center other than the image's"
+    return _make("RandomRotation", degrees=tuple(float(d) for d in op.degrees),
+                 interpolation=_interp(op.interpolation), fill=_fill(op.fill))
 
 
 def _policy(cls_name: str, *names: str) -> Callable[[Any, str], Made]:
@@ -126,21 +141,22 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
     "RandomGrayscale": _simple("RandomGrayscale", p="p"),
     "GaussianBlur": _simple("GaussianBlur", kernel_size="kernel_size", sigma="sigma"),
     "RandomSolarize": _threshold,
-    "RandomPosterize": _simple("Posterize", bits="bits", p="p"),
-    "RandomEqualize": _simple("Equalize", p="p"),
-    "RandomAutocontrast": _simple("AutoContrast", p="p"),
-    "RandomInvert": _simple("Invert", p="p"),
-    "RandomAdjustSharpness": _simple("Sharpness", factor="sharpness_factor", p="p"),
-    "RandomHorizontalFlip": _simple("HorizontalFlip", p="p"),
-    "RandomVerticalFlip": _simple("VerticalFlip", p="p"),
+    "RandomPosterize": _simple("RandomPosterize", bits="bits", p="p"),
+    "RandomEqualize": _simple("RandomEqualize", p="p"),
+    "RandomAutocontrast": _simple("RandomAutocontrast", p="p"),
+    "RandomInvert": _simple("RandomInvert", p="p"),
+    "RandomAdjustSharpness": _simple("RandomAdjustSharpness", sharpness_factor="sharpness_factor",
+                                     p="p"),
+    "RandomHorizontalFlip": _simple("RandomHorizontalFlip", p="p"),
+    "RandomVerticalFlip": _simple("RandomVerticalFlip", p="p"),
+    "RandomRotation": _rotation,
     "TrivialAugmentWide": _policy("TrivialAugmentWide", "num_magnitude_bins"),
     "RandAugment": _policy("RandAugment", "num_ops", "magnitude", "num_magnitude_bins"),
     "AutoAugment": _policy("AutoAugment", "policy"),
     "RandomErasing": _erasing,
 }
 _TIMM: dict[str, Callable[[Any, str], Made]] = {
-    "RandAugment": _timm_policy("RandAugment"),
-    "AutoAugment": _timm_policy("AutoAugment"),
+    "RandAugment": _timm_policy("TimmRandAugment"),
     "RandomErasing": _timm_erasing,
 }
 
