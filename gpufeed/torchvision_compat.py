@@ -1,21 +1,35 @@
-"""torchvision transform pipelines, translated to gpufeed's image fast path.
+"""torchvision and timm transform pipelines, translated to gpufeed's image fast path.
 
 ``ImageFolder(root, transform=T.Compose([...]))`` (and ``ImageDataset``, ``LMDBDataset``)
-recognises a torchvision pipeline (``torchvision.transforms`` or ``torchvision.transforms.v2``)
-by the classes and parameters of its ops, and :func:`from_torchvision` does the same on request.
-Translated, with the same geometry:
+recognises a torchvision pipeline (``torchvision.transforms`` or ``torchvision.transforms.v2``,
+and timm's, e.g. ``timm.data.create_transform(224, is_training=True)``) by the classes and
+parameters of its ops, and :func:`from_torchvision` does the same on request. Translated:
 
 - ``Resize(int)`` + ``CenterCrop(size)`` -> :class:`~gpufeed.ResizeCenterCrop`;
-- ``RandomResizedCrop(size, scale, ratio)`` (+ ``RandomHorizontalFlip(p=0.5)``) ->
-  :class:`~gpufeed.RandomResizedCrop` (crop box and flip drawn from (seed, epoch, index));
-- ``ToTensor`` / ``PILToTensor`` / ``ToImage`` + ``ToDtype(float, scale=True)`` /
-  ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and ``normalize``, applied
-  once per batch (on the GPU with ``FastLoader(device=...)``).
+- ``RandomResizedCrop(size, scale, ratio)`` (timm's ``RandomResizedCropAndInterpolation`` too)
+  (+ ``RandomHorizontalFlip(p=0.5)``) -> :class:`~gpufeed.RandomResizedCrop` (crop box and flip
+  drawn from (seed, epoch, index));
+- ``ToTensor`` / ``PILToTensor`` / ``ToImage`` (timm's ``MaybeToTensor``) + ``ToDtype(float,
+  scale=True)`` / ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and
+  ``normalize``, applied once per batch (on the GPU with ``FastLoader(device=...)``);
+- augmentations gpufeed has (``gpufeed.augment``: flips with any ``p``, ``ColorJitter``,
+  ``RandomGrayscale``, ``GaussianBlur``, the point ops, ``RandomRotation``,
+  ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, timm's ``rand-m*`` RandAugment,
+  torchvision's and timm's ``RandomErasing``) -> that op with the same parameters, on the uint8
+  rows in the workers (``RandomErasing``: on the normalized float rows);
+- any other op that accepts tensors (a torchvision op, or a user's callable or
+  ``torch.nn.Module`` placed after the conversion to tensor) -> run as given on each row as a
+  (3, H, W) tensor after gpufeed's decode and crop, with torch's and Python's random generators
+  seeded from (seed, epoch, index) (``gpufeed._image.tensor_ops``): it costs only itself.
 
-Interpolation must be bilinear. Anything else (bicubic, a flip with ``p`` other than 0.5,
-``Resize((h, w))``, ``max_size``, ``antialias=False`` on a tensor, an op gpufeed does not know)
-leaves the pipeline as given: the workers call it on PIL images (the generic path).
-:func:`explain` says which ops run where and why.
+Only an op that needs a PIL image (``Lambda`` or a user's callable before the conversion to
+tensor, ``ToPILImage``), changes the image size after the crop, comes before the crop, or has
+parameters gpufeed's resize does not take (bicubic interpolation, ``Resize((h, w))``,
+``max_size``, ``antialias=False`` on a tensor) leaves the pipeline as given: the workers call
+it on PIL images (the generic path), and the dataset warns once (``GpufeedWarning``) naming the
+op, the reason and what to use instead. :func:`explain` says where every op runs: ``fast``
+(gpufeed's own path), ``tensor`` (as given, on the row), ``float`` (as given, on the
+normalized row) or ``NO`` (needs the generic path).
 
 Orientation: torchvision's ``ImageFolder`` opens files with PIL, which ignores the EXIF
 orientation tag. A torchvision pipeline in a gpufeed dataset (translated, or run as given)
@@ -485,6 +499,11 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
     return "\n".join(lines)
 
 
+def _where_of(op: Any) -> str:
+    """explain()'s label of one of a transform's ops."""
+    return {"TensorOp": "tensor", "TensorFloatOp": "float"}.get(type(op).__name__, "fast")
+
+
 def explain(transform: Any) -> str:
     """A short report of which ops of ``transform`` run on gpufeed's fast path and which do not,
     and why (one line per op); for gpufeed's own transforms, other callables and None too."""
@@ -492,8 +511,13 @@ def explain(transform: Any) -> str:
         walk = _Walk(routes=list(transform.routes))
         return _report(transform, walk)
     if isinstance(transform, ImageTransform):
-        return (f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
-                f"and flip into the batch in the workers; EXIF orientation applied).")
+        lines = [f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
+                 f"and flip into the batch in the workers; EXIF orientation applied)."]
+        for op in transform.ops:
+            lines.append(f"  {_where_of(op):<6}  {op_text(op)}: on the uint8 row in the worker")
+        for fop in transform.float_ops:
+            lines.append(f"  {_where_of(fop):<6}  {op_text(fop)}: on the normalized float row")
+        return "\n".join(lines)
     if transform is None:
         return ("no transform: dataset[i] returns the full decoded image; a loader needs a "
                 "transform of fixed output size to batch images.")

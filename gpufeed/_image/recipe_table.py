@@ -91,9 +91,11 @@ def _timm_erasing(op: Any, domain: str) -> Made:
     lo, hi = op.log_aspect_ratio
     if getattr(op, "num_splits", 0):
         return "RandomErasing(num_splits>0) treats batch splits differently (augmix)"
+    min_aspect, max_aspect = math.exp(lo), math.exp(hi)
     return _make("TimmRandomErasing", probability=float(op.probability),
-                 min_area=float(op.min_area), max_area=float(op.max_area),
-                 min_aspect=math.exp(lo), max_aspect=math.exp(hi), mode=op.mode,
+                 min_area=float(op.min_area), max_area=float(op.max_area), min_aspect=min_aspect,
+                 max_aspect=None if math.isclose(max_aspect, 1 / min_aspect) else max_aspect,
+                 mode=op.mode,
                  min_count=int(op.min_count), max_count=int(op.max_count))
 
 

@@ -153,8 +153,9 @@ def test_an_op_after_normalize_runs_on_the_normalized_float_row(root):
 @pytest.mark.timeout(180)
 def test_batches_are_the_same_for_any_num_workers(root):
     recipe = V.Compose([V.RandomResizedCrop(64), V.RandomHorizontalFlip(), V.ToImage(),
-                        V.RandomRotation(20), V.RandomAffine(10, (0.1, 0.1)), Negate(), V.ToDtype(torch.float32, scale=True),
-                        V.Normalize(MEAN, STD), V.RandomErasing(0.5)])
+                        V.RandomRotation(20), V.RandomAffine(10, (0.1, 0.1)), Negate(),
+                        V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD),
+                        V.RandomErasing(0.5)])
     ds = ImageFolder(root, transform=recipe)
     runs = []
     for workers in (0, 1, 2):
@@ -197,3 +198,56 @@ def test_timm_pipelines_are_recognised(root):
     assert pipe.output_size == (160, 160) and pipe.dtype == torch.float32
     assert pipe.normalize is not None
     torch.testing.assert_close(torch.tensor(pipe.normalize[0]), torch.tensor(MEAN))
+
+
+def _translated(op, *, before=(), after=()):
+    """gpufeed's op for ``op`` placed after RandomResizedCrop (+ ``before``), then ``after``."""
+    pipe = gpufeed.from_torchvision(T.Compose([T.RandomResizedCrop(64), *before, op, *after]))
+    ours = [*pipe.ops, *pipe.float_ops]
+    assert len(ours) == 1, gpufeed.explain(pipe)
+    return ours[0]
+
+
+def _same_parameters():
+    import gpufeed.augment as A
+
+    BILINEAR = T.InterpolationMode.BILINEAR
+    to_float = (T.ToTensor(), T.Normalize(MEAN, STD))
+    return [  # (torchvision/timm op, ops before it, ops after it, gpufeed's op with the same parameters)
+        (T.ColorJitter(0.4, 0.3, 0.2, 0.1), (), (T.ToTensor(),), A.ColorJitter(0.4, 0.3, 0.2, 0.1)),
+        (V.ColorJitter(brightness=(0.5, 1.2), hue=(-0.2, 0.3)), (), (V.PILToTensor(),),
+         A.ColorJitter(brightness=(0.5, 1.2), hue=(-0.2, 0.3))),
+        (T.RandomGrayscale(0.2), (), (T.ToTensor(),), A.RandomGrayscale(0.2)),
+        (T.GaussianBlur(5, (0.3, 1.5)), (), (T.ToTensor(),), A.GaussianBlur(5, (0.3, 1.5))),
+        (V.GaussianBlur((3, 7), 0.8), (), (V.PILToTensor(),), A.GaussianBlur((3, 7), 0.8)),
+        (T.RandomSolarize(100, 0.3), (), (T.ToTensor(),), A.RandomSolarize(100, 0.3)),
+        (T.RandomSolarize(0.5, 0.3), (T.ToTensor(),), (), A.RandomSolarize(127.5, 0.3)),  # on 0-1
+        (T.RandomPosterize(3, 0.4), (), (T.ToTensor(),), A.RandomPosterize(3, 0.4)),
+        (T.RandomEqualize(0.3), (), (T.ToTensor(),), A.RandomEqualize(0.3)),
+        (V.RandomAutocontrast(0.2), (), (V.PILToTensor(),), A.RandomAutocontrast(0.2)),
+        (T.RandomInvert(0.1), (), (T.ToTensor(),), A.RandomInvert(0.1)),
+        (T.RandomAdjustSharpness(2.5, 0.6), (), (T.ToTensor(),), A.RandomAdjustSharpness(2.5, 0.6)),
+        (T.RandomHorizontalFlip(0.3), (), (T.ToTensor(),), A.RandomHorizontalFlip(0.3)),
+        (V.RandomVerticalFlip(0.7), (), (V.PILToTensor(),), A.RandomVerticalFlip(0.7)),
+        (T.RandomRotation(15, fill=[10, 20, 30]), (), (T.ToTensor(),),
+         A.RandomRotation((-15.0, 15.0), "nearest", (10, 20, 30))),
+        (T.TrivialAugmentWide(21), (), (T.ToTensor(),), A.TrivialAugmentWide(21)),
+        (V.RandAugment(3, 7, 21, interpolation=BILINEAR, fill=[128, 128, 128]), (),
+         (V.PILToTensor(),), A.RandAugment(3, 7, 21, "bilinear", (128, 128, 128))),
+        (T.AutoAugment(), (), (T.ToTensor(),), A.AutoAugment("imagenet")),
+        (T.RandomErasing(0.25, (0.05, 0.2), (0.5, 2.0), value=0.5), to_float, (),
+         A.RandomErasing(0.25, (0.05, 0.2), (0.5, 2.0), 0.5)),
+        (V.RandomErasing(0.1), to_float, (), A.RandomErasing(0.1)),
+        (timm_data.rand_augment_transform("rand-m7-n3-mstd0.5-inc1", {"translate_const": 100}),
+         (), (T.ToTensor(),),
+         A.TimmRandAugment.from_config("rand-m7-n3-mstd0.5-inc1", translate_const=100)),
+        (timm_data.random_erasing.RandomErasing(0.3, mode="pixel", max_count=3, device="cpu"),
+         to_float, (), A.TimmRandomErasing(0.3, mode="pixel", max_count=3)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(22))
+def test_translation_keeps_the_parameters(case):
+    op, before, after, want = _same_parameters()[case]
+    got = _translated(op, before=before, after=after)
+    assert got == want, (op, got, want)
