@@ -251,3 +251,15 @@ def test_translation_keeps_the_parameters(case):
     op, before, after, want = _same_parameters()[case]
     got = _translated(op, before=before, after=after)
     assert got == want, (op, got, want)
+
+
+def test_explain_lists_the_ops_of_a_gpufeed_transform():
+    import gpufeed.augment as A
+    from gpufeed._image.tensor_ops import TensorOp
+
+    transform = gpufeed.RandomResizedCrop(64, ops=(A.ColorJitter(0.4), TensorOp(Negate())),
+                                          float_ops=(A.RandomErasing(0.2),))
+    lines = gpufeed.explain(transform).splitlines()
+    assert lines[0].startswith("gpufeed transform RandomResizedCrop: fast path")
+    assert [line.split()[0] for line in lines[1:]] == ["fast", "tensor", "fast"]
+    assert "ColorJitter" in lines[1] and "Negate()" in lines[2] and "RandomErasing" in lines[3]
