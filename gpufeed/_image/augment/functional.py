@@ -6,8 +6,9 @@ images and timm's policies call directly:
 
 - a blend ``ImageEnhance.*(img).enhance(f)`` is ``trunc(d + f * (x - d))`` clipped to 0-255,
   (float32), ``d`` the op's degenerate image (black, the grey mean, the grey image, the
-  smoothed image): lookup tables where ``d`` is one level, float32 arithmetic per pixel else;
-- grey is PIL's ``(19595 R + 38470 G + 7471 B + 0x8000) >> 16``;
+  smoothed image): exact lookup tables where ``d`` is one level, ``cv2.addWeighted`` per pixel
+  else (one level off in 0.1% of the pixels, :func:`_blend_rows`);
+- grey is OpenCV's BT.601 conversion (PIL's to one level in 0.15% of the pixels, :func:`grey`);
 - ``equalize`` and ``autocontrast`` are PIL's per-channel tables from the row's histograms.
 
 Every function takes the row and its parameters, returns the result (the row itself when it
@@ -16,6 +17,7 @@ could write in place).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -24,6 +26,7 @@ __all__ = ["autocontrast", "blur", "brightness", "color", "contrast", "equalize"
            "hue", "invert", "lut", "posterize", "sharpness", "solarize", "solarize_add"]
 
 _LEVELS = np.arange(256, dtype=np.float32)
+_TRUNC = -0.49  # addWeighted gamma: round(v - 0.49) is trunc(v) but within 0.01 of a half level
 
 
 def lut(row: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -38,15 +41,17 @@ def lut(row: np.ndarray, table: np.ndarray) -> np.ndarray:
     return row
 
 
+@functools.lru_cache(maxsize=1024)
 def _blend_table(degenerate: float, factor: float) -> np.ndarray:
-    """PIL's ``Image.blend(constant, img, factor)`` as a table: trunc(d + f * (x - d))."""
+    """PIL's ``Image.blend(constant, img, factor)`` as a table: trunc(d + f * (x - d)). Cached:
+    a policy's factors are a few bins (building a table costs more than applying it)."""
     f, d = np.float32(factor), np.float32(degenerate)
     return np.clip(np.trunc(d + f * (_LEVELS - d)), 0, 255).astype(np.uint8)
 
 
 def brightness(row: np.ndarray, factor: float) -> np.ndarray:
     """``ImageEnhance.Brightness(img).enhance(factor)`` (torchvision's ``adjust_brightness``)."""
-    return lut(row, _blend_table(0.0, factor))
+    return lut(row, _blend_table(0.0, float(factor)))
 
 
 def grey_mean(row: np.ndarray) -> int:
@@ -58,30 +63,30 @@ def grey_mean(row: np.ndarray) -> int:
 
 def contrast(row: np.ndarray, factor: float) -> np.ndarray:
     """``ImageEnhance.Contrast(img).enhance(factor)``: a blend with the grey mean."""
-    return lut(row, _blend_table(grey_mean(row), factor))
+    return lut(row, _blend_table(float(grey_mean(row)), float(factor)))
 
 
 def _blend_rows(row: np.ndarray, degenerate: np.ndarray, factor: float) -> np.ndarray:
-    """trunc(d + f * (x - d)) per pixel in float32 (PIL's arithmetic), clipped, into ``row``."""
-    d = degenerate.astype(np.float32)
-    out = row.astype(np.float32)
-    out -= d
-    out *= np.float32(factor)
-    out += d
-    np.clip(out, 0, 255, out=out)
-    np.copyto(row, out, casting="unsafe")  # float -> uint8 truncates, as PIL's cast
+    """trunc(d + f * (x - d)) per pixel, into ``row``: ``cv2.addWeighted`` rounds
+    f x + (1 - f) d - 0.49, which is the truncation but within 0.01 of a half level (0.1% of
+    a photo's pixels, one level off). Why not PIL's float32 arithmetic in numpy: 4x the time
+    (0.46-0.65 ms against 0.10-0.16 ms a 224 x 224 row, one run, loaded 2-core box)."""
+    import cv2
+
+    result = cv2.addWeighted(row, factor, degenerate, 1.0 - factor, _TRUNC, dst=row)
+    if result is not row:
+        np.copyto(row, result)
     return row
 
 
-# PIL's "L" conversion: (19595 R + 38470 G + 7471 B + 0x8000) >> 16
-_GREY = np.array([[19595, 38470, 7471]], np.float32) / np.float32(65536)
-
-
 def grey(row: np.ndarray) -> np.ndarray:
-    """PIL's ``img.convert("L")`` of the row, (H, W) uint8."""
+    """``img.convert("L")`` of the row, (H, W) uint8, by ``cv2.cvtColor``: BT.601 weights in
+    14-bit fixed point where PIL uses 16 bits, one level off in 0.15% of a photo's pixels. Why
+    not PIL's weights through ``cv2.transform``: 8x the time (0.42-0.53 ms against 0.05-0.06 ms
+    a 224 x 224 row, one run)."""
     import cv2
 
-    return cv2.transform(row, _GREY)
+    return cv2.cvtColor(row, cv2.COLOR_RGB2GRAY)
 
 
 def _grey3(row: np.ndarray) -> np.ndarray:
@@ -175,25 +180,39 @@ def invert(row: np.ndarray) -> np.ndarray:
     return row
 
 
+@functools.lru_cache(maxsize=512)
+def _solarize_table(threshold: float) -> np.ndarray:
+    levels = np.arange(256)
+    return np.where(levels < threshold, levels, 255 - levels).astype(np.uint8)
+
+
 def solarize(row: np.ndarray, threshold: float) -> np.ndarray:
     """``ImageOps.solarize``: x below ``threshold`` kept, 255 - x from it up."""
+    return lut(row, _solarize_table(float(threshold)))
+
+
+@functools.lru_cache(maxsize=512)
+def _solarize_add_table(add: int, threshold: int) -> np.ndarray:
     levels = np.arange(256)
-    return lut(row, np.where(levels < threshold, levels, 255 - levels).astype(np.uint8))
+    return np.where(levels < threshold, np.minimum(255, levels + add), levels).astype(np.uint8)
 
 
 def solarize_add(row: np.ndarray, add: int, threshold: int = 128) -> np.ndarray:
     """timm's ``solarize_add``: min(255, x + add) below ``threshold``, x from it up."""
-    levels = np.arange(256)
-    return lut(row, np.where(levels < threshold, np.minimum(255, levels + add), levels)
-               .astype(np.uint8))
+    return lut(row, _solarize_add_table(int(add), int(threshold)))
+
+
+@functools.lru_cache(maxsize=16)
+def _posterize_table(bits: int) -> np.ndarray:
+    mask = ~(2 ** (8 - bits) - 1) & 0xFF
+    return (np.arange(256) & mask).astype(np.uint8)
 
 
 def posterize(row: np.ndarray, bits: int) -> np.ndarray:
     """``ImageOps.posterize``: keep the ``bits`` high bits (0-8)."""
     if bits >= 8:
         return row
-    mask = ~(2 ** (8 - int(bits)) - 1) & 0xFF
-    return lut(row, (np.arange(256) & mask).astype(np.uint8))
+    return lut(row, _posterize_table(int(bits)))
 
 
 def _histograms(row: np.ndarray) -> list[np.ndarray]:
