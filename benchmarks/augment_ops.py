@@ -13,14 +13,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 
 def _cases():
     import torchvision.transforms.functional as F
     from PIL import Image, ImageOps
 
-    from gpufeed._image.augment import _warp, functional as G
+    from gpufeed._image.augment import _warp
+    from gpufeed._image.augment import functional as G
 
     fill = (0, 0, 0)
     return [
@@ -74,8 +73,8 @@ def main() -> None:
     for name, ours, theirs in _cases()[:-1]:
         a, b = [], []
         for _ in range(args.rounds):  # alternating
-            a.append(_time(lambda: ours(img.copy()), args.reps))
-            b.append(_time(lambda: theirs(pil), args.reps))
+            a.append(_time(lambda f=ours: f(img.copy()), args.reps))
+            b.append(_time(lambda f=theirs: f(pil), args.reps))
         ma, mb = statistics.median(a) * 1e6, statistics.median(b) * 1e6
         print(f"{name:34s} {ma:10.1f} {mb:10.1f} {mb / ma:11.1f}x")
     copy = statistics.median(_time(lambda: img.copy(), args.reps) for _ in range(args.rounds))

@@ -9,7 +9,11 @@ region into ``out``.
 Resampling (``interpolation``): torchvision resizes with antialiased bilinear filtering.
 ``"auto"`` (default) uses ``cv2.INTER_AREA`` (a box filter: antialiased) when the region shrinks
 by 2x or more on an axis and ``cv2.INTER_LINEAR`` otherwise, including every upscale.
-``"area"`` uses INTER_AREA for every shrink, ``"linear"`` INTER_LINEAR throughout. Why: INTER_AREA
+``"area"`` uses INTER_AREA for every shrink, ``"linear"`` INTER_LINEAR throughout.
+``"bicubic"`` (torchvision's ``BICUBIC``) is ``"auto"`` with INTER_CUBIC in place of
+INTER_LINEAR; ``"random"`` (timm's ``RandomResizedCropAndInterpolation`` default) picks
+``"auto"`` (bilinear) or ``"bicubic"`` per sample, with equal probability, from
+(seed, epoch, index). Why: INTER_AREA
 at a fractional ratio costs 6-9x INTER_LINEAR (0.8-1.1 ms vs 0.13 ms to bring a 300x360 or
 500x375 region to 224x224, one thread), about as much as decoding a 500x375 JPEG, while below
 2x, where bilinear barely aliases, the two differ from the full-resolution reference by the same
@@ -48,7 +52,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, _check_ops
+from gpufeed._image.augment.base import (
+    INTERP_STREAM,
+    FloatRowOp,
+    RowOp,
+    RowOps,
+    _check_ops,
+    row_rng,
+)
 from gpufeed._image.resample import crop_resize, crop_resize_planes, scratch_rows, split_into
 from gpufeed.decode import (
     choose_factor,
@@ -63,7 +74,7 @@ from gpufeed.decode._header import Buffer, ImageHeader
 from gpufeed.errors import shorten
 
 Size = int | tuple[int, int]
-_INTERPOLATIONS = ("auto", "area", "linear")
+_INTERPOLATIONS = ("auto", "area", "linear", "bicubic", "random")
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,14 @@ class ImageTransform:
     def row_ops(self) -> RowOps:
         """``ops`` and ``float_ops`` as one :class:`~gpufeed._image.augment.base.RowOps`."""
         return RowOps(self.ops, self.float_ops)
+
+    def sample_interpolation(self, seed: int, epoch: int, index: int) -> str:
+        """The resampling of sample ``index``: ``interpolation``, or for "random" "auto"
+        (bilinear) or "bicubic", drawn from (seed, epoch, index)."""
+        if self.interpolation != "random":
+            return self.interpolation
+        rng = row_rng(seed, epoch, index, INTERP_STREAM)
+        return ("auto", "bicubic")[int(rng.integers(2))]
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -180,13 +199,13 @@ class ImageTransform:
             planes = decode_planes(data, header=header, factor=factor)
             decode_s = time.perf_counter() - t0
             crop_resize_planes(planes, sub, header.height, header.width, (top, left, bh, bw),
-                               flip, out, layout, self.interpolation)
+                               flip, out, layout, self.sample_interpolation(seed, epoch, index))
             return decode_s
         img = decode(data, min_height=min_h, min_width=min_w, header=header,
                      backend=self.backend)
         decode_s = time.perf_counter() - t0
         crop_resize(img, header.height, header.width, (top, left, bh, bw), flip, out, layout,
-                    self.interpolation)
+                    self.sample_interpolation(seed, epoch, index))
         return decode_s
 
     def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
@@ -204,11 +223,11 @@ class ImageTransform:
         if self.ops and layout == "chw":
             hwc = scratch_rows(*self.output_size)
             crop_resize(img, height, width, (top, left, bh, bw), flip, hwc, "hwc",
-                        self.interpolation)
+                        self.sample_interpolation(seed, epoch, index))
             split_into(RowOps(self.ops).apply(hwc, seed, epoch, index), out)
             return out
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
-                    self.interpolation)
+                    self.sample_interpolation(seed, epoch, index))
         if self.ops:
             result = RowOps(self.ops).apply(out, seed, epoch, index)
             if result is not out:
@@ -263,6 +282,31 @@ class ResizeCenterCrop(ImageTransform):
     def _box(self, height: int, width: int, seed: int, epoch: int,
              index: int) -> tuple[float, float, float, float, bool]:
         return (*self.source_box(height, width), False)
+
+
+@dataclass(frozen=True)
+class Resize(ImageTransform):
+    """torchvision's ``Resize((height, width))``: the whole image resized to ``size`` (an int
+    or (height, width)), aspect ratio not kept. ``interpolation``, ``dct_scaling``, ``backend``,
+    ``ops`` and ``float_ops`` as for :class:`ResizeCenterCrop`."""
+
+    size: Size = 224
+    interpolation: str = "auto"
+    dct_scaling: bool = True
+    backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
+    deterministic = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
+        _check_interpolation(self.interpolation)
+        _check_backend(self.backend)
+
+    def _box(self, height: int, width: int, seed: int, epoch: int,
+             index: int) -> tuple[float, float, float, float, bool]:
+        return 0.0, 0.0, float(height), float(width), False
 
 
 @dataclass(frozen=True)

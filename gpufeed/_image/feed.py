@@ -112,7 +112,7 @@ def make_image_feed(
     transform = loader.dataset.transform
     if seed is None:
         seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
-    if on_gpu and getattr(transform, "float_ops", ()) and dtype != torch.uint8:
+    if on_gpu and transform.float_ops and dtype != torch.uint8:
         # Float ops (RandomErasing) run on the normalized rows of each sample, which the GPU
         # transform sees only as a whole batch: normalize stays in the workers.
         warnings.warn(

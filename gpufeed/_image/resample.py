@@ -30,14 +30,14 @@ _scratch = threading.local()
 
 def resize_mode(rh: int, rw: int, oh: int, ow: int, interpolation: str) -> int:
     """The OpenCV interpolation for a (rh, rw) region resized to (oh, ow) pixels under
-    ``interpolation`` ("auto", "area" or "linear"; see gpufeed.transforms)."""
+    ``interpolation`` ("auto", "area", "linear" or "bicubic"; see gpufeed.transforms)."""
     import cv2
 
     shrink = rh >= oh and rw >= ow
     if shrink and (interpolation == "area" or (
-            interpolation == "auto" and (rh >= 2 * oh or rw >= 2 * ow))):
+            interpolation in ("auto", "bicubic") and (rh >= 2 * oh or rw >= 2 * ow))):
         return cv2.INTER_AREA
-    return cv2.INTER_LINEAR
+    return cv2.INTER_CUBIC if interpolation == "bicubic" else cv2.INTER_LINEAR
 
 
 def crop_resize(img: np.ndarray, full_h: int, full_w: int, box: Box, flip: bool,

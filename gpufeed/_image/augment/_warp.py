@@ -5,7 +5,10 @@ output pixel (x + 0.5, y + 0.5) to the input position (a x' + b y' + c, d x' + e
 PIL's coordinates (pixel i spans [i, i + 1)). Nearest-neighbour reads input pixel
 floor(position), fill outside. ``cv2.warpAffine`` (inverse map) samples at index coordinates
 (pixel i centred at i) and rounds for INTER_NEAREST: shifting the matrix by half a pixel on both
-sides makes the two the same sampling.
+sides makes the two the same sampling. PIL steps through the output in 16.16 fixed point, so
+for nearest-neighbour the steps and the start are rounded to 1/65536 as PIL rounds them: without
+it a shear of 0.2 (positions landing on pixel edges, which PIL's rounded step drifts off)
+differed from PIL in 12-18% of the pixels; with it in none of our test warps.
 
 :func:`affine_matrix` is torchvision's inverse matrix for ``F.affine`` on PIL images,
 :func:`rotate_matrix` PIL's ``Image.rotate`` (what ``F.rotate`` calls on PIL images).
@@ -33,8 +36,10 @@ def warp(row: np.ndarray, matrix: Matrix, fill: Sequence[int], interpolation: st
     import cv2
 
     a, b, c, d, e, f = matrix
-    m = np.array([[a, b, a * 0.5 + b * 0.5 + c - 0.5],
-                  [d, e, d * 0.5 + e * 0.5 + f - 0.5]], np.float64)
+    x0, y0 = a * 0.5 + b * 0.5 + c, d * 0.5 + e * 0.5 + f  # input position of pixel (0, 0)
+    if interpolation == "nearest":  # PIL's 16.16 fixed point: its steps and start, rounded
+        a, b, d, e, x0, y0 = (math.floor(v * 65536.0 + 0.5) / 65536.0 for v in (a, b, d, e, x0, y0))
+    m = np.array([[a, b, x0 - 0.5], [d, e, y0 - 0.5]], np.float64)
     flags = getattr(cv2, INTERPOLATIONS[interpolation]) | cv2.WARP_INVERSE_MAP
     h, w = row.shape[:2]
     return cv2.warpAffine(row, m, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT,

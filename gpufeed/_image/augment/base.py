@@ -27,7 +27,7 @@ import numpy as np
 
 from gpufeed.errors import shorten
 
-__all__ = ["FLOAT_STREAM", "ROW_STREAM", "FloatRowOp", "RowOp", "RowOps", "row_rng"]
+__all__ = ["FLOAT_STREAM", "INTERP_STREAM", "ROW_STREAM", "FloatRowOp", "RowOp", "RowOps", "row_rng"]
 
 #: :func:`row_rng` streams: the uint8 ops of a row, its float ops (drawn where they run, which
 #: may be another process or the GPU side) and the geometry's interpolation choice.

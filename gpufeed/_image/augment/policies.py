@@ -10,6 +10,7 @@ it applies, exactly the arguments torchvision passes to its ``_apply_op``. The o
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +32,20 @@ _SIGNED = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "
                      "Color", "Contrast", "Sharpness"})
 
 
+@functools.lru_cache(maxsize=256)
 def _lin(lo: float, hi: float, n: int) -> np.ndarray:
-    """torch.linspace in float32 (the magnitudes torchvision's tables hold)."""
-    return np.linspace(lo, hi, n, dtype=np.float64).astype(np.float32)
+    """torch.linspace in float32: the magnitudes torchvision's tables hold, to the bit (numpy's
+    linspace rounds some bins the other way)."""
+    import torch
+
+    return torch.linspace(lo, hi, n).numpy()
 
 
+@functools.lru_cache(maxsize=64)
 def _posterize_bits(n: int, span: int) -> np.ndarray:
-    return (8 - np.round(np.arange(n, dtype=np.float32) / np.float32((n - 1) / span))).astype(np.int64)
+    import torch
+
+    return (8 - (torch.arange(n) / ((n - 1) / span)).round().int()).numpy().astype(np.int64)
 
 
 def augmentation_space(policy: str, num_bins: int, height: int, width: int,
