@@ -57,7 +57,13 @@ from gpufeed._image.normalize import check_image_output
 from gpufeed._image.recipe_ops import place
 from gpufeed._image.tensor_ops import op_text
 from gpufeed.errors import GpufeedWarning, shorten
-from gpufeed.transforms import CropParams, ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed.transforms import (
+    CropParams,
+    ImageTransform,
+    RandomResizedCrop,
+    Resize,
+    ResizeCenterCrop,
+)
 
 __all__ = ["TorchvisionPipeline", "explain", "from_torchvision", "is_torchvision"]
 
@@ -65,6 +71,9 @@ log = logging.getLogger(__name__)
 
 _PREFIXES = ("torchvision.transforms", "timm.data")
 _BILINEAR = ("bilinear", 2)  # InterpolationMode.BILINEAR's value; PIL.Image.BILINEAR
+_BICUBIC = ("bicubic", 3)
+#: interpolation name -> gpufeed's ``interpolation`` (bilinear is "auto": antialiased shrinks)
+_INTERPOLATIONS = {"bilinear": "auto", "bicubic": "bicubic", "random": "random"}
 _GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip",
              "RandomResizedCropAndInterpolation")
 _GEOMETRY_OPS = tuple(f"{name}(" for name in _GEOMETRY if name != "RandomHorizontalFlip")
@@ -114,11 +123,12 @@ class TorchvisionPipeline(ImageTransform):
 
     apply_exif = False
 
-    def __init__(self, geometry: ResizeCenterCrop | RandomResizedCrop, *, output: str,
+    def __init__(self, geometry: ResizeCenterCrop | RandomResizedCrop | Resize, *, output: str,
                  dtype: torch.dtype, normalize: tuple[tuple[float, ...], tuple[float, ...]] | None,
                  routes: tuple[OpRoute, ...], source: str) -> None:
-        if not isinstance(geometry, (ResizeCenterCrop, RandomResizedCrop)):
-            raise TypeError(f"`geometry` must be a gpufeed ResizeCenterCrop or RandomResizedCrop. "
+        if not isinstance(geometry, (ResizeCenterCrop, RandomResizedCrop, Resize)):
+            raise TypeError(f"`geometry` must be a gpufeed ResizeCenterCrop, RandomResizedCrop "
+                            f"or Resize. "
                             f"Found: {type(geometry).__name__} {shorten(geometry)}.")
         if output not in ("float", "uint8", "image"):
             raise ValueError(f"`output` must be 'float', 'uint8' or 'image'. Found: {shorten(output)}.")
@@ -207,6 +217,8 @@ class _Walk:
     routes: list[OpRoute] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
     resize: int | None = None
+    resize_hw: tuple[int, int] | None = None  # Resize((h, w))
+    interpolation: str = "auto"
     crop: tuple[int, int] | None = None
     rrc: Any = None
     flip: bool = False
@@ -238,7 +250,7 @@ class _Walk:
     @property
     def cropped(self) -> bool:
         """True once the crop/resize is known (later ops run on the cropped rows)."""
-        return self.rrc is not None or self.crop is not None
+        return self.rrc is not None or self.crop is not None or self.resize_hw is not None
 
     def augment(self, op: Any, text: str) -> None:
         """Place an op the walk does not handle itself (``recipe_ops.place``)."""
@@ -262,8 +274,15 @@ def _flatten(transform: Any) -> list[Any]:
 
 
 def _interp_name(value: Any) -> str:
+    """torchvision's / PIL's / timm's interpolation as a name: "bilinear", "bicubic", "random"
+    (timm's pair of bilinear and bicubic, picked per sample), or what was found."""
+    if isinstance(value, (tuple, list)):
+        names = {_interp_name(v) for v in value}
+        return "random" if names == {"bilinear", "bicubic"} else str(value)
     raw = getattr(value, "value", value)
-    return "bilinear" if raw in _BILINEAR else str(raw)
+    if raw in _BILINEAR:
+        return "bilinear"
+    return "bicubic" if raw in _BICUBIC else str(raw)
 
 
 def _int_size(value: Any) -> int | None:
@@ -283,15 +302,18 @@ def _pair(value: Any) -> tuple[int, int] | None:
 
 
 def _resampling(walk: _Walk, op: Any, name: str) -> bool:
-    """Check interpolation and antialias of a resizing op; record the blocker if any."""
+    """Check interpolation and antialias of a resizing op and keep the interpolation
+    (``walk.interpolation``); record the blocker if any."""
     interp = _interp_name(getattr(op, "interpolation", "bilinear"))
-    if interp != "bilinear":
-        walk.no(name, f"interpolation {interp}: gpufeed resizes bilinear (antialiased) only")
+    if interp not in _INTERPOLATIONS:
+        walk.no(name, f"interpolation {interp}: gpufeed resizes bilinear, bicubic or timm's "
+                      f"random bilinear/bicubic (antialiased) only")
         return False
     if walk.output is not None and getattr(op, "antialias", True) is False:
         walk.no(name, "antialias=False on a tensor aliases on downscaling; gpufeed always "
                       "antialiases (as PIL does)")
         return False
+    walk.interpolation = _INTERPOLATIONS[interp]
     return True
 
 
@@ -357,15 +379,18 @@ def _walk_geometry(walk: _Walk, op: Any, name: str, text: str) -> None:
         else:  # another p, another place, or a second flip: an op on the rows
             walk.augment(op, text)
         return
-    if walk.resize is not None or walk.crop is not None or walk.rrc is not None:
+    if walk.resize is not None or walk.cropped:
         if not (name == "CenterCrop" and walk.resize is not None and walk.crop is None):
             walk.no(text, "a second crop/resize: gpufeed does one crop + resize per image")
             return
     if name == "Resize":
         size = _int_size(op.size)
-        if size is None:
-            walk.no(text, f"size={shorten(op.size)}: Resize((h, w)) stretches to a fixed shape; "
-                          "gpufeed resizes the shorter side (Resize(int)) only")
+        if size is None and _pair(op.size) is not None:
+            if _resampling(walk, op, text):
+                walk.resize_hw = _pair(op.size)
+                walk.ok(text, "the whole image resized to (h, w) in the worker")
+        elif size is None:
+            walk.no(text, f"size={shorten(op.size)} is not an int or (h, w)")
         elif getattr(op, "max_size", None) is not None:
             walk.no(text, f"max_size={op.max_size} is not translated")
         elif _resampling(walk, op, text):
@@ -415,18 +440,23 @@ def _translate(transform: Any) -> tuple[TorchvisionPipeline | None, _Walk]:
     if walk.output is None:
         walk.blockers.append("no ToTensor/PILToTensor/ToImage: the pipeline returns PIL images, "
                              "which a batch cannot hold")
-    if walk.rejected == 0 and walk.rrc is None and (walk.resize is None or walk.crop is None):
+    if walk.rejected == 0 and walk.rrc is None and walk.resize_hw is None and (
+            walk.resize is None or walk.crop is None):
         walk.blockers.append("no fixed output size: needs RandomResizedCrop, or Resize(int) "
                              "followed by CenterCrop")
-    geometry: ResizeCenterCrop | RandomResizedCrop | None = None
+    geometry: ResizeCenterCrop | RandomResizedCrop | Resize | None = None
     try:
         if walk.rrc is not None:
             geometry = RandomResizedCrop(size=_pair(walk.rrc.size) or 0,
                                          scale=tuple(walk.rrc.scale), ratio=tuple(walk.rrc.ratio),
-                                         flip=walk.flip, ops=tuple(walk.ops),
-                                         float_ops=tuple(walk.float_ops))
+                                         flip=walk.flip, interpolation=walk.interpolation,
+                                         ops=tuple(walk.ops), float_ops=tuple(walk.float_ops))
+        elif walk.resize_hw is not None:
+            geometry = Resize(size=walk.resize_hw, interpolation=walk.interpolation,
+                              ops=tuple(walk.ops), float_ops=tuple(walk.float_ops))
         elif walk.crop is not None and walk.resize is not None:
-            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize, ops=tuple(walk.ops),
+            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize,
+                                        interpolation=walk.interpolation, ops=tuple(walk.ops),
                                         float_ops=tuple(walk.float_ops))
     except (TypeError, ValueError) as exc:  # parameters torchvision took and gpufeed does not
         walk.blockers.append(f"gpufeed cannot take these parameters: {exc}")
@@ -481,8 +511,8 @@ def warn_fallback(transform: Any, where: str) -> None:
 
 def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
     if pipeline is not None:
-        kind = "RandomResizedCrop" if isinstance(pipeline.geometry, RandomResizedCrop) else \
-            "Resize + CenterCrop"
+        kind = ("RandomResizedCrop" if isinstance(pipeline.geometry, RandomResizedCrop) else
+                "Resize (h, w)" if isinstance(pipeline.geometry, Resize) else "Resize + CenterCrop")
         h, w = pipeline.output_size
         head = (f"torchvision pipeline -> gpufeed fast path ({kind} to {h}x{w}, {pipeline.dtype}"
                 f"{', normalized' if pipeline.normalize else ''}; images as stored, EXIF "

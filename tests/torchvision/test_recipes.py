@@ -101,6 +101,20 @@ def test_ops_that_used_to_leave_the_fast_path_now_stay_on_it(root, op):
     assert _labels(text)[1] in ("fast", "tensor"), text
 
 
+@pytest.mark.parametrize("pipeline,kind,interpolation", [
+    (T.Compose([T.RandomResizedCrop(64, interpolation=T.InterpolationMode.BICUBIC),
+                T.ToTensor()]), gpufeed.RandomResizedCrop, "bicubic"),
+    (timm_data.create_transform(64, is_training=True, interpolation="random"),
+     gpufeed.RandomResizedCrop, "random"),
+    (T.Compose([T.Resize(256, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(224),
+                T.ToTensor()]), gpufeed.ResizeCenterCrop, "bicubic"),
+    (V.Compose([V.Resize((120, 80)), V.PILToTensor()]), gpufeed.transforms.Resize, "auto"),
+], ids=["rrc-bicubic", "timm-random", "resize-bicubic", "resize-hw"])
+def test_geometry_that_used_to_leave_the_fast_path_is_translated(pipeline, kind, interpolation):
+    pipe = gpufeed.from_torchvision(pipeline)
+    assert type(pipe.geometry) is kind and pipe.geometry.interpolation == interpolation
+
+
 def test_an_unknown_tensor_op_runs_as_given_on_the_row(root):
     plain = ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(96),
                                                    T.RandomHorizontalFlip(), T.PILToTensor()]))
