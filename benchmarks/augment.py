@@ -193,15 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     made = factories(root, recipes, batch_size=args.batch_size, num_workers=args.workers)
     result = compare(made, num_batches=args.batches, num_rounds=args.rounds, environment=env)
     write(result.format_table())
-    summary = {}
+    summary, paired = {}, {}
     for name in recipes:
-        ratio = result.ratio(f"{name} gpufeed", f"{name} DataLoader")
-        summary[name] = round(ratio, 2)
+        summary[name] = round(result.ratio(f"{name} gpufeed", f"{name} DataLoader"), 2)
+        paired[name] = [round(r, 2) for r in
+                         result.paired_ratios(f"{name} gpufeed", f"{name} DataLoader")]
     base = summary.get("rrc_flip")
-    write("\nrecipe           gpufeed / DataLoader   vs rrc_flip's ratio")
+    write("\nrecipe        gpufeed / DataLoader (medians)  vs rrc_flip's ratio  per round (back to back)")
     for name, ratio in summary.items():
         rel = f"{ratio / base:.2f}" if base else "-"
-        write(f"{name:<16} {ratio:>8.2f}x {rel:>20}")
+        write(f"{name:<16} {ratio:>8.2f}x {rel:>28}   {paired[name]}")
     costs = op_costs(recipes, args.op_calls)
     write("\nper-op cost, ms per 224x224 image (one thread): original vs gpufeed")
     for c in costs:
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     env["load_average_after"] = list(__import__("os").getloadavg())
     write(f"load average before/after: {env['load_average']} / {env['load_average_after']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"compare": result.to_dict(), "ratios": summary,
+        Path(args.json).write_text(json.dumps({"compare": result.to_dict(), "ratios": summary, "paired": paired,
                                                "op_costs": costs}, indent=2, default=str))
     return 0
 
