@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps
+from gpufeed._image.augment.ops import RandomHorizontalFlip
 from gpufeed._image.normalize import affine, check_image_output, convert_, work_dtype
 from gpufeed._image.recipe_ops import place
 from gpufeed._image.tensor_ops import op_text
@@ -331,7 +332,8 @@ def _walk_op(walk: _Walk, op: Any) -> None:
 
 def _walk_geometry(walk: _Walk, op: Any, name: str, text: str) -> None:
     if name == "RandomHorizontalFlip":
-        if float(op.p) == 0.5 and walk.rrc is not None and not walk.flip and not walk.ops:
+        if float(op.p) == 0.5 and not walk.flip and not walk.ops and (
+                walk.rrc is not None or not walk.cropped):  # before or after the crop: the same
             walk.flip = True
             walk.ok(text, "flip drawn from (seed, epoch, index), applied in the worker")
         else:  # another p, another place, or a second flip: an op on the rows
@@ -402,6 +404,8 @@ def _translate(transform: Any) -> tuple[TorchvisionPipeline | None, _Walk]:
             walk.resize is None or walk.crop is None):
         walk.blockers.append("no fixed output size: needs RandomResizedCrop, or Resize(int) "
                              "followed by CenterCrop")
+    if walk.flip and walk.rrc is None:  # no RandomResizedCrop to carry it: a flip of the row
+        walk.ops.insert(0, RandomHorizontalFlip(0.5))
     geometry: ResizeCenterCrop | RandomResizedCrop | Resize | None = None
     try:
         if walk.rrc is not None:

@@ -277,3 +277,22 @@ def test_explain_lists_the_ops_of_a_gpufeed_transform():
     assert lines[0].startswith("gpufeed transform RandomResizedCrop: fast path")
     assert [line.split()[0] for line in lines[1:]] == ["fast", "tensor", "fast"]
     assert "ColorJitter" in lines[1] and "Negate()" in lines[2] and "RandomErasing" in lines[3]
+
+
+def test_a_half_flip_before_the_crop_or_without_random_crop_stays_fast(root):
+    import gpufeed.augment as A
+
+    before = gpufeed.from_torchvision(T.Compose([T.RandomHorizontalFlip(), T.RandomResizedCrop(64),
+                                                 T.ToTensor()]))
+    assert before.geometry.flip and before.ops == ()
+    for ops in ([T.RandomHorizontalFlip(), T.Resize(80), T.CenterCrop(64)],
+                [T.Resize(80), T.CenterCrop(64), T.RandomHorizontalFlip()]):
+        pipe = gpufeed.from_torchvision(T.Compose([*ops, T.PILToTensor()]))
+        assert pipe.ops == (A.RandomHorizontalFlip(0.5),)
+        plain = ImageFolder(root, transform=T.Compose([T.Resize(80), T.CenterCrop(64),
+                                                       T.PILToTensor()]))
+        flipped = ImageFolder(root, transform=pipe)
+        seen = {torch.equal(flipped[i][0], plain[i][0].flip(-1)) for i in range(8)}
+        assert all(torch.equal(flipped[i][0], plain[i][0]) or
+                   torch.equal(flipped[i][0], plain[i][0].flip(-1)) for i in range(8))
+        assert seen == {True, False}  # some flipped, some not
