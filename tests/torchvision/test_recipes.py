@@ -260,9 +260,13 @@ def _same_parameters():
     ]
 
 
-@pytest.mark.parametrize("case", range(22))
-def test_translation_keeps_the_parameters(case):
-    op, before, after, want = _same_parameters()[case]
+_CASES = _same_parameters()
+
+
+@pytest.mark.parametrize("op,before,after,want", _CASES,
+                         ids=[f"{type(c[0]).__module__.split('.')[0]}-{type(c[0]).__name__}-{k}"
+                              for k, c in enumerate(_CASES)])
+def test_translation_keeps_the_parameters(op, before, after, want):
     got = _translated(op, before=before, after=after)
     assert got == want, (op, got, want)
 
