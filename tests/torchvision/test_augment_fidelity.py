@@ -234,13 +234,13 @@ def test_timm_rand_augment_given_its_params(config):
 
 
 def test_random_erasing_given_its_params():
-    img = torch.randn(3, 224, 200)
+    img = torch.randn(3, 112, 100)
     for op in (A.RandomErasing(1.0), A.RandomErasing(1.0, value="random"),
                A.RandomErasing(1.0, value=(0.1, -0.2, 0.3)),
                A.TimmRandomErasing(1.0, mode="pixel", max_count=3),
                A.TimmRandomErasing(1.0, mode="rand")):
         for k in range(8):
-            params = op.draw(A.row_rng(7, 0, k), 224, 200)
+            params = op.draw(A.row_rng(7, 0, k), 112, 100)
             want = img.clone()
             for top, left, h, w, value in params:
                 want = F.erase(want, top, left, h, w, torch.as_tensor(value))
