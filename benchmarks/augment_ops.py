@@ -3,7 +3,8 @@ torchvision/PIL on a PIL image (one thread, alternating, median of rounds; ratio
 
     python benchmarks/augment_ops.py [--rounds 7] [--reps 200]
 
-Needs torchvision (the .venv-tv environment).
+Needs torchvision and timm (the .venv-tv environment). The policies' rows include their draws
+(gpufeed: ``row_rng`` + ``draw``; torchvision/timm: their forward on PIL).
 """
 
 from __future__ import annotations
@@ -44,6 +45,31 @@ def _cases():
         ("translate_x 30", lambda r: _warp.warp(r, (1, 0, 30, 0, 1, 0), fill),
          lambda p: p.transform(p.size, Image.AFFINE, (1, 0, 30, 0, 1, 0))),
         ("pil round trip (ImageOps.invert)", G.invert, ImageOps.invert),
+    ] + _recipes()
+
+
+def _recipes():
+    """Whole ops as the recipes use them, parameters drawn (the draw included in the time)."""
+    import itertools
+
+    import torchvision.transforms as T
+    from timm.data.auto_augment import rand_augment_transform
+
+    from gpufeed import augment as A
+
+    counter = itertools.count()
+
+    def ours(op):
+        return lambda r: op(r, A.row_rng(0, 0, next(counter)))
+
+    return [
+        ("ColorJitter(0.4, 0.4, 0.4)", ours(A.ColorJitter(0.4, 0.4, 0.4)),
+         T.ColorJitter(0.4, 0.4, 0.4)),
+        ("TrivialAugmentWide", ours(A.TrivialAugmentWide()), T.TrivialAugmentWide()),
+        ("RandAugment(2, 9)", ours(A.RandAugment(2, 9)), T.RandAugment(2, 9)),
+        ("AutoAugment(imagenet)", ours(A.AutoAugment()), T.AutoAugment()),
+        ("timm rand-m9-mstd0.5-inc1", ours(A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")),
+         rand_augment_transform("rand-m9-mstd0.5-inc1", {})),
     ]
 
 
@@ -70,7 +96,7 @@ def main() -> None:
     img = photo_like(224, 224, seed=3)
     pil = Image.fromarray(img)
     print(f"{'op':34s} {'gpufeed us':>10s} {'PIL us':>10s} {'PIL/gpufeed':>12s}")
-    for name, ours, theirs in _cases()[:-1]:
+    for name, ours, theirs in [c for c in _cases() if not c[0].startswith("pil round")]:
         a, b = [], []
         for _ in range(args.rounds):  # alternating
             a.append(_time(lambda f=ours: f(img.copy()), args.reps))

@@ -9,16 +9,16 @@ region into ``out``.
 Resampling (``interpolation``): torchvision resizes with antialiased bilinear filtering.
 ``"auto"`` (default) uses ``cv2.INTER_AREA`` (a box filter: antialiased) when the region shrinks
 by 2x or more on an axis and ``cv2.INTER_LINEAR`` otherwise, including every upscale.
-``"area"`` uses INTER_AREA for every shrink, ``"linear"`` INTER_LINEAR throughout.
-``"bicubic"`` (torchvision's ``BICUBIC``) is ``"auto"`` with INTER_CUBIC in place of
-INTER_LINEAR; ``"random"`` (timm's ``RandomResizedCropAndInterpolation`` default) picks
-``"auto"`` (bilinear) or ``"bicubic"`` per sample, with equal probability, from
-(seed, epoch, index). Why: INTER_AREA
+``"area"`` uses INTER_AREA for every shrink, ``"linear"`` INTER_LINEAR throughout. Why: INTER_AREA
 at a fractional ratio costs 6-9x INTER_LINEAR (0.8-1.1 ms vs 0.13 ms to bring a 300x360 or
 500x375 region to 224x224, one thread), about as much as decoding a 500x375 JPEG, while below
 2x, where bilinear barely aliases, the two differ from the full-resolution reference by the same
 amount (mean 2.4-2.8 vs 2.4-2.8 levels on our test images). After a DCT-scaled decode (factors
 1/8, 1/4, 1/2, 1) the remaining shrink is always below 2x, so JPEGs take the fast path.
+``"bicubic"`` (torchvision's ``BICUBIC``) is ``"auto"`` with INTER_CUBIC in place of
+INTER_LINEAR; ``"random"`` (timm's ``RandomResizedCropAndInterpolation`` default) picks
+``"auto"`` (bilinear) or ``"bicubic"`` per sample, with equal probability, from
+(seed, epoch, index).
 
 Two decode paths (the pixel work is in ``gpufeed._image.resample``). The RGB path decodes to RGB and
 resizes once. The plane path decodes a JPEG to its Y (Cb, Cr) planes, skipping libjpeg's chroma
@@ -39,6 +39,9 @@ unencoded image.
 
 Randomness comes from (seed, epoch, sample index) only, hashed with SHAKE-128, so the same
 sample gets the same crop in whatever process computes it, and a new crop every epoch.
+
+Augmentations (``ops``, ``float_ops``: :mod:`gpufeed.augment`) run after the geometry, on the
+uint8 row, and after normalize, on the float row (docs/design/augment.md).
 
 The code is in ``gpufeed._image.transforms``; this module re-exports its public names.
 """

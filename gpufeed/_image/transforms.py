@@ -18,6 +18,7 @@ from gpufeed._image.augment.base import (
     RowOp,
     RowOps,
     _check_ops,
+    apply_ops,
     row_rng,
 )
 from gpufeed._image.resample import crop_resize, crop_resize_planes, scratch_rows, split_into
@@ -124,7 +125,7 @@ class ImageTransform:
         if self.ops:  # geometry into an (H, W, 3) row, the ops on it, then out's layout
             target = out if layout == "hwc" else scratch_rows(*self.output_size)
             decode_s = self._geometry(data, index, epoch, seed, target, "hwc", path, t0)
-            result = RowOps(self.ops).apply(target, seed, epoch, index)
+            result = apply_ops(self.ops, target, seed, epoch, index)
             if layout == "chw":
                 split_into(result, out)
             elif result is not out:
@@ -185,12 +186,12 @@ class ImageTransform:
             hwc = scratch_rows(*self.output_size)
             crop_resize(img, height, width, (top, left, bh, bw), flip, hwc, "hwc",
                         self.sample_interpolation(seed, epoch, index))
-            split_into(RowOps(self.ops).apply(hwc, seed, epoch, index), out)
+            split_into(apply_ops(self.ops, hwc, seed, epoch, index), out)
             return out
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
                     self.sample_interpolation(seed, epoch, index))
         if self.ops:
-            result = RowOps(self.ops).apply(out, seed, epoch, index)
+            result = apply_ops(self.ops, out, seed, epoch, index)
             if result is not out:
                 np.copyto(out, result)
         return out

@@ -62,3 +62,18 @@ def test_resume_mid_epoch_gives_the_same_augmented_batches(root):
     rest = [images for images, _ in resumed]
     assert len(rest) == len(full) - 1
     assert all(torch.equal(a, b) for a, b in zip(rest, full[1:]))
+
+
+def test_float_ops_keep_normalize_in_the_workers_on_the_cuda_path(root):
+    """The GPU transform sees whole batches: with float ops, dtype/normalize stay in the workers
+    (said once with a GpufeedWarning) and the batch is already float when it crosses PCIe."""
+    from gpufeed._image.feed import make_image_feed
+    from gpufeed.errors import GpufeedWarning
+
+    transform = RandomResizedCrop(40, float_ops=(A.RandomErasing(0.5),))
+    loader = FastLoader(ImageFolder(root, transform=transform), batch_size=4)
+    with pytest.warns(GpufeedWarning, match="float ops .*RandomErasing.* run on the normalized rows"):
+        feed = make_image_feed(loader, channels_last=False, normalize=((0.5,) * 3, (0.2,) * 3),
+                               dtype=None, on_error="raise", cache_budget=0, seed=None, on_gpu=True)
+    assert feed is not None and feed.gpu_transform is None
+    assert feed.plan.dtype == torch.float32 and feed.plan.normalize is not None

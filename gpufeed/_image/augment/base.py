@@ -27,7 +27,8 @@ import numpy as np
 
 from gpufeed.errors import shorten
 
-__all__ = ["FLOAT_STREAM", "INTERP_STREAM", "ROW_STREAM", "FloatRowOp", "RowOp", "RowOps", "row_rng"]
+__all__ = ["FLOAT_STREAM", "INTERP_STREAM", "ROW_STREAM", "FloatRowOp", "RowOp", "RowOps", "apply_ops",
+           "row_rng"]
 
 #: :func:`row_rng` streams: the uint8 ops of a row, its float ops (drawn where they run, which
 #: may be another process or the GPU side) and the geometry's interpolation choice.
@@ -91,6 +92,19 @@ def _check_ops(value: Any, kind: type, name: str) -> tuple[Any, ...]:
     return ops
 
 
+def apply_ops(ops: Sequence[RowOp], row: np.ndarray, seed: int, epoch: int,
+              index: int) -> np.ndarray:
+    """Run ``ops`` in order on ``row`` ((H, W, 3) uint8) of sample ``index``, their parameters
+    drawn in order from one :func:`row_rng` (stream 0); returns the result."""
+    if not ops:
+        return row
+    rng = row_rng(seed, epoch, index, ROW_STREAM)
+    h, w = row.shape[:2]
+    for op in ops:
+        row = op.apply(row, op.draw(rng, h, w))
+    return row
+
+
 @dataclass(frozen=True)
 class RowOps:
     """The augmentations of a transform: ``ops`` on the uint8 rows after geometry, in order,
@@ -106,13 +120,7 @@ class RowOps:
     def apply(self, row: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
         """Run ``ops`` on ``row`` ((H, W, 3) uint8) for sample ``index``; returns the result
         (``row`` itself or a new array of its shape)."""
-        if not self.ops:
-            return row
-        rng = row_rng(seed, epoch, index, ROW_STREAM)
-        h, w = row.shape[:2]
-        for op in self.ops:
-            row = op.apply(row, op.draw(rng, h, w))
-        return row
+        return apply_ops(self.ops, row, seed, epoch, index)
 
     def apply_float(self, row: Any, seed: int, epoch: int, index: int) -> Any:
         """Run ``float_ops`` on one normalized (3, H, W) row of sample ``index``."""

@@ -48,10 +48,12 @@ def _posterize_bits(n: int, span: int) -> np.ndarray:
     return (8 - (torch.arange(n) / ((n - 1) / span)).round().int()).numpy().astype(np.int64)
 
 
+@functools.lru_cache(maxsize=256)
 def augmentation_space(policy: str, num_bins: int, height: int, width: int,
                        ) -> dict[str, np.ndarray | None]:
     """torchvision's ``_augmentation_space``: op name -> magnitudes (None: no magnitude), for
-    ``policy`` "rand" (RandAugment), "wide" (TrivialAugmentWide) or "auto" (AutoAugment)."""
+    ``policy`` "rand" (RandAugment), "wide" (TrivialAugmentWide) or "auto" (AutoAugment).
+    Cached (rows of a loader share one size): read it, never change it."""
     if policy == "wide":
         geo = {"ShearX": _lin(0, 0.99, num_bins), "ShearY": _lin(0, 0.99, num_bins),
                "TranslateX": _lin(0, 32.0, num_bins), "TranslateY": _lin(0, 32.0, num_bins),
