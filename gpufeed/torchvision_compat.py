@@ -5,10 +5,11 @@ recognises a torchvision pipeline (``torchvision.transforms`` or ``torchvision.t
 and timm's, e.g. ``timm.data.create_transform(224, is_training=True)``) by the classes and
 parameters of its ops, and :func:`from_torchvision` does the same on request. Translated:
 
-- ``Resize(int)`` + ``CenterCrop(size)`` -> :class:`~gpufeed.ResizeCenterCrop`;
+- ``Resize(int)`` + ``CenterCrop(size)`` -> :class:`~gpufeed.ResizeCenterCrop`; ``Resize((h, w))``
+  -> ``gpufeed.transforms.Resize``;
 - ``RandomResizedCrop(size, scale, ratio)`` (timm's ``RandomResizedCropAndInterpolation`` too)
   (+ ``RandomHorizontalFlip(p=0.5)``) -> :class:`~gpufeed.RandomResizedCrop` (crop box and flip
-  drawn from (seed, epoch, index));
+  drawn from (seed, epoch, index)); bilinear, bicubic, or timm's random choice of the two;
 - ``ToTensor`` / ``PILToTensor`` / ``ToImage`` (timm's ``MaybeToTensor``) + ``ToDtype(float,
   scale=True)`` / ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and
   ``normalize``, applied once per batch (on the GPU with ``FastLoader(device=...)``);
@@ -24,8 +25,8 @@ parameters of its ops, and :func:`from_torchvision` does the same on request. Tr
 
 Only an op that needs a PIL image (``Lambda`` or a user's callable before the conversion to
 tensor, ``ToPILImage``), changes the image size after the crop, comes before the crop, or has
-parameters gpufeed's resize does not take (bicubic interpolation, ``Resize((h, w))``,
-``max_size``, ``antialias=False`` on a tensor) leaves the pipeline as given: the workers call
+parameters gpufeed's resize does not take (another interpolation, ``max_size``,
+``antialias=False`` on a tensor) leaves the pipeline as given: the workers call
 it on PIL images (the generic path), and the dataset warns once (``GpufeedWarning``) naming the
 op, the reason and what to use instead. :func:`explain` says where every op runs: ``fast``
 (gpufeed's own path), ``tensor`` (as given, on the row), ``float`` (as given, on the
