@@ -496,6 +496,12 @@ def _where_of(op: Any) -> str:
     return {"TensorOp": "tensor", "TensorFloatOp": "float"}.get(type(op).__name__, "fast")
 
 
+#: What a user coming from ``ToTensor`` must know about a gpufeed transform's batches.
+UINT8_HINT = ("FastLoader's batches are uint8 0-255 by default (as PILToTensor gives; a quarter "
+              "of float32's bytes), not ToTensor's float 0-1: pass FastLoader(..., "
+              "dtype=torch.float32) for x / 255, or normalize=(mean, std) for normalized float32.")
+
+
 def explain(transform: Any) -> str:
     """A short report of which ops of ``transform`` run on gpufeed's fast path and which do not,
     and why (one line per op); for gpufeed's own transforms, other callables and None too."""
@@ -504,7 +510,7 @@ def explain(transform: Any) -> str:
         return _report(transform, walk)
     if isinstance(transform, ImageTransform):
         lines = [f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
-                 f"and flip into the batch in the workers; EXIF orientation applied)."]
+                 f"and flip into the batch in the workers; EXIF orientation applied). {UINT8_HINT}"]
         for op in transform.ops:
             lines.append(f"  {_where_of(op):<6}  {op_text(op)}: on the uint8 row in the worker")
         for fop in transform.float_ops:
