@@ -3,6 +3,8 @@ on the fast path's rows in both layouts, and argument errors at construction."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -34,6 +36,7 @@ def test_each_op_is_a_function_of_its_draw(op):
         assert out.shape == row.shape and out.dtype == np.uint8
         outs.append(out)
     assert np.array_equal(outs[0], outs[1])
+    assert pickle.loads(pickle.dumps(op)) == op  # ops travel to spawned workers
     changed = [not np.array_equal(op(row.copy(), A.row_rng(0, e, 5)), row) for e in range(12)]
     assert any(changed), f"{op.name} never changed the row in 12 draws"
 
