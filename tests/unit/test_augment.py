@@ -84,6 +84,8 @@ def test_transform_ops_in_both_layouts():
     t = RandomResizedCrop(64, ops=(A.RandAugment(2, 12), A.ColorJitter(0.3, 0.3, 0.3)))
     plain = RandomResizedCrop(64)
     assert not ResizeCenterCrop(64, 72, ops=(A.RandomInvert(1.0),)).deterministic
+    assert not ResizeCenterCrop(64, 72, float_ops=(A.RandomErasing(),)).deterministic
+    assert ResizeCenterCrop(64, 72).deterministic
     for index in range(6):
         hwc = np.empty((64, 64, 3), np.uint8)
         chw = np.empty((3, 64, 64), np.uint8)
