@@ -368,7 +368,9 @@ def _set_ops(transform: ImageTransform) -> None:
     object.__setattr__(transform, "ops", _check_ops(transform.ops, RowOp, "ops"))
     object.__setattr__(transform, "float_ops",
                        _check_ops(transform.float_ops, FloatRowOp, "float_ops"))
-    if transform.ops:  # random rows: a decoded-row cache would repeat one draw every epoch
+    if transform.ops or transform.float_ops:
+        # Random rows: a decoded-row cache would repeat one draw every epoch, and a batch made
+        # from cached rows by the main process (uint8, all hits) would skip the float ops.
         object.__setattr__(transform, "deterministic", False)
 
 

@@ -3,6 +3,8 @@ on the fast path's rows in both layouts, and argument errors at construction."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -34,6 +36,7 @@ def test_each_op_is_a_function_of_its_draw(op):
         assert out.shape == row.shape and out.dtype == np.uint8
         outs.append(out)
     assert np.array_equal(outs[0], outs[1])
+    assert pickle.loads(pickle.dumps(op)) == op  # ops travel to spawned workers
     changed = [not np.array_equal(op(row.copy(), A.row_rng(0, e, 5)), row) for e in range(12)]
     assert any(changed), f"{op.name} never changed the row in 12 draws"
 
@@ -81,6 +84,8 @@ def test_transform_ops_in_both_layouts():
     t = RandomResizedCrop(64, ops=(A.RandAugment(2, 12), A.ColorJitter(0.3, 0.3, 0.3)))
     plain = RandomResizedCrop(64)
     assert not ResizeCenterCrop(64, 72, ops=(A.RandomInvert(1.0),)).deterministic
+    assert not ResizeCenterCrop(64, 72, float_ops=(A.RandomErasing(),)).deterministic
+    assert ResizeCenterCrop(64, 72).deterministic
     for index in range(6):
         hwc = np.empty((64, 64, 3), np.uint8)
         chw = np.empty((3, 64, 64), np.uint8)

@@ -55,10 +55,15 @@ def brightness(row: np.ndarray, factor: float) -> np.ndarray:
 
 
 def grey_mean(row: np.ndarray) -> int:
-    """PIL's ``int(mean of img.convert("L") + 0.5)``, the degenerate level of ``contrast``."""
+    """PIL's ``int(mean of img.convert("L") + 0.5)``, the degenerate level of ``contrast``: from
+    the three channel means with PIL's grey weights (one read of the row instead of a grey
+    conversion and its mean). The per-pixel rounding of PIL's grey averages out to within
+    0.002 of a level on a 224 x 224 row, so the two agree but where the mean falls that close
+    to a half level."""
     import cv2
 
-    return int(float(cv2.mean(grey(row))[0]) + 0.5)
+    r, g, b, _ = cv2.mean(row)
+    return int((19595 * r + 38470 * g + 7471 * b) / 65536.0 + 0.5)
 
 
 def contrast(row: np.ndarray, factor: float) -> np.ndarray:
