@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpufeed._engine.layout import align_up as _align
+from gpufeed._image.augment.base import RowOps
 from gpufeed._image.auto_reads import AutoReads
 from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed._image.reads import BatchReads, ReadAhead
@@ -184,7 +185,6 @@ def _fill(
     reads: _Sequential | BatchReads,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
     n = len(indices)
-    off_labels, off_floats, _ = plan.offsets(n)
     report = FillReport()
     done = set(task.done)
     given = {pos: (off, nbytes) for pos, off, nbytes in task.given}
@@ -243,6 +243,17 @@ def _fill(
     t2 = time.perf_counter()
     if buf is None:  # every sample failed
         buf = bind()
+    batch = _finish(plan, indices, task, report, label_values, buf)
+    report.post_s = time.perf_counter() - t2
+    return batch, report
+
+
+def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillReport, label_values: list[int],
+            buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's end, once per batch: write the labels, move the kept rows up (in order), convert
+    to the output dtype and layout, run the float ops; returns (images, labels) of the kept rows."""
+    n = len(indices)
+    off_labels, off_floats, _ = plan.offsets(n)
     rows_t = plan.rows(buf, n)
     rows = rows_t.numpy()
     labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
@@ -258,8 +269,15 @@ def _fill(
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
     if plan.dtype != torch.uint8:
         images = _to_float(plan, images, buf, off_floats)
-    report.post_s = time.perf_counter() - t2
-    return (images, labels[:k]), report
+    float_ops = getattr(plan.transform, "float_ops", ())
+    if float_ops:  # after normalize, as torchvision and timm run RandomErasing
+        row_ops = RowOps(float_ops=float_ops)
+        for k_pos, pos in enumerate(report.kept):
+            row = images[k_pos]
+            result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
+            if result is not row:
+                row.copy_(torch.as_tensor(result))
+    return images, labels[:k]
 
 
 def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
