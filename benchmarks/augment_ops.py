@@ -1,10 +1,12 @@
 """Per-op cost of gpufeed's augmentations on a 224 x 224 uint8 row against the same op of
 torchvision/PIL on a PIL image (one thread, alternating, median of rounds; ratios in one run).
 
-    python benchmarks/augment_ops.py [--rounds 7] [--reps 200]
+    python -m benchmarks.augment_ops [--rounds 7] [--reps 200]
 
 Needs torchvision and timm (the .venv-tv environment). The policies' rows include their draws
 (gpufeed: ``row_rng`` + ``draw``; torchvision/timm: their forward on PIL).
+
+Private imports: ``gpufeed._image.augment`` (``_warp``, ``functional``), the row ops it measures.
 """
 
 from __future__ import annotations
