@@ -16,6 +16,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
+from gpufeed._engine.ranks import check_local_ranks
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
 from gpufeed._loader_state import ResumableLoader
@@ -63,7 +64,13 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             copied from the page-locked arena on the loader's own stream ahead of use; on the
             image path uint8 crosses PCIe and dtype/normalize/layout run on the GPU.
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
-        pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin.
+        pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin over this
+            rank's share of the host: the local ranks that share CPUs split them, so no CPU
+            holds two ranks' workers while another idles (the training guide, "Many ranks on
+            one host"). The main process is never pinned.
+        local_ranks: ``(local rank, number of local ranks)`` on this host, for launchers that
+            set neither ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` nor a process group; None (default):
+            found from those.
         log_dir: each worker's logging also goes to ``LOG_DIR/worker-K.log``.
         metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on port
             ``metrics_port + LOCAL_RANK`` (the environment variable torchrun and Lightning set, 0
@@ -116,6 +123,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         device: str | torch.device | None = None,
         prefetch_batches: int = 2,
         pin_workers: bool = False,
+        local_ranks: tuple[int, int] | None = None,
         log_dir: str | os.PathLike | None = None,
         metrics_port: int | None = None,
         **kwargs: Any,
@@ -136,6 +144,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 f"`metrics_port` must be an int in 0-65535 (0: any free port). Found: {shorten(metrics_port)}."
             )
         resolve_device(device)
+        check_local_ranks(local_ranks)
         # Every option is an attribute under its parameter name, holding the value given (decision
         # 14): frameworks rebuild loaders from them. Set before DataLoader's own __init__ so that
         # a rebuild reading them can never see a half-made loader.
@@ -151,6 +160,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self.device = device
         self.prefetch_batches = prefetch_batches
         self.pin_workers = pin_workers
+        self.local_ranks = local_ranks
         self.log_dir = log_dir
         self.metrics_port = metrics_port
         super().__init__(dataset, *args, **kwargs)
@@ -292,6 +302,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             plugin=self._image_feed,
             cuda_output=cuda_device is not None,
             pin_workers=bool(self.pin_workers),
+            local_ranks=check_local_ranks(self.local_ranks),
             log_dir=None if self.log_dir is None else os.fspath(self.log_dir),
             fork_guard=single_threaded_cv2,
             make_registrar=None if self._cuda_feed is None else self._cuda_feed.registrar,
