@@ -18,6 +18,9 @@ The verdict comes from :func:`decide`, a pure function of the :class:`Evidence`:
     of their time, or iowait / D-state (disk) is high: storage;
   - ``"workers"``: workers are CPU-bound while cores sit idle: more workers would go faster
     (also: ``num_workers=0``, or workers idle while the step waits, e.g. start-up each epoch);
+  - ``"host"``: several local ranks share the host and their workers plus their main
+    processes exceed its usable cores (the other ranks' workers are counted from ``/proc``):
+    the fix is the per-rank ``num_workers`` that fits;
   - ``"decode"`` / ``"transform"``: workers are CPU-bound and no core is idle: the dominant
     CPU stage is the cost (image path: decode vs crop/resize/normalize; a generic dataset's
     ``__getitem__`` and ``collate_fn`` count as ``"transform"``: Python preprocessing).
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufeed._observe.host_load import HostLoad
 from gpufeed._observe.probe import ProbeResult, TreeProbe
 from gpufeed._observe.verdict import BOTTLENECKS, decide
 from gpufeed.errors import shorten
@@ -101,6 +105,8 @@ class Evidence:
     read_concurrency_max: int = 0  # image path: most reads in flight a worker allowed (stats())
     read_budget_bytes: int | None = None  # image sources: bytes read and not decoded, per worker
     fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
+    local_ranks: int = 1  # ranks of this job on this host, this one included
+    host_workers: int = 0  # gpufeed workers of those ranks, this one's num_workers included
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -218,7 +224,8 @@ class Report:
         lines.append(
             f"  cpu: workers {ev.num_workers} [{cpu} of a core], main {ev.main_cpu:.0%}, "
             f"idle {ev.idle_cores:.1f}/{ev.usable_cores:g} cores, others {ev.other_cores:.1f}, "
-            f"iowait {ev.iowait_fraction:.0%}")
+            f"iowait {ev.iowait_fraction:.0%}"
+            + (f"; host: {ev.local_ranks} local ranks, {ev.host_workers} workers" if ev.local_ranks > 1 else ""))
         if ev.worker_running is not None and ev.worker_blocked is not None:
             lines.append(f"  worker threads: running {ev.worker_running:.0%}, blocked "
                          f"{ev.worker_blocked:.0%}, D-state {ev.dstate_fraction or 0.0:.0%} "
@@ -291,7 +298,7 @@ def _loader_stats(loader: Any) -> dict[str, Any]:
 def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe: ProbeResult, *,
               batches: int, wall_s: float, wait_s: float, step_s: float, samples: int,
               replay: tuple[int, float | None], image_info: dict[str, Any],
-              epochs: tuple[int, float]) -> Evidence:
+              epochs: tuple[int, float], host: HostLoad | None = None) -> Evidence:
     def delta(key: str) -> float:
         return float(after.get(key, 0) or 0) - float(before.get(key, 0) or 0)
 
@@ -333,6 +340,8 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         parent_batches=int(delta("parent_batches")), parent_s=max(0.0, delta("parent_s")),
         epoch_starts=epochs[0], epoch_start_wait_s=epochs[1],
         fetch_threads=_int_attr(getattr(loader, "dataset", None), "fetch_threads"),
+        local_ranks=1 if host is None else host.ranks,
+        host_workers=num_workers + (0 if host is None else host.other_workers),
         **image_info,
     )
 
@@ -424,6 +433,7 @@ def diagnose(
         replay_batches = 0  # nothing to replay: the simulated step does nothing
     image_info = _image_info(loader)
     probe = TreeProbe(interval_s=sample_interval_s)
+    host = HostLoad(loader)  # the other local ranks' workers, counted at both ends of the window
     feed = _Epochs(loader)
     kept: list[Any] = []
     wait_s = step_s = epoch_wait_s = 0.0
@@ -432,6 +442,7 @@ def diagnose(
         for _ in range(warmup_batches):
             run_step(feed.next())
         before = _loader_stats(loader)
+        host.read()
         probe.set_workers(feed.worker_pids())
         probe.start()
         try:
@@ -457,6 +468,7 @@ def diagnose(
         finally:
             measured = probe.stop()
         after = _loader_stats(loader)
+        host.read()
     finally:
         feed.close()
     replay: tuple[int, float | None] = (0, None)
@@ -468,7 +480,7 @@ def diagnose(
         kept.clear()
     ev = _evidence(loader, before, after, measured, batches=batches, wall_s=wall_s, wait_s=wait_s,
                    step_s=step_s, samples=samples, replay=replay, image_info=image_info,
-                   epochs=(epoch_starts, epoch_wait_s))
+                   epochs=(epoch_starts, epoch_wait_s), host=host)
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufeed.errors import shorten
 
-__all__ = ["LocalRanks", "check_local_ranks", "cpu_share", "cpu_shares", "find_local_ranks"]
+__all__ = ["LocalRanks", "check_local_ranks", "cpu_share", "cpu_shares", "find_local_ranks", "fitting_workers"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def find_local_ranks(option: tuple[int, int] | None = None,
     hosts, give ``LOCAL_WORLD_SIZE`` or the option.
     """
     if option is not None:
-        rank, count = check_local_ranks(option) or (0, 1)
-        return LocalRanks(rank, count, "local_ranks=")
+        given = check_local_ranks(option) or (0, 1)
+        return LocalRanks(given[0], given[1], "local_ranks=")
     env = os.environ if environ is None else environ
     rank, count = _env_int("LOCAL_RANK", env), _env_int("LOCAL_WORLD_SIZE", env)
     if rank is not None and count is not None and 0 <= rank < count:
@@ -81,6 +81,15 @@ def _process_group() -> tuple[int, int] | None:
     if not dist.is_available() or not dist.is_initialized():
         return None
     return dist.get_rank(), dist.get_world_size()
+
+
+def fitting_workers(cores: float, local_ranks: int) -> int:
+    """Workers per rank so that ``local_ranks`` x (workers + 1 main process) fit in ``cores``
+    (at least 1; ``cores`` itself for a single rank): the rule of ``gpufeed.tune`` and of the
+    doctor's "host" verdict."""
+    if local_ranks <= 1:
+        return max(1, int(cores))
+    return max(1, int(cores) // local_ranks - 1)
 
 
 def cpu_shares(cpus_of: Mapping[int, Collection[int]]) -> dict[int, tuple[int, ...]]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from gpufeed._engine.ranks import find_local_ranks
+from gpufeed._engine.ranks import find_local_ranks, fitting_workers
 from gpufeed._observe.memory import format_bytes
 from gpufeed._observe.progress import ProgressBar
 from gpufeed._observe.tune_reads import read_options, tune_reads
@@ -45,12 +45,14 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
         local_ranks = 1 if found is None else found.count
     elif isinstance(local_ranks, bool) or not isinstance(local_ranks, int) or local_ranks < 1:
         raise ValueError(f"`local_ranks` must be an int >= 1. Found: {shorten(local_ranks)}.")
-    per_rank = cores if local_ranks == 1 else max(1, cores // local_ranks - 1)
+    per_rank = cores if local_ranks == 1 else fitting_workers(cores, local_ranks)
     reasons: list[str] = []
     if local_ranks > 1:
-        reasons.append(f"{local_ranks} local ranks share this host's {cores} usable cores: at most "
-                       f"{per_rank} workers per rank ({local_ranks} x (workers + 1 main process) "
-                       f"<= {cores}), and 1/{local_ranks} of the memory ceiling each.")
+        fits = (f"at most {per_rank} worker{'s' if per_rank > 1 else ''} per rank ({local_ranks} x "
+                f"(workers + 1 main process) <= {cores})" if local_ranks * (per_rank + 1) <= cores else
+                f"1 worker per rank, the least ({local_ranks} x (1 + 1 main process) > {cores})")
+        reasons.append(f"{local_ranks} local ranks share this host's {cores} usable cores: {fits}, "
+                       f"and 1/{local_ranks} of the memory ceiling each.")
     if max_workers is None:
         max_workers = per_rank
     elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -129,9 +131,10 @@ class Search:
                                 f"{self.best.num_workers}: worth it.")
             self.best = row
         else:
-            per = "" if self.host.local_ranks == 1 else f" per rank of {self.host.local_ranks}"
-            self.reasons.append(f"stopped at {self.host.max_workers} workers: the max_workers limit "
-                                f"({self.host.cores} usable cores{per}).")
+            host = self.host
+            limit = (f"{host.cores} usable cores" if host.local_ranks == 1 else
+                     f"per rank: {host.cores} usable cores for {host.local_ranks} local ranks")
+            self.reasons.append(f"stopped at {host.max_workers} workers: the max_workers limit ({limit}).")
         return restore
 
     def pinned(self) -> tuple[TuneRow, bool]:

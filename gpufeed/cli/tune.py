@@ -5,7 +5,10 @@ image folder, local or at a URL (``s3://``, ``http(s)://``...; ``pip install gpu
 
     gpufeed tune ROOT [--max-workers N] [--batch-size 64] [--transform eval|train]
                  [--batches N] [--warmup N] [--step-ms MS] [--memory-fraction F]
-                 [--min-gain F] [--json OUT] [--plot OUT.png] [--no-progress]
+                 [--min-gain F] [--local-ranks W] [--json OUT] [--plot OUT.png] [--no-progress]
+
+Under ``torchrun`` (every rank runs it at once) or with ``--local-ranks W``, the recommendation is
+per rank, for W ranks sharing the host's cores and memory (:func:`gpufeed.tune.tune`).
 
 Output goes through :func:`write` (stdout); the progress bar (tqdm, when installed and stderr is
 a terminal) goes to stderr. The search itself is :func:`gpufeed.tune.tune`.
@@ -60,6 +63,9 @@ def add_tune_parser(sub: Any) -> None:
                    help="memory ceiling as a share of available memory (default 0.8)")
     p.add_argument("--min-gain", type=_fraction, default=0.05, metavar="F",
                    help="smallest worthwhile gain from doubling (default 0.05 = 5%%)")
+    p.add_argument("--local-ranks", type=_positive, default=None, metavar="W",
+                   help="ranks that will share this host (default: LOCAL_WORLD_SIZE under torchrun, "
+                        "else 1): num_workers is then per rank, so that the W ranks fit the host")
     p.add_argument("--json", metavar="OUT", help="write the rows and recommendation here")
     p.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     p.add_argument("--seed", type=int, default=0, help="sampling and augmentation seed (default 0)")
@@ -96,6 +102,10 @@ def format_recommendation(result: Any) -> str:
     if result.recommended_cache_bytes:
         kwargs.append(f"cache_bytes={result.recommended_cache_bytes}")
     lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")"]
+    ranks = getattr(result, "local_ranks", 1)
+    if ranks > 1:
+        lines.append(f"  per rank, for {ranks} local ranks on this host ({ranks} x "
+                     f"{result.recommended_num_workers} workers in all)")
     rc = getattr(result, "recommended_read_concurrency", None)
     if rc is not None:
         lines.append(f"  with the dataset's read_concurrency={rc} (reads in flight per worker: "
@@ -122,7 +132,7 @@ def run_tune(args: argparse.Namespace) -> int:
     result = tune(_make_loader_factory(args), max_workers=args.max_workers,
                   memory_fraction=args.memory_fraction, min_gain=args.min_gain,
                   batches=args.batches, warmup_batches=args.warmup, step=step,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, local_ranks=args.local_ranks)
     elapsed_s = time.perf_counter() - t0
     write(f"gpufeed tune {args.root}: transform {args.transform}, batch size {args.batch_size}, "
           f"{args.batches} timed batches per step ({elapsed_s:.0f} s)")

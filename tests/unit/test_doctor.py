@@ -167,12 +167,31 @@ def test_every_verdict_has_short_reasons_and_a_fix():
              (starving(num_workers=0), "workers"), (cpu_bound(h2d_s=9.0), "transfer"),
              (starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9, state_samples=10),
               "read"),
-             (starving(parent_batches=90, parent_s=0.3), "cache")]
+             (starving(parent_batches=90, parent_s=0.3), "cache"),
+             (starving(num_workers=4, usable_cores=8.0, local_ranks=4, host_workers=16), "host")]
     for ev, expected in cases:
         bottleneck, reasons, fix = decide(ev)
         assert bottleneck == expected and reasons and fix
         assert all(len(r) < 160 for r in reasons)
     assert {expected for _, expected in cases} == set(BOTTLENECKS)
+
+
+def test_local_ranks_past_the_cores_are_an_oversubscribed_host_whatever_else_holds():
+    # 2 ranks x 4 workers + 2 main processes on 2 cores, even with a loader that keeps up
+    ev = starving(wait_s=0.1, num_workers=4, usable_cores=2.0, local_ranks=2, host_workers=8)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "host" and "8 gpufeed workers and 2 main processes on 2 usable cores" in reasons[0]
+    assert fix.startswith("num_workers=1 per rank for 2 local ranks")
+    # 8 ranks x 12 workers on 96 cores: 11 per rank fit
+    ev = starving(num_workers=12, usable_cores=96.0, local_ranks=8, host_workers=96)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "host" and "11 per rank fit (8 x (11 + 1) <= 96)" in reasons[1]
+    assert "host: 8 local ranks, 96 workers" in str(Report(bottleneck, ev, reasons, fix))
+    # at the per-rank count that fits (or the least, 1), or alone on the host: the usual rules
+    for fits in (replace(ev, num_workers=11, host_workers=88),
+                 starving(num_workers=1, usable_cores=2.0, local_ranks=2, host_workers=2),
+                 starving(wait_s=0.1, num_workers=8, usable_cores=2.0)):
+        assert decide(fits)[0] != "host"
 
 
 def test_report_prints_at_most_15_lines_and_dumps_json():
