@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from gpufeed._engine.arena import Arena
-from gpufeed._engine.host import HostRanks, pin_share
+from gpufeed._engine.host import HostRanks, Placement, pin_share
 from gpufeed._engine.ranks import find_local_ranks
 from gpufeed.config import EngineConfig
+from gpufeed.errors import GpufeedWarning
 from gpufeed.stats import Stats
 
 if TYPE_CHECKING:
@@ -127,13 +129,17 @@ class EngineContext:
                     logger.debug("gpufeed: no rank record written: %s", exc)
             return ()
         try:
-            cpus, how = pin_share(local)
+            placed = pin_share(local)
         except OSError as exc:
-            cpus = tuple(sorted(os.sched_getaffinity(0)))
-            how = (f"pin_workers: the local ranks' records cannot be written ({exc}): workers "
-                   f"are pinned over this process's {len(cpus)} CPUs as if it were alone")
-        logger.info("gpufeed %s", how)
-        return cpus
+            own = tuple(sorted(os.sched_getaffinity(0)))
+            placed = Placement(own, f"pin_workers: the local ranks' records cannot be written ({exc}): "
+                                    f"workers are pinned over this process's {len(own)} CPUs as if it "
+                                    "were alone", guess=True)
+        if placed.guess:
+            warnings.warn(f"gpufeed {placed.how}.", GpufeedWarning, stacklevel=2)
+        else:
+            logger.info("gpufeed %s", placed.how)
+        return placed.cpus
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes of every live engine."""

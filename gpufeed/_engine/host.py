@@ -26,7 +26,7 @@ import psutil
 
 from gpufeed._engine.ranks import LocalRanks, cpu_share
 
-__all__ = ["WORKER_COMM_PREFIX", "HostRanks", "RankRecord", "mark_worker", "pin_share", "workers_of"]
+__all__ = ["WORKER_COMM_PREFIX", "HostRanks", "Placement", "RankRecord", "mark_worker", "pin_share", "workers_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,23 +134,37 @@ class HostRanks:
                     os.unlink(os.path.join(self.directory, name))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a pinned loader's workers go: ``cpus`` (worker k on ``cpus[k % len]``), ``how``
+    that was decided (a sentence to say once), and whether it is a ``guess`` worth a warning
+    (``LOCAL_RANK`` set but nothing says how many ranks; ranks that never recorded)."""
+
+    cpus: tuple[int, ...]
+    how: str
+    guess: bool = False
+
+
 def pin_share(local: LocalRanks | None, wait_s: float = RANKS_WAIT_S,
-              directory: str | None = None) -> tuple[tuple[int, ...], str]:
-    """The CPUs this rank's workers are pinned to (round-robin), and how that was decided (a
-    sentence to log once).
+              directory: str | None = None, environ: Mapping[str, str] | None = None) -> Placement:
+    """Where this rank's pinned workers go.
 
     Without local ranks: this process's CPUs, as if it were alone on the host. Otherwise the
     rank's :func:`cpu_share` of every local rank's recorded CPUs; ranks without a record after
     ``wait_s`` are taken to share this rank's CPUs.
     """
     own = _own_cpus()
+    env = os.environ if environ is None else environ
     if local is None:
-        return own, (f"pin_workers: no local rank known (LOCAL_RANK/LOCAL_WORLD_SIZE unset, no "
-                     f"process group, no local_ranks=): workers are pinned over this process's "
-                     f"{len(own)} CPUs as if it were alone on the host")
+        return Placement(own, "pin_workers: no local rank known (LOCAL_RANK/LOCAL_WORLD_SIZE unset, no "
+                              f"process group, no local_ranks=): workers are pinned over this process's "
+                              f"{len(own)} CPUs as if it were alone on the host; with several ranks on "
+                              "this host, pass local_ranks=(local rank, number of local ranks)",
+                         guess="LOCAL_RANK" in env)
     if local.count == 1:
-        return own, f"pin_workers: the only local rank ({local.source}): workers over {len(own)} CPUs"
-    host = HostRanks(local, directory)
+        return Placement(own, f"pin_workers: the only local rank ({local.source}): workers over "
+                              f"{len(own)} CPUs")
+    host = HostRanks(local, directory, env)
     host.publish()
     records = host.wait(wait_s)
     cpus_of = {rank: record.cpus for rank, record in records.items()}
@@ -164,7 +178,7 @@ def pin_share(local: LocalRanks | None, wait_s: float = RANKS_WAIT_S,
     if missing:
         how += (f"; local ranks {missing} recorded no CPUs within {wait_s:g} s and are taken to "
                 "share this rank's")
-    return share, how
+    return Placement(share, how, guess=bool(missing))
 
 
 def _ranges(cpus: tuple[int, ...]) -> str:
