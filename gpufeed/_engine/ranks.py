@@ -11,6 +11,7 @@ function of every local rank's CPU set, so every rank computes the same split.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,10 +76,11 @@ def find_local_ranks(option: tuple[int, int] | None = None,
 
 
 def _process_group() -> tuple[int, int] | None:
-    """(rank, world size) of torch's default process group, if one is initialised."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
+    """(rank, world size) of torch's default process group, if one is initialised. Only looked
+    up when the program imported ``torch.distributed`` (no group exists otherwise): importing it
+    here would cost every single-process loader the import."""
+    dist: Any = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     return dist.get_rank(), dist.get_world_size()
 
