@@ -58,12 +58,22 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
     elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
     if max_workers > per_rank:
-        reasons.append(f"max_workers={max_workers} is above the {per_rank} usable cores"
+        reasons.append(f"max_workers={max_workers} is above the {cores_text(per_rank)}"
                        + (" per rank" if local_ranks > 1 else "") + " (explicit).")
     if available_memory_bytes is None:
         available_memory_bytes = int(psutil.virtual_memory().available)
     return HostLimits(cores, local_ranks, max_workers, memory_fraction, available_memory_bytes,
                  memory_fraction * available_memory_bytes / local_ranks, tuple(reasons))
+
+
+def workers_text(n: int) -> str:
+    """``1 worker``, ``2 workers``."""
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def cores_text(n: int) -> str:
+    """``1 usable core``, ``2 usable cores``."""
+    return f"{n} usable core" if n == 1 else f"{n} usable cores"
 
 
 class Search:
@@ -106,7 +116,7 @@ class Search:
         for n in counts:
             if self.best is not None and self._over_memory(n):
                 break
-            row = self._measure(f"{n} workers", n, False)
+            row = self._measure(workers_text(n), n, False)
             if self.best is None:
                 self.reasons.append(f"{n} worker: {row.samples_per_s:.0f} images/s (baseline).")
                 self.best = row
@@ -122,19 +132,22 @@ class Search:
             gain = relative_gain(self.best.samples_per_s, row.samples_per_s)
             if gain < self.min_gain:
                 self.knee = n
+                best = workers_text(self.best.num_workers)
                 self.reasons.append(
-                    f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                    f"{self.best.num_workers} (under the {self.min_gain:.0%} minimum gain): the knee is at "
-                    f"{n}; backing off to {self.best.num_workers}.")
+                    f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over {best}, less "
+                    f"than the {self.min_gain:.0%} a step must gain: throughput stopped rising after "
+                    f"{best}; recommending {self.best.num_workers}, the last count before it stopped.")
                 break
             self.reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                                f"{self.best.num_workers}: worth it.")
+                                f"{workers_text(self.best.num_workers)}, at least the "
+                                f"{self.min_gain:.0%} a step must gain: more workers still help.")
             self.best = row
         else:
             host = self.host
-            limit = (f"{host.cores} usable cores" if host.local_ranks == 1 else
-                     f"per rank: {host.cores} usable cores for {host.local_ranks} local ranks")
-            self.reasons.append(f"stopped at {host.max_workers} workers: the max_workers limit ({limit}).")
+            limit = (cores_text(host.cores) if host.local_ranks == 1 else
+                     f"per rank: {cores_text(host.cores)} for {host.local_ranks} local ranks")
+            self.reasons.append(f"stopped at {workers_text(host.max_workers)}: the max_workers limit "
+                                f"({limit}).")
         return restore
 
     def pinned(self) -> tuple[TuneRow, bool]:
@@ -144,10 +157,11 @@ class Search:
         if not hasattr(os, "sched_setaffinity"):
             self.reasons.append("pin_workers not tried: os.sched_setaffinity is not available here.")
             return best, False
-        pinned = self._measure(f"{best.num_workers} workers pinned", best.num_workers, True)
+        pinned = self._measure(f"{workers_text(best.num_workers)} pinned", best.num_workers, True)
         gain = relative_gain(best.samples_per_s, pinned.samples_per_s)
         pin = gain >= self.min_gain
-        self.reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: "
-                            f"{pinned.samples_per_s:.0f} vs {best.samples_per_s:.0f} images/s "
-                            f"unpinned ({gain:+.1%}; needs {self.min_gain:+.0%}).")
+        self.reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: one CPU "
+                            f"per worker gave {pinned.samples_per_s:.0f} images/s against "
+                            f"{best.samples_per_s:.0f} unpinned ({gain:+.1%}; it must gain "
+                            f"{self.min_gain:+.0%}).")
         return (pinned if pin else best), pin
