@@ -45,7 +45,7 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
         local_ranks = 1 if found is None else found.count
     elif isinstance(local_ranks, bool) or not isinstance(local_ranks, int) or local_ranks < 1:
         raise ValueError(f"`local_ranks` must be an int >= 1. Found: {shorten(local_ranks)}.")
-    per_rank = cores if local_ranks == 1 else fitting_workers(cores, local_ranks)
+    per_rank = fitting_workers(cores, local_ranks)
     reasons: list[str] = []
     if local_ranks > 1:
         fits = (f"at most {per_rank} worker{'s' if per_rank > 1 else ''} per rank ({local_ranks} x "
@@ -58,12 +58,14 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
     elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
     if max_workers > per_rank:
-        reasons.append(f"max_workers={max_workers} is above the {cores_text(per_rank)}"
-                       + (" per rank" if local_ranks > 1 else "") + " (explicit).")
+        reasons.append(f"max_workers={max_workers} is above the {cores_text(cores)} (explicit)."
+                       if local_ranks == 1 else
+                       f"max_workers={max_workers} is above the {workers_text(per_rank)} per rank "
+                       f"that fit (explicit).")
     if available_memory_bytes is None:
         available_memory_bytes = int(psutil.virtual_memory().available)
     return HostLimits(cores, local_ranks, max_workers, memory_fraction, available_memory_bytes,
-                 memory_fraction * available_memory_bytes / local_ranks, tuple(reasons))
+                      memory_fraction * available_memory_bytes / local_ranks, tuple(reasons))
 
 
 def workers_text(n: int) -> str:
