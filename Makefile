@@ -43,10 +43,12 @@ demo: sysdeps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
-# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine).
+# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine),
+# the layers of docs/design/layers.md (lint-imports, [tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
 
 # The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
 # with real torchvision in .venv-tv.

@@ -42,7 +42,7 @@ import psutil
 from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder
-from gpufeed._observe.probe import usable_core_count
+from gpufeed.observe.probe import usable_core_count
 from gpufeed.bench.environment import describe_environment
 from gpufeed.cli.bench import prepare_demo_data
 from gpufeed.transforms import ResizeCenterCrop

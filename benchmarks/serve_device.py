@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gpufeed._observe.probe import usable_core_count
+from gpufeed.observe.probe import usable_core_count
 
 # Goal of the highest sustained rate against batch-1's, per (device type, model); None: no goal.
 GOALS = {("cpu", "smallcnn"): 1.2, ("cpu", "resnet18"): 1.0, ("cuda", "resnet18"): 5.0}

@@ -6,7 +6,7 @@ import pytest
 
 from gpufeed import ImageDataset, ImageFolder, LMDBDataset, pack
 from gpufeed._image.auto_reads import MAX_CONCURRENCY, AutoReads, auto_concurrency
-from gpufeed._observe.tune_reads import read_options
+from gpufeed.observe.tune_reads import read_options
 from gpufeed.synth import make_image_folder
 
 

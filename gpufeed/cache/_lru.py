@@ -1,11 +1,4 @@
-"""The host-memory cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
-
-Workers never hold a cache of their own (N workers would mean N copies and N cold starts).
-The parent looks samples up when it dispatches a batch and writes hits straight into the batch's
-arena slot; workers only work on the misses, and the parent adds what they produced. What is
-cached depends on the transform: the decoded, transformed row when the transform is
-deterministic (evaluation, inference), the encoded bytes when it is random (training).
-"""
+"""The host cache's byte-budgeted LRU and its budget parsing (see :mod:`gpufeed.cache`)."""
 
 from __future__ import annotations
 

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from gpufeed._engine.ranks import find_local_ranks, fitting_workers
-from gpufeed._observe.memory import format_bytes
-from gpufeed._observe.progress import ProgressBar
-from gpufeed._observe.tune_reads import read_options, tune_reads
-from gpufeed._observe.tune_rules import gain as relative_gain
 from gpufeed.errors import shorten
+from gpufeed.observe.memory import format_bytes
+from gpufeed.observe.progress import ProgressBar
+from gpufeed.observe.tune_reads import read_options, tune_reads
+from gpufeed.observe.tune_rules import gain as relative_gain
 
 if TYPE_CHECKING:
-    from gpufeed.tune import TuneRow
+    from gpufeed.observe.tune import TuneRow
 
 MeasureFn = Callable[[int, bool], "TuneRow"]
 
