@@ -1,6 +1,6 @@
 """``benchmarks/serve.py --device cuda``: the option's defaults, its CUDA check and the GPU helpers.
 
-Issue 12's GPU goal: batched serving of ResNet-18 sustains at least 5x the offered rate that
+The GPU serving goal: batched serving of ResNet-18 sustains at least 5x the offered rate that
 batch-1 serving sustains (p99 under the SLO, >= 97% answered, < 1% refused). On a GPU the model
 call is cheap for a batch and the per-request costs move to the host (decode, Python, kernel
 launches), so the defaults there are sized for one H100/H200 host with 16 cores and for the

@@ -1,4 +1,4 @@
-"""A loader's mid-epoch position (DESIGN decision 13: position, not history).
+"""A loader's mid-epoch position, not its history (docs/design/resume.md, "Position, not history").
 
 The state of a pass is where its index stream started and how many batches the user received:
 resuming rebuilds the same index stream and skips that many batches of *indices* (no fetch, no

@@ -1,6 +1,6 @@
-"""The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (DESIGN
-decision 13), a mixin of ``FastLoader``; the index stream and the state's format are in
-``gpufeed/_resume/indices.py``."""
+"""The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (a position,
+not a history: docs/design/resume.md), a mixin of ``FastLoader``; the index stream and the
+state's format are in ``gpufeed/_resume/indices.py``."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ __all__ = ["CV_REDUCED_NAME", "GOALS", "PIL_DRAFT_NAME", "OpenCVReducedImageFold
 
 PIL_DRAFT_NAME = "DataLoader+PIL draft"
 CV_REDUCED_NAME = "DataLoader+OpenCV reduced"
-# FastLoader images/s over each pipeline's, eval transform (issue 13)
+# Goals: FastLoader images/s over each pipeline's, eval transform (benchmarks/README.md, "Large photos")
 GOALS = {PIL_NAME: 3.0, PIL_DRAFT_NAME: 1.1, CV_REDUCED_NAME: 1.1}
 
 

@@ -64,7 +64,7 @@ def aligned_copy(data: Any) -> np.ndarray:
     The image path caches decoded rows this way: copying a cached row into a batch slot (also
     64-byte aligned per row) runs about 10% faster from an aligned source than from a ``bytes``
     object, whose data starts 16, 32 or 48 bytes into a cache line (measured with 150 KB rows,
-    benchmarks/README.md, "Cached epochs").
+    benchmarks/results/cache-epochs.md).
     """
     src = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
     raw = np.empty(src.nbytes + ROW_ALIGN - 1, np.uint8)

@@ -1,4 +1,4 @@
-"""Automatic reads in flight (issue 15): the rule each worker applies after each task."""
+"""Automatic reads in flight: the rule each worker applies after each task."""
 
 from __future__ import annotations
 
