@@ -122,7 +122,8 @@ def test_pin_share_splits_with_the_recorded_ranks_and_says_how(tmp_path, monkeyp
 def test_workers_name_themselves_and_are_counted_under_their_rank():
     loader = FastLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True)
     with loader:
-        next(iter(loader))
+        for _ in loader:  # a whole epoch: each worker has made a batch, so has named itself
+            pass
         names = {psutil.Process(pid).name() for pid in loader.worker_pids()}
         assert names == {"gpufeed-w0", "gpufeed-w1"} and workers_of(os.getpid()) == 2
     assert workers_of(os.getpid()) == 0
