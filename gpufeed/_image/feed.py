@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.torchvision import is_torchvision
 from gpufeed.cache import HostCache, aligned_copy
+from gpufeed.errors import GpufeedWarning
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
 
@@ -78,10 +80,13 @@ def make_image_feed(
     cache_budget: int,
     seed: int | None,
     on_gpu: bool = False,
+    announce: bool = False,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
+    loader asks once, at construction, not again when each process makes its feed.
     """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
@@ -93,10 +98,10 @@ def make_image_feed(
                    "Use gpufeed.ImageFolder / ImageDataset / LMDBDataset with a transform and "
                    "the default collate_fn, or drop these options.")
             raise ValueError(
-                f"{', '.join(f'`{g}`' for g in given)} only apply to the image fast path, which this "
-                f"loader cannot take: {blocker}. {fix}"
+                f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} "
+                f"to the image fast path, which this loader cannot take: {blocker}. {fix}"
             )
-        if user_callable:
+        if user_callable and announce:
             log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
     # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.torchvision_compat).
@@ -109,6 +114,15 @@ def make_image_feed(
     transform = loader.dataset.transform
     if seed is None:
         seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
+    if on_gpu and transform.float_ops and dtype != torch.uint8:
+        # Float ops (RandomErasing) run on the normalized rows of each sample, which the GPU
+        # transform sees only as a whole batch: normalize stays in the workers.
+        warnings.warn(
+            f"gpufeed: the transform's float ops ({', '.join(op.name for op in transform.float_ops)}) "
+            "run on the normalized rows in the workers, so dtype/normalize run there too instead "
+            "of on the GPU (float batches cross PCIe: 4x the bytes of uint8). Drop the float ops "
+            "to normalize on the GPU.", GpufeedWarning, stacklevel=2)
+        on_gpu = False
     gpu_transform = GpuTransform(dtype, normalize, bool(channels_last)) if on_gpu else None
     plan = ImagePlan(
         transform=transform,

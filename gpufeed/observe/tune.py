@@ -13,12 +13,12 @@ from typing import Any
 
 import psutil
 
+from gpufeed._progress import ProgressBar
 from gpufeed.errors import shorten
 from gpufeed.loader import FastLoader
 from gpufeed.observe.batches import batch_size_of, doublings
 from gpufeed.observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed.observe.probe import usable_core_count
-from gpufeed.observe.progress import ProgressBar
 from gpufeed.observe.tune_plot import save_tune_plot
 from gpufeed.observe.tune_reads import (
     prefetch_for_reads,

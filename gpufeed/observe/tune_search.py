@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from gpufeed._engine.ranks import find_local_ranks, fitting_workers
+from gpufeed._progress import ProgressBar
 from gpufeed.errors import shorten
 from gpufeed.observe.memory import format_bytes
-from gpufeed.observe.progress import ProgressBar
 from gpufeed.observe.tune_reads import read_options, tune_reads
 from gpufeed.observe.tune_rules import gain as relative_gain
 

@@ -346,7 +346,7 @@ def test_read_concurrency_search_stops_at_its_knee():
 
     best, rows, reasons = search_read_concurrency(at, _Row(1, 50.0), 0.05)
     assert measured == [4, 16, 64] and best.read_concurrency == 16
-    assert "keeping 16" in reasons[-1] and "worth it" in reasons[0]
+    assert "stopped helping; keeping 16" in reasons[-1] and "still help" in reasons[0]
     assert search_read_concurrency(at, _Row(16, 600.0), 0.05)[0].read_concurrency == 16
     assert measured[-1] == 64  # only values above the baseline's are tried
 
