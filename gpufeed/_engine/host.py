@@ -80,7 +80,7 @@ class HostRanks:
         """Write this process's record (atomically) and remove records of ended processes."""
         me = psutil.Process()
         record = RankRecord(self.local.rank, self.local.count, me.pid, me.create_time(), _own_cpus())
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)  # this user's records alone
         path = os.path.join(self.directory, f"{self.job}-{record.local_rank}.json")
         tmp = f"{path}.{record.pid}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
