@@ -181,3 +181,33 @@ def test_resume_across_world_sizes_is_byte_identical(packed: tuple[Path, list[st
     resumed.load_state_dict(states[0])
     resumed.set_epoch(1)  # the state's epoch: keeps its position
     assert same_samples(samples_of(list(resumed)), full[8:])
+
+
+def test_doctor_cli_on_a_glob_of_shards_gives_a_verdict(packed: tuple[Path, list[str]],
+                                                        tmp_path: Path, capsys: Any) -> None:
+    from gpufeed.cli import main
+
+    _, shards = packed
+    out = tmp_path / "doctor.json"
+    pattern = str(Path(shards[0]).parent / "*.tar")
+    assert main(["doctor", pattern, "--workers", "1", "--batch-size", "4", "--batches", "4",
+                 "--step-ms", "150", "--json", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"27 images in {pattern}" in printed and "bottleneck = compute" in printed
+    assert json.loads(out.read_text())["bottleneck"] == "compute"
+
+
+def test_tune_cli_on_a_brace_pattern_of_shards_recommends(packed: tuple[Path, list[str]],
+                                                          tmp_path: Path, capsys: Any) -> None:
+    from gpufeed.cli import main
+
+    _, shards = packed
+    first, last = Path(shards[0]), Path(shards[-1])
+    stem, lo = first.stem.rsplit("-", 1)
+    hi = last.stem.rsplit("-", 1)[1]
+    pattern = f"{first.parent}/{stem}-{{{lo}..{hi}}}.tar"  # shard-{000000..000005}.tar
+    out = tmp_path / "tune.json"
+    assert main(["tune", pattern, "--max-workers", "1", "--batch-size", "8", "--batches", "2",
+                 "--warmup", "1", "--json", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["recommended_num_workers"] == 1
+    assert "recommended: FastLoader(dataset, num_workers=1" in capsys.readouterr().out
