@@ -1,6 +1,7 @@
 """TarShards through FastLoader: the image fast path gives ImageFolder's batches, resumes exactly
-across worker counts, splits evenly across ranks, skips samples of a changed shard, and reads
-shards over HTTP by ranged requests (sidecar index or one streaming pass)."""
+across worker counts and world sizes, splits evenly across ranks, skips samples of a changed
+shard and corrupt images, caches a second epoch, reads shards over HTTP by ranged requests
+(sidecar index or one streaming pass), and goes through ``gpufeed doctor`` and ``gpufeed tune``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from gpufeed import (
     ResizeCenterCrop,
     TarShards,
 )
-from gpufeed.errors import ReadError
+from gpufeed.errors import DecodeError, ReadError
 from gpufeed.sources.tar_writer import write_shards
 from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer
@@ -211,3 +212,37 @@ def test_tune_cli_on_a_brace_pattern_of_shards_recommends(packed: tuple[Path, li
                  "--warmup", "1", "--json", str(out), "--no-progress"]) == 0
     assert json.loads(out.read_text())["recommended_num_workers"] == 1
     assert "recommended: FastLoader(dataset, num_workers=1" in capsys.readouterr().out
+
+
+def test_a_cached_second_epoch_is_all_hits(packed: tuple[Path, list[str]]) -> None:
+    _, shards = packed
+    ds = TarShards(shards, transform=ResizeCenterCrop(24))
+    with FastLoader(ds, batch_size=6, num_workers=2, cache_bytes="16MB") as loader:
+        cold = [(x.clone(), y.clone()) for x, y in loader]
+        warm = [(x.clone(), y.clone()) for x, y in loader]
+        stats = loader.stats()
+    assert same(warm, cold)
+    assert stats["cache_hits"] == len(ds) and stats["cache_misses"] == len(ds)
+
+
+def test_a_corrupt_image_member_is_skipped_and_counted(packed: tuple[Path, list[str]],
+                                                       tmp_path: Path) -> None:
+    _, shards = packed
+    ds = TarShards(shards, transform=ResizeCenterCrop(24))
+    victim = ds.shard_of(5)
+    copies = []
+    for path in shards:
+        copies.append(str(tmp_path / Path(path).name))
+        Path(copies[-1]).write_bytes(Path(path).read_bytes())
+    with open(shards[victim], "rb") as f:  # sample 5's image data starts with the JPEG SOI
+        data = f.read()
+    offset = data.index(ds.read(5)[:64])
+    with open(copies[victim], "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(16))  # not an image any more; same size, same tar header
+    broken = TarShards(copies, transform=ResizeCenterCrop(24))
+    loader = FastLoader(broken, batch_size=6, num_workers=2, on_error="skip")
+    assert sum(len(y) for _, y in loader) == len(ds) - 1
+    assert loader.stats()["skipped"] == 1
+    with pytest.raises(DecodeError, match=Path(copies[victim]).name):
+        list(FastLoader(broken, batch_size=6, num_workers=0))
