@@ -1,5 +1,6 @@
 """``gpufeed tune``: find num_workers (and read concurrency, pinning, prefetch, cache) for an
-image folder, local or at a URL (``s3://``, ``http(s)://``...; ``pip install gpufeed[remote]``).
+image folder or tar shards (ROOT ending in ``.tar``: a path, glob or brace pattern), local or
+at a URL (``s3://``, ``http(s)://``...; ``pip install gpufeed[remote]``).
 
 ::
 
@@ -26,13 +27,12 @@ from typing import Any
 
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.bench.environment import describe_environment
-from gpufeed.cli._util import add_on_error, write
+from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.loader import FastLoader
 from gpufeed.observe.memory import format_bytes
 from gpufeed.observe.tune import tune
-from gpufeed.sources import ImageFolder
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 
@@ -52,7 +52,9 @@ def add_tune_parser(sub: Any) -> None:
                                     "1, 4, 16, 64 reads in flight) on an image folder and recommend "
                                     "num_workers, read_concurrency, pin_workers, prefetch and cache")
     p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE), a local path or a "
-                                                "URL (s3://, gs://, http(s)://: needs gpufeed[remote])")
+                                                "URL (s3://, gs://, http(s)://: needs gpufeed[remote]); or "
+                                                "WebDataset tar shards: a .tar path, glob or "
+                                                "brace pattern (train-{0000..0127}.tar)")
     p.add_argument("--max-workers", type=_positive, default=None, metavar="N",
                    help="largest worker count tried (default: the usable cores)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
@@ -85,7 +87,7 @@ def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]
     import torch
 
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
-    dataset = ImageFolder(args.root, transform=transform)
+    dataset = open_image_dataset(args.root, transform)
     shuffle = args.transform == "train"
 
     def make(num_workers: int, pin_workers: bool) -> FastLoader:
@@ -116,7 +118,7 @@ def format_recommendation(result: Any) -> str:
     if rc is not None:
         lines.append(f"  with the dataset's read_concurrency={rc} (reads in flight per worker: "
                      f"ImageFolder(root, transform, read_concurrency={rc}), or the same "
-                     f"keyword of ImageDataset / LMDBDataset)")
+                     f"keyword of ImageDataset / LMDBDataset / TarShards)")
     lines.append("why:")
     lines += [f"  - {reason}" for reason in result.reasons]
     return "\n".join(lines)
