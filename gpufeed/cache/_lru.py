@@ -1,4 +1,4 @@
-"""The host-memory cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
+"""The per-loader host cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
 
 Workers never hold a cache of their own (N workers would mean N copies and N cold starts).
 The parent looks samples up when it dispatches a batch and writes hits straight into the batch's
