@@ -3,6 +3,7 @@ the ``ImageFeed`` (cache look-ups before a batch is dispatched, cache fills afte
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -16,7 +17,9 @@ from torch.utils.data._utils.collate import default_collate
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
-from gpufeed.cache import HostCache, aligned_copy
+from gpufeed.cache import HostCache
+from gpufeed.cache._job import job_info, wants_host_cache
+from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
 from gpufeed.cuda import GpuTransform
 
 log = logging.getLogger(__name__)
@@ -79,10 +82,16 @@ def make_image_feed(
     cache_budget: int,
     seed: int | None,
     on_gpu: bool = False,
+    cache_scope: str = "rank",
+    cache_text: str = "",
+    dry_run: bool = False,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    ``cache_scope``: ``"rank"``, ``"host"`` or ``"auto"`` (``make_cache``); ``cache_text``: the
+    ``cache_bytes`` given, as text (the host cache compares it); ``dry_run``: a check of the
+    options at construction, which attaches to no host cache.
     """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
@@ -128,8 +137,48 @@ def make_image_feed(
             f"`max_batch_bytes` is {loader.engine_config.max_batch_bytes}. Raise max_batch_bytes "
             "or lower batch_size."
         )
-    cache = HostCache(cache_budget) if cache_budget else None
+    cache = None
+    if cache_budget and not (dry_run and cache_scope != "rank"):
+        cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
+    """What makes the cached values of ``source`` under ``plan`` (docs/design/host-cache.md):
+    the dataset (class, repr, length, labels, 16 samples' ``describe``), the kind of value,
+    and for decoded rows the transform and the output geometry."""
+    n = len(source)
+    parts = [plan.cache or "", f"{type(source).__module__}.{type(source).__qualname__}", repr(source), str(n)]
+    parts += [source.describe(int(i)) for i in np.unique(np.linspace(0, max(n - 1, 0), 16).astype(np.int64))] if n else []
+    table = _label_table(source)
+    if table is not None:
+        parts.append(hashlib.blake2b(table.tobytes(), digest_size=16).hexdigest())
+    if plan.cache == "decoded":
+        parts += [repr(plan.transform), str(plan.hw), str(plan.channels_last), str(plan.row_bytes)]
+    return fingerprint(parts)
+
+
+def make_cache(plan: ImagePlan, source: Any, budget: int, text: str, scope: str) -> HostCache | CacheNamespace | None:
+    """The loader's cache: its own LRU, or its namespace of the job's host cache
+    (``cache_scope``; docs/design/host-cache.md, "Which loaders share")."""
+    info = job_info()
+    if not wants_host_cache(scope, info):
+        return HostCache(budget)
+    if info.key is None:
+        raise ValueError(
+            "`cache_scope='host'` shares one cache between the processes of a job, and no job was "
+            "found: no GPUFEED_CACHE_JOB, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT with "
+            "WORLD_SIZE > 1, or initialised torch.distributed process group. Set GPUFEED_CACHE_JOB "
+            "to the same string in every process of the job, or use cache_scope='auto'."
+        )
+    shared = SharedHostCache(info.key, budget, text)
+    space = shared.namespace(cache_fingerprint(plan, source), len(source))
+    if space is None:
+        shared.close()
+        log.warning("gpufeed: the job's host cache has no room for this loader's table (%d samples, "
+                    "budget %d bytes, or 56 kinds of rows already): it runs without a cache.",
+                    len(source), shared.budget_bytes)
+    return space
 
 
 def _default_seed(generator: torch.Generator | None) -> int:
@@ -162,7 +211,8 @@ class ImageFeed:
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
 
-    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None, gpu_transform: Any = None) -> None:
+    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | CacheNamespace | None,
+                 gpu_transform: Any = None) -> None:
         self.plan = plan
         self.filler = ImageFiller(plan)
         self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
@@ -287,7 +337,7 @@ class ImageFeed:
             rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
             for row, pos in enumerate(report.kept):
                 if pos not in done:
-                    self.cache.put(indices[pos], aligned_copy(rows[row]))
+                    self.cache.put_row(indices[pos], rows[row])
         else:
             for pos, off, nbytes in report.staged:
-                self.cache.put(indices[pos], buf[off : off + nbytes].numpy().tobytes())
+                self.cache.put_bytes(indices[pos], buf[off : off + nbytes].numpy())
