@@ -93,3 +93,10 @@ def wants_host_cache(scope: str, info: JobInfo) -> bool:
     if info.local_world_size is not None:
         return info.local_world_size > 1
     return info.world_size is not None and info.world_size > 1
+
+
+def host_metrics_exporter(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process exports the host cache's bytes and budget: local rank 0
+    (``LOCAL_RANK`` unset counts as 0). docs/design/host-cache.md, "Metrics once per host"."""
+    env = os.environ if env is None else env
+    return (_int(env, "LOCAL_RANK") or 0) == 0
