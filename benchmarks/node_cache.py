@@ -147,8 +147,9 @@ def main() -> None:
     if args.rank_main:
         rank_main(args)
         return
-    import gpufeed
     import torch
+
+    import gpufeed
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root

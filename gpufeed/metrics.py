@@ -29,7 +29,7 @@ from gpufeed.cache._job import host_metrics_exporter
 from gpufeed.errors import BackendUnavailableError, shorten
 from gpufeed.stats import STAGES
 
-__all__ = ["METRIC_NAMES", "MetricsServer", "serve"]
+__all__ = ["HOST_METRIC_NAMES", "METRIC_NAMES", "MetricsServer", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,11 @@ METRIC_NAMES: frozenset[str] = frozenset(
     [name + "_total" for _, name, _ in _COUNTERS]
     + [name for _, name, _ in _GAUGES]
     + [_STAGE_NAME + "_total", _WORKER_CPU[0] + "_total", _WORKER_RSS[0], _WORKERS[0]]
-    + [name for _, name, _ in _HOST_CACHE]
 )
-"""Every metric name the collector can emit, as Prometheus exposes it (counters end in ``_total``)."""
+"""Every per-loader metric name the collector can emit, as Prometheus exposes it (counters end
+in ``_total``)."""
+HOST_METRIC_NAMES: frozenset[str] = frozenset(name for _, name, _ in _HOST_CACHE)
+"""The host cache's metrics (no ``loader`` label), emitted by local rank 0 only."""
 
 _servers: dict[tuple[str, int], MetricsServer] = {}
 _servers_lock = threading.Lock()

@@ -149,7 +149,8 @@ def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
     and for decoded rows the transform and the output geometry."""
     n = len(source)
     parts = [plan.cache or "", f"{type(source).__module__}.{type(source).__qualname__}", repr(source), str(n)]
-    parts += [source.describe(int(i)) for i in np.unique(np.linspace(0, max(n - 1, 0), 16).astype(np.int64))] if n else []
+    spread = np.unique(np.linspace(0, n - 1, 16).astype(np.int64)) if n else np.empty(0, np.int64)
+    parts += [source.describe(int(i)) for i in spread]
     table = _label_table(source)
     if table is not None:
         parts.append(hashlib.blake2b(table.tobytes(), digest_size=16).hexdigest())

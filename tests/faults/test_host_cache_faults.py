@@ -18,7 +18,8 @@ from gpufeed.cache._attach import peer_allowed, socket_prefix, try_receive
 from gpufeed.cache._shared import SharedHostCache, fingerprint
 from tests._procs import live_children
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd (Linux)")]
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the host cache needs memfd (Linux)")]
 
 ROW_BYTES = 192 * 1024
 NUM_KEYS = 400
