@@ -3,9 +3,11 @@
     PYTHONPATH=CHECKOUT python benchmarks/node_cache.py [ROOT] [--ranks 2 4] [--images 2000]
         [--epochs 3] [--workers 1] [--batch-size 64] [--cache-bytes 2GB] [--json OUT]
 
-For each W of ``--ranks``, three ``torchrun --nproc_per_node W`` launches (CPU ranks, gloo),
-in this order: ``cache_scope="host"`` (one cache for the host), ``cache_scope="rank"`` (one per
-rank, as before), and no cache (for the memory baseline). Each rank: a FastLoader over ROOT
+For each W of ``--ranks``, ``torchrun --nproc_per_node W`` launches (CPU ranks, gloo):
+``cache_scope="host"`` (one cache for the host) and ``cache_scope="rank"`` (one per rank, as
+before), ``--repeats`` times each, alternating (host, rank, rank, host, ...), and one without a
+cache (the memory baseline) after the first pair. Speeds are the medians over the repeats, and
+the per-pair ratios are listed (the box is shared: trust ratios within one run). Each rank: a FastLoader over ROOT
 with ``ResizeCenterCrop(224, 256)`` uint8 output, a shuffling ``DistributedSampler`` with
 ``set_epoch``, ``--workers`` persistent workers, ``cache_bytes`` (default ``2GB``, which holds
 the set). Reported per launch:
@@ -108,8 +110,18 @@ def _launch(script: str, ranks: int, mode: str, args: argparse.Namespace, root: 
     return json.loads(line.removeprefix("RESULT "))
 
 
-def _report(ranks: int, runs: dict[str, dict], row_bytes: int) -> list[str]:
-    lines = [f"-- {ranks} ranks --"]
+def _median_run(runs: list[dict]) -> dict:
+    """The first run, with node images/s per epoch replaced by the medians over ``runs``."""
+    import statistics
+
+    epochs = range(len(runs[0]["node_images_per_s"]))
+    rates = [statistics.median(r["node_images_per_s"][e] for r in runs) for e in epochs]
+    return {**runs[0], "node_images_per_s": rates}
+
+
+def _report(ranks: int, all_runs: dict[str, list[dict]], row_bytes: int) -> list[str]:
+    lines = [f"-- {ranks} ranks ({len(all_runs['host'])} launches per mode; node images/s: medians) --"]
+    runs = {mode: _median_run(found) for mode, found in all_runs.items()}
     base = runs["none"]["pss"]
     n = runs["host"]["images"]
     for mode in ("host", "rank"):
@@ -127,7 +139,10 @@ def _report(ranks: int, runs: dict[str, dict], row_bytes: int) -> list[str]:
                      f"{owned / run['ranks'][0]['available']:.2f} of available memory"
                      f" | same budget on every rank: {len(set(budgets)) == 1}")
     host, rank = runs["host"]["node_images_per_s"], runs["rank"]["node_images_per_s"]
-    lines.append(f"host/rank: epoch 1 {host[0] / rank[0]:.2f}x, last epoch {host[-1] / rank[-1]:.2f}x")
+    pairs = [f"{h['node_images_per_s'][0] / r['node_images_per_s'][0]:.2f}"
+             for h, r in zip(all_runs["host"], all_runs["rank"], strict=True)]
+    lines.append(f"host/rank: epoch 1 {host[0] / rank[0]:.2f}x (per pair: {', '.join(pairs)}), "
+                 f"last epoch {host[-1] / rank[-1]:.2f}x")
     return lines
 
 
@@ -140,6 +155,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--cache-bytes", default="2GB")
+    parser.add_argument("--repeats", type=int, default=2, help="launches per mode, alternating")
     parser.add_argument("--json")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
@@ -167,7 +183,11 @@ def main() -> None:
         print(head, flush=True)
         results = {}
         for ranks in args.ranks:
-            runs = {mode: _launch(str(Path(__file__).resolve()), ranks, mode, args, root) for mode in MODES}
+            runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+            order = [m for i in range(args.repeats) for m in (("host", "rank") if i % 2 == 0 else ("rank", "host"))]
+            order.insert(2, "none")
+            for mode in order:
+                runs[mode].append(_launch(str(Path(__file__).resolve()), ranks, mode, args, root))
             results[ranks] = runs
             for line in _report(ranks, runs, 224 * 224 * 3):
                 print(line, flush=True)

@@ -93,7 +93,7 @@ class MemberServer:
     def _serve(self) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self._sock, self._wake_r], [], [])
+                ready, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
             except (OSError, ValueError):
                 return
             if self._wake_r in ready:
