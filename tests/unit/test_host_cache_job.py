@@ -60,3 +60,22 @@ def test_a_second_budget_warns_and_keeps_the_hosts_and_loaders_share_it():
             second.close()
     finally:
         first.close()
+
+
+def test_cache_scope_is_checked_at_construction_and_host_needs_a_job(tmp_path, monkeypatch):
+    from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+    from gpufeed.synth import make_image_folder
+
+    make_image_folder(tmp_path, num_classes=1, per_class=2, size=(20, 20))
+    dataset = ImageFolder(tmp_path, transform=ResizeCenterCrop(16, 16))
+    with pytest.raises(ValueError, match="`cache_scope` must be one of 'auto', 'host', 'rank'. Found: 'node'"):
+        FastLoader(dataset, batch_size=2, cache_bytes="1MB", cache_scope="node")
+    for name in ("GPUFEED_CACHE_JOB", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    loader = FastLoader(dataset, batch_size=2, cache_bytes="1MB", cache_scope="host")
+    assert loader.cache_scope == "host"
+    with pytest.raises(ValueError, match="no job was found"):
+        iter(loader)
+    single = FastLoader(dataset, batch_size=2, cache_bytes="1MB")  # "auto", one process: as before
+    assert [len(x) for x, _ in single] == [2] and single.stats()["cache_shared"] == 0
+    assert single.stats()["cache_budget_bytes"] == 10**6
