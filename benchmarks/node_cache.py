@@ -16,6 +16,8 @@ the set). Reported per launch:
 * node images/s per epoch: the dataset over the wall time of the epoch between two barriers;
 * host memory of the cache: PSS summed over every rank and worker process (psutil) at the end
   of the last epoch, minus the no-cache launch's, in copies of the decoded rows;
+  and of that: the arenas' resident bytes (with - without), and for the host cache the PSS of
+  its memfd's mappings (smaps), i.e. the cache's own pages;
 * the budget: ``stats()["cache_budget_bytes"]`` summed over the ranks that own a budget (one for
   the host cache, W for per-rank caches), over the available memory when the job started.
 
@@ -50,6 +52,25 @@ def _pss_of_job() -> int:
     return total
 
 
+def _host_cache_pss() -> int:
+    """PSS (bytes) of the host cache's memfd mappings in every rank and worker (smaps)."""
+    import psutil
+
+    total = 0
+    for proc in psutil.Process(os.getppid()).children(recursive=True):
+        try:
+            with open(f"/proc/{proc.pid}/smaps") as f:
+                inside = False
+                for line in f:
+                    if not line[0].isupper() or line.startswith("VmFlags"):
+                        inside = "memfd:gpufeed-host-cache" in line if "-" in line.split()[0] else inside
+                    elif inside and line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
 def rank_main(args: argparse.Namespace) -> None:
     import psutil
     import torch.distributed as dist
@@ -79,15 +100,19 @@ def rank_main(args: argparse.Namespace) -> None:
         before = (stats["cache_hits"], stats["cache_misses"])
         rates.append(hits / (hits + misses) if hits + misses else 0.0)
     pss = _pss_of_job() if rank == 0 else 0
+    cache_pss = _host_cache_pss() if rank == 0 else 0
+    arena = loader._arena.resident_bytes() if loader._arena is not None else 0
     dist.barrier()  # every process alive while rank 0 measured
     stats = loader.stats()
     mine = {"rank": rank, "hit_rates": rates, "budget": stats["cache_budget_bytes"],
-            "bytes": stats["cache_bytes"], "shared": stats["cache_shared"], "available": available}
+            "bytes": stats["cache_bytes"], "shared": stats["cache_shared"], "available": available,
+            "arena_bytes": arena}
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     loader.close()
     if rank == 0:
         print("RESULT " + json.dumps({"ranks": everyone, "node_images_per_s": node_rates, "pss": pss,
+                                      "cache_pss": cache_pss,
                                       "images": len(dataset)}), flush=True)
     dist.destroy_process_group()
 
@@ -138,6 +163,10 @@ def _report(ranks: int, all_runs: dict[str, list[dict]], row_bytes: int) -> list
                      f"{copies:.2f} copies of the decoded rows | budget(s) {owned / 1e9:.2f} GB = "
                      f"{owned / run['ranks'][0]['available']:.2f} of available memory"
                      f" | same budget on every rank: {len(set(budgets)) == 1}")
+        arenas = sum(r["arena_bytes"] for r in run["ranks"]) - sum(r["arena_bytes"] for r in runs["none"]["ranks"])
+        lines.append(f"{'':4s} of which: arenas (resident, with - without) {arenas / 2**20:+,.0f} MiB"
+                     + (f"; the host cache's memfd pages (PSS) {run['cache_pss'] / (n * row_bytes):.2f} copies"
+                        if mode == "host" else ""))
     host, rank = runs["host"]["node_images_per_s"], runs["rank"]["node_images_per_s"]
     pairs = [f"{h['node_images_per_s'][0] / r['node_images_per_s'][0]:.2f}"
              for h, r in zip(all_runs["host"], all_runs["rank"], strict=True)]
