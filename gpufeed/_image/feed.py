@@ -336,9 +336,8 @@ class ImageFeed:
                 return  # every row came from the cache
             done = set(task.done)
             rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
-            for row, pos in enumerate(report.kept):
-                if pos not in done:
-                    self.cache.put_row(indices[pos], rows[row])
+            new = [(indices[pos], rows[row]) for row, pos in enumerate(report.kept) if pos not in done]
+            self.cache.put_rows([key for key, _ in new], [row for _, row in new])
         else:
             for pos, off, nbytes in report.staged:
                 self.cache.put_bytes(indices[pos], buf[off : off + nbytes].numpy())

@@ -133,6 +133,11 @@ class HostCache:
         """Cache a decoded row: an aligned copy (``aligned_copy``)."""
         self.put(key, aligned_copy(row))
 
+    def put_rows(self, keys: Sequence[int], rows: Sequence[Any]) -> None:
+        """Cache a batch's decoded rows: ``put_row`` each."""
+        for key, row in zip(keys, rows, strict=True):
+            self.put_row(key, row)
+
     def put_bytes(self, key: int, data: Any) -> None:
         """Cache encoded bytes: a ``bytes`` copy."""
         self.put(key, bytes(data))

@@ -221,7 +221,8 @@ class SharedHostCache:
 class CacheNamespace:
     """One loader's view of the host cache: the rows of its fingerprint, keyed by sample index,
     with this loader's hits and misses. The interface of ``HostCache`` (``get_many``, ``peek``,
-    ``put``, ``put_row``, ``put_bytes``, ``nbytes``, ``budget_bytes``)."""
+    ``put``, ``put_row``, ``put_rows``, ``put_bytes``, ``nbytes``, ``budget_bytes``), and
+    ``put_many``."""
 
     shared = True
 
@@ -269,32 +270,52 @@ class CacheNamespace:
     def put(self, key: int, value: Any) -> bool:
         """Publish ``value`` (bytes-like or a contiguous array) for ``key`` once: False when
         it was there already, does not fit the budget or is over 256 MiB."""
-        if not 0 <= key < self.num_samples:
-            raise IndexError(f"gpufeed host cache: sample index {key} outside 0..{self.num_samples - 1}")
-        if self._table[key]:
-            return False
-        src = value.reshape(-1).view(np.uint8) if isinstance(value, np.ndarray) else np.frombuffer(value, np.uint8)
-        nbytes = src.nbytes
-        if not 0 < nbytes <= MAX_VALUE_BYTES:
-            return False
-        cache = self.cache
+        return self.put_many([key], [value]) == 1
+
+    def put_many(self, keys: Sequence[int], values: Sequence[Any]) -> int:
+        """Publish each of ``values`` for its key of ``keys`` once (as ``put``), with the lock
+        taken twice for the whole batch (reserve, then publish); returns how many were
+        published by this call."""
+        table, cache = self._table, self.cache
+        todo = []
+        for key, value in zip(keys, values, strict=True):
+            if not 0 <= key < self.num_samples:
+                raise IndexError(f"gpufeed host cache: sample index {key} outside 0..{self.num_samples - 1}")
+            if not table[key]:
+                src = (value.reshape(-1).view(np.uint8) if isinstance(value, np.ndarray)
+                       else np.frombuffer(value, np.uint8))
+                if 0 < src.nbytes <= MAX_VALUE_BYTES:
+                    todo.append((key, src))
+        if not todo:
+            return 0
+        placed = []
         cache._lock()
         try:
-            start = None if self._table[key] else cache._reserve(nbytes)
+            for key, src in todo:
+                start = None if table[key] else cache._reserve(src.nbytes)
+                if start is None:
+                    continue  # there already, or the budget is spent (fill-once)
+                placed.append((key, src, start))
         finally:
             cache._unlock()
-        if start is None:
-            return False
-        np.copyto(self._data[start : start + nbytes], src)  # no lock held: others fill meanwhile
-        cache._lock()  # (the lock's system call orders the row's stores before the entry's)
+        for _key, src, start in placed:  # no lock held: others fill meanwhile
+            np.copyto(self._data[start : start + src.nbytes], src)
+        published = 0
+        cache._lock()  # (the lock's system call orders the rows' stores before the entries')
         try:
-            if self._table[key]:
-                return False  # another process published it first: these bytes stay unused
-            self._table[key] = (start // ALIGN) << LENGTH_BITS | nbytes
-            cache._words[_W_PUBLISHED] += np.uint64(nbytes)
-            return True
+            for key, src, start in placed:
+                if table[key]:
+                    continue  # another process published it first: these bytes stay unused
+                table[key] = (start // ALIGN) << LENGTH_BITS | src.nbytes
+                cache._words[_W_PUBLISHED] += np.uint64(src.nbytes)
+                published += 1
         finally:
             cache._unlock()
+        return published
+
+    def put_rows(self, keys: Sequence[int], rows: Sequence[Any]) -> None:
+        """Cache a batch's decoded rows (copied into the cache)."""
+        self.put_many(keys, rows)
 
     def put_row(self, key: int, row: Any) -> None:
         """Cache a decoded row (copied into the cache)."""

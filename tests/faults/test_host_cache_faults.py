@@ -49,9 +49,10 @@ def filler(job: str, first: int, progress, inode) -> None:
     """Fill keys first.. (wrapping) until the budget is spent, then wait to be killed."""
     cache, space = _attach(job)
     inode.value = os.fstat(cache._fd).st_ino
-    for i in range(NUM_KEYS):
-        space.put((first + i) % NUM_KEYS, make_row((first + i) % NUM_KEYS))
-        progress.value += 1
+    for i in range(0, NUM_KEYS, 4):  # batches of 4 rows: reserved together, then published
+        keys = [(first + j) % NUM_KEYS for j in range(i, i + 4)]
+        space.put_many(keys, [make_row(k) for k in keys])
+        progress.value += 4
     signal.pause()
 
 
