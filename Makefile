@@ -8,12 +8,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 # A second venv for tests/torchvision: PyPI's torchvision does not import beside the pinned CPU
 # torch, so these tests run on torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.5 GB, that
-# runs on the CPU; about 75 s to install here from local files). See README, "Coming from torchvision".
+# runs on the CPU; about 75 s to install here from local files). See docs/getting-started.md, "The two commands of a clone".
 TV_VENV  ?= .venv-tv
 TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
 TV_STAMP := $(TV_VENV)/.gpufeed-installed
 
-.PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels
+.PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels package-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,14 +43,30 @@ demo: sysdeps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
-# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine).
+# Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine),
+# the layers of docs/design/layers.md (lint-imports, [tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
+
+# The package as a user gets it: build the sdist and, from it, the wheel into dist/ (isolated
+# builds, as pip does); install the wheel with $(TORCH) into a fresh venv ($(PKG_VENV), made anew
+# every time) and run scripts/package_smoke.py there, outside the tree: import, LICENSE in the
+# dist-info, `gpufeed --version`, one FastLoader epoch. The venv has no pip of its own (.venv's pip
+# installs into it with --python: ensurepip would cost more than the rest of the venv); one pip run,
+# wheels from pip's cache, and --no-compile (byte-compiling torch is most of an install's time).
+PKG_VENV ?= .venv-pkg
+package-check: $(STAMP)
+	rm -rf dist $(PKG_VENV)
+	$(BIN)/python -m build -q --outdir dist .
+	$(PYTHON) -m venv --without-pip $(PKG_VENV)
+	$(BIN)/python -m pip --python $(PKG_VENV)/bin/python install -q --no-compile "$(TORCH)" dist/gpufeed-*.whl
+	cd $(PKG_VENV) && env -u PYTHONPATH bin/python "$(CURDIR)/scripts/package_smoke.py"
 
 # The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
 # with real torchvision in .venv-tv.
-test: sysdeps $(STAMP) $(TV_STAMP) lint docs
+test: sysdeps $(STAMP) $(TV_STAMP) lint docs package-check
 	$(BIN)/python -m pytest tests
 	$(TV_VENV)/bin/python -m pytest tests/torchvision
 
@@ -65,7 +81,7 @@ bench: sysdeps $(STAMP)
 
 # Every GPU check (pytest tests/gpu, benchmarks/cuda_feed.py, serve.py --device cuda,
 # core_scaling.py), on this machine's own Python and torch, offline: no venv, no pip. Without
-# CUDA: one line, exit 0. See README, "GPU check".
+# CUDA: one line, exit 0. See docs/gpu-feed.md, "The GPU check".
 GPU_PYTHON ?= $(firstword $(wildcard /opt/torch/.venv/bin/python3) python3)
 gpu-check:
 	@GPU_PYTHON="$(GPU_PYTHON)" bash scripts/gpu_check.sh
@@ -75,4 +91,4 @@ gpu-wheels:
 	PYTHON="$(PYTHON)" bash scripts/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) $(TV_VENV) build site *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) $(TV_VENV) $(PKG_VENV) build dist site *.egg-info .pytest_cache .benchmarks

@@ -1,4 +1,4 @@
-"""Cached epochs under default settings (issue 13): a cold epoch against fully cached ones.
+"""Cached epochs under default settings: a cold epoch against fully cached ones.
 
     PYTHONPATH=CHECKOUT python benchmarks/cache_epochs.py [ROOT] [--images 1500] [--size 96 128]
         [--epochs 3] [--workers 2] [--batch-size 64] [--outputs uint8 float32] [--hold]
@@ -17,10 +17,10 @@ measured in the same run:
   >= 50%), and the same bytes per second of main-process CPU (what the parent's code does when
   it has a core);
 * the main process's CPU seconds per batch (``time.process_time``), cold and cached, and the
-  batches the main process completed itself (``stats()["parent_batches"]``, 0 before issue 13).
+  batches the main process completed itself (``stats()["parent_batches"]``).
 
 Without ROOT, a demo folder of ``--images`` JPEGs of ``--size`` px (min max) is generated in a
-temporary directory. Eval transform ResizeCenterCrop(224, 256), as in the issue. For A/B runs of
+temporary directory. Eval transform ResizeCenterCrop(224, 256). For A/B runs of
 two checkouts, alternate them on the same ROOT and compare the ratios, not the timings.
 """
 

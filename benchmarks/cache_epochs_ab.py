@@ -1,4 +1,4 @@
-"""A/B of cached epochs between checkouts, interleaved epoch by epoch (issue 13).
+"""A/B of cached epochs between checkouts, interleaved epoch by epoch.
 
     python benchmarks/cache_epochs_ab.py ROOT CHECKOUT_A CHECKOUT_B [--rounds 30] [--hold]
         [--outputs uint8]

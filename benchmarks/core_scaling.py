@@ -1,4 +1,4 @@
-"""Core scaling of the image path: images/s at 1, 2, 4, 8, 16 workers (issue 13, "Many cores").
+"""Core scaling of the image path: images/s at 1, 2, 4, 8, 16 workers.
 
     python benchmarks/core_scaling.py [--workers 1,2,4,8,16] [--images 512] [--batch-size 64]
                                       [--seconds 2.5] [--rounds 3] [--budget-s 110] [--dir DIR]
@@ -18,7 +18,7 @@ window are reported as cores busy. Rounds alternate the order of the counts (asc
 descending, ...); a round after the first runs only when it fits in ``--budget-s`` (seconds since
 start, image making included). Figures are medians over rounds.
 
-Scaling efficiency at k workers = images/s(k) / (k x images/s(1)). Goal (issue 13): >= 85% at the
+Scaling efficiency at k workers = images/s(k) / (k x images/s(1)). Goal: >= 85% at the
 usable cores - 1 workers. The CPU topology is reported: logical CPUs, physical cores, threads per
 core (``/sys/devices/system/cpu/cpu*/topology/thread_siblings_list``, and ``lscpu`` if present), so
 that the result says whether the cores are hyperthreads.
@@ -42,7 +42,7 @@ import psutil
 from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder
-from gpufeed._observe.probe import usable_core_count
+from gpufeed.observe.probe import usable_core_count
 from gpufeed.bench.environment import describe_environment
 from gpufeed.cli.bench import prepare_demo_data
 from gpufeed.transforms import ResizeCenterCrop
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     g = result["goal"]
     verdict = {True: "met", False: "NOT met",
                None: "not judged (the base count itself: needs >= 3 usable cores)"}[g["met"]]
-    print(f"goal (issue 13): efficiency >= {GOAL:.0%} at {g['workers']} workers (usable cores "
+    print(f"goal: efficiency >= {GOAL:.0%} at {g['workers']} workers (usable cores "
           f"{topo['usable_cores']} - 1 for the main process), against {g['workers']} x the 1-worker rate: "
           f"{g['efficiency']:.0%}, {verdict}; hyperthreads: {ht}")
     if args.json:

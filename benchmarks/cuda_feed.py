@@ -1,4 +1,4 @@
-"""CUDA feed benchmark: a real training step fed three ways, and a feed-only mode (issue 10).
+"""CUDA feed benchmark: a real training step fed three ways, and a feed-only mode.
 
     python benchmarks/cuda_feed.py [--mode train,feed] [--batch-size 256] [--workers N] [--json OUT]
     python benchmarks/cuda_feed.py --cpu-dry-run      # the same code paths on CPU, tiny sizes
@@ -17,7 +17,7 @@ images/s, data-wait fraction (GPU time between the end of one step and the momen
 batch is ready on the step's stream, over the step's GPU time, from CUDA events), and copy/compute
 overlap from torch.profiler (share of host-to-device memcpy time during which a compute kernel
 ran). feed mode: synthetic uint8 batches, no model: batches/s, and the bandwidth of the feed's
-host-to-device copies measured per copy (bytes over each copy's own device time: CUDA events
+host-to-device copies measured per copy (bytes over each copy's own GPU time: CUDA events
 in the loader's stats, and the profiler's memcpy records) against the device's pinned bandwidth
 (one pinned tensor copied the same way: ``.to(non_blocking=True)`` on a side stream, CUDA events).
 

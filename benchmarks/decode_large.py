@@ -1,5 +1,5 @@
 """Large photos, one image at a time in one thread: what bounds FastLoader against
-DataLoader+OpenCV ``IMREAD_REDUCED_*`` (issue 13's ">= 1.1x OpenCV reduced" goal).
+DataLoader+OpenCV ``IMREAD_REDUCED_*`` (the large-photo goal: >= 1.1x OpenCV reduced).
 
     python benchmarks/decode_large.py [ROOT] [--images 8] [--rounds 7] [--size 224 --resize 256]
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<17} {med:7.2f} ms/image (min {min(values):6.2f})  x opencv reduced: {med / base:.3f}")
     bound = base / statistics.median(times["gpufeed eval"])
     print(f"bound on FastLoader / DataLoader+OpenCV reduced, same workers (opencv reduced / gpufeed eval): "
-          f"{bound:.2f}x (issue 13's goal: >= 1.1x)")
+          f"{bound:.2f}x (goal: >= 1.1x)")
     return 0
 
 

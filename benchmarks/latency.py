@@ -15,10 +15,10 @@ concurrency stays within ``read_budget_bytes`` per worker).
                                  [--batches 8] [--rounds 3] [--budget-mib 64] [--no-dataloader]
                                  [--prefetch-factor 2]
 
-Goals (issue 15; 2 cores, 30 ms, num_workers=2): >= 640 img/s at read_concurrency=16; within 20%
+Goals (2 cores, 30 ms, num_workers=2): >= 640 img/s at read_concurrency=16; within 20%
 of the local-disk rate ("x local") once enough reads are in flight (16 reads per 30 ms cap a
 worker at 533 img/s: use 64); at 0 ms, the default (read_concurrency=1) within 3% of its rate
-before issue 15.
+before reads in flight existed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parent CPU per batch: can the main process feed many workers? (issue 13, "Many cores").
+"""Parent CPU per batch: can the main process feed many workers?
 
     python benchmarks/parent_cpu.py [ROOT] [--images 1000] [--rounds 3] [--workers 2]
                                     [--batch-size 64] [--size 224 --resize 256] [--json OUT]

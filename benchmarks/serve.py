@@ -1,4 +1,4 @@
-"""Serving: batch-1 handlers vs DynamicBatcher vs ImageBatcher, open-loop and closed-loop (issue 12).
+"""Serving: batch-1 handlers vs DynamicBatcher vs ImageBatcher, open-loop and closed-loop.
 
 For each model (ResNet-18 at 224x224, a small CNN at 96x96), JPEG requests from a synthetic
 image folder go to
@@ -32,7 +32,7 @@ request (this process and its children), as ratios against batch-1 measured in t
 On a GPU (``--device cuda``; run by ``make gpu-check``) the models run there, results come back to
 the host with ``.cpu()``, and the defaults change (ResNet-18 only, max_batch_size 64, usable cores - 4
 model threads and decode workers, rates up to 16x batch-1's, a time budget): see serve_device.py.
-Goal there (issue 12): batched >= 5x batch-1's sustained rate for ResNet-18.
+Goal there: batched >= 5x batch-1's sustained rate for ResNet-18.
 
     python benchmarks/serve.py [--device cpu|cuda] [--budget-s S] [--stop-after-fails N]
                                [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]

@@ -1,6 +1,6 @@
 """``benchmarks/serve.py --device cuda``: the option's defaults, its CUDA check and the GPU helpers.
 
-Issue 12's GPU goal: batched serving of ResNet-18 sustains at least 5x the offered rate that
+The GPU serving goal: batched serving of ResNet-18 sustains at least 5x the offered rate that
 batch-1 serving sustains (p99 under the SLO, >= 97% answered, < 1% refused). On a GPU the model
 call is cheap for a batch and the per-request costs move to the host (decode, Python, kernel
 launches), so the defaults there are sized for one H100/H200 host with 16 cores and for the
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gpufeed._observe.probe import usable_core_count
+from gpufeed.observe.probe import usable_core_count
 
 # Goal of the highest sustained rate against batch-1's, per (device type, model); None: no goal.
 GOALS = {("cpu", "smallcnn"): 1.2, ("cpu", "resnet18"): 1.0, ("cuda", "resnet18"): 5.0}

@@ -75,10 +75,10 @@ SPECS = {
     # thread against ~62 ms for one image, so under the 250 ms SLO two model threads of one image
     # each (plus the latency-aware admission) keep accepted requests in time under overload where
     # batches of 2 did not (p99 305 ms), and batches of 4 (10 ms wait) sustained only 0.71x
-    # batch-1's rate (2026-12-01/02, quiet 2-core host, benchmarks/README.md "Serving").
+    # batch-1's rate (2026-12-01/02, quiet 2-core host, benchmarks/results/serving.md).
     "resnet18": ModelSpec("resnet18", resnet18, 224, 256, 250.0, 1, 2.0, 2, 0.8),
     # Small CNN: batches of 8 take ~8 ms, so the client thread's own delays under load (GIL) are a
     # larger share of the 50 ms SLO: at 1.5x batch-1's capacity a 40 ms budget left p99 54-55 ms,
-    # 30 ms 41 ms (2026-12-02, benchmarks/README.md "Serving").
+    # 30 ms 41 ms (2026-12-02, benchmarks/results/serving.md).
     "smallcnn": ModelSpec("smallcnn", small_cnn, 96, 110, 50.0, 8, 2.0, 2, 0.6),
 }

@@ -1,4 +1,4 @@
-"""Where a serving mode's CPU goes: per-thread CPU milliseconds per answered request (issue 12).
+"""Where a serving mode's CPU goes: per-thread CPU milliseconds per answered request.
 
 Runs ``serve.py``'s open-loop generator at one fixed offered rate against batch-1 handlers
 and/or ``DynamicBatcher`` (same services as ``serve.py``), and reports for each run the CPU time

@@ -5,7 +5,7 @@
 ``convert-64x224x224``: uint8 rows to float (``gpufeed._image.normalize.convert_``) with ImageNet
 normalize, per (layout, dtype), one thread, as in a worker. ``fill-16x500x375-eval``: what a
 worker does for a batch (decode 16 photo-like 500x375 JPEGs, Resize(256)+CenterCrop(224) into
-the rows, convert) per (layout, dtype), uint8 included. The goal (issue 13): every combination
+the rows, convert) per (layout, dtype), uint8 included. The goal: every combination
 within 5% of NCHW float32; compare rows within a group.
 """
 

@@ -7,7 +7,7 @@ measures what the workers spend per batch on two generic datasets, 64 small samp
 2 persistent workers: ``quiet`` (never draws) and ``drawing`` (every sample draws from torch,
 ``random`` and numpy). Worker CPU is read with psutil (user + system) over each epoch after a
 start-up epoch; figures are medians over ``--epochs`` epochs. To see the capture's cost, run it
-alternately against two checkouts in one session (``PYTHONPATH=/path/to/checkout``) and compare
+alternately against two checkouts in one sitting (``PYTHONPATH=/path/to/checkout``) and compare
 the medians: CPU seconds, so other jobs on the machine move them less than wall time.
 """
 

@@ -8,7 +8,6 @@ Importing gpufeed starts nothing: no processes, threads, decoders or CUDA contex
 from gpufeed.cache import HostCache, parse_cache_bytes
 from gpufeed.config import EngineConfig
 from gpufeed.decode import backends, decode, read_header
-from gpufeed.doctor import diagnose
 from gpufeed.errors import (
     BackendFallbackWarning,
     BackendUnavailableError,
@@ -19,6 +18,7 @@ from gpufeed.errors import (
     WorkerError,
 )
 from gpufeed.loader import FastLoader
+from gpufeed.observe.doctor import diagnose
 from gpufeed.sampler import DistributedSampler
 from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
 from gpufeed.torchvision_compat import TorchvisionPipeline, explain, from_torchvision

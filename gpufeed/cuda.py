@@ -31,12 +31,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.errors import BackendUnavailableError, shorten
 
 log = logging.getLogger(__name__)
@@ -139,42 +137,11 @@ class HostRegistrar:
         self._registered.clear()
 
 
-@dataclass(frozen=True)
-class GpuTransform:
-    """What the consumer stream does to image batches after the copy: dtype, layout, normalize
-    (the arithmetic of the CPU path: ``gpufeed._image.normalize``)."""
+class DeviceTransform(Protocol):
+    """What the consumer stream does to a batch's tensors after the copy (the image path's
+    ``gpufeed._image.gpu_transform.GpuTransform``: dtype, layout, normalize)."""
 
-    dtype: torch.dtype = torch.uint8
-    normalize: Normalize | None = None
-    channels_last: bool = False
-    # device -> (scale, shift) in work_dtype(self.dtype): built once per device, since torch.tensor(...,
-    # device=cuda) is a host-to-device copy that blocks the host, too slow for every batch
-    _constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        check_image_output(self.dtype, self.normalize)
-
-    def apply(self, images: torch.Tensor) -> torch.Tensor:
-        """``images`` (uint8 NCHW, any memory format) in ``dtype``, normalized; uint8 unchanged."""
-        if self.dtype == torch.uint8:
-            return images
-        out = torch.empty_like(images, dtype=self.dtype)  # keeps the memory format
-        return convert_(out, images, self.constants(images.device))
-
-    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(scale, shift) on ``device`` for ``normalize``, the same tensors at every call; None
-        without ``normalize``."""
-        if self.normalize is None:
-            return None
-        found = self._constants.get(device)
-        if found is None:
-            found = self._constants[device] = affine(self.normalize, work_dtype(self.dtype), device)
-        if device.type == "cuda":  # kept across batches: used on whichever stream is current
-            stream = torch.cuda.current_stream(device)
-            for t in found:
-                t.record_stream(stream)
-        return found
+    def apply(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
 class CudaOps:
@@ -232,7 +199,7 @@ class CudaFeed:
         self,
         device: torch.device,
         prefetch_batches: int,
-        gpu_transform: GpuTransform | None = None,
+        gpu_transform: DeviceTransform | None = None,
         stats: Any = None,
         ops: Any = None,
     ) -> None:
@@ -362,3 +329,14 @@ class CudaIter:
 def _owned_by(ops: Any, t: torch.Tensor, stream: Any) -> torch.Tensor:
     ops.record_stream(t, stream)  # allocated on the copy stream, used on the consumer's
     return t
+
+
+def __getattr__(name: str) -> object:
+    # ``gpufeed.cuda.GpuTransform`` (the image path's GPU-side transform, defined in
+    # ``gpufeed._image.gpu_transform``) resolves on first access (PEP 562), so this generic
+    # module does not import the image package.
+    if name == "GpuTransform":
+        from gpufeed._image.gpu_transform import GpuTransform
+
+        return GpuTransform
+    raise AttributeError(f"module 'gpufeed.cuda' has no attribute {name!r}")

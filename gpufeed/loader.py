@@ -16,9 +16,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
+from gpufeed._engine.iterator import FastIter
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._loader_state import ResumableLoader
+from gpufeed._image.local import LocalImageIter
+from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
@@ -179,10 +181,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self._epoch = 0
         self._sampler_epochs: dict[int, Any] = {}  # id(sampler) -> its epoch at its last pass
         self._warned_epoch = False
-        self._pass = None  # the position of the latest pass (map-style datasets)
-        self._resume = None  # a loaded state, applied at the next iter()
-        self._resume_workers = None  # its workers' part, applied by the next FastIter pass
-        self._user_iter = None  # the latest iterator handed out
+        self._resume_state = ResumeState()  # what was loaded, the latest pass (gpufeed._resume.loader)
         self.metrics_server = None
         if metrics_port is not None:
             self.metrics_server = _serve_metrics(metrics_port)
@@ -262,6 +261,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         # build a plain torch DataLoader: say so (once) instead of losing the engine silently.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("accelerate.") and not self.__dict__.get("_rebuild_expected", False):
+            # an upward import, at use (docs/design/layers.md)
             from gpufeed.integrations._rebuilds import warn_rebuilt_by_accelerate
 
             warn_rebuilt_by_accelerate(self)
@@ -391,12 +391,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 iterator = super()._get_iterator()
                 self._mark_pass(epoch)
                 return iterator
-            from gpufeed._image.local import LocalImageIter
-
             iterator = LocalImageIter(self, self._image_feed, context.stats, epoch)
         else:
-            from gpufeed._engine.iterator import FastIter
-
             self.check_worker_number_rationality()
             iterator = FastIter(self, context, epoch, self._take_resume_workers())
         self._epoch = epoch + 1
@@ -409,8 +405,6 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
             # torch's DataLoader.__iter__ would call ``self._iterator._reset(self)``; the new
             # pass's augmentation epoch goes with it.
-            from gpufeed._engine.iterator import FastIter
-
             iterator = self._iterator
             assert isinstance(iterator, FastIter)
             epoch = self._begin_epoch()
@@ -421,19 +415,17 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         user_iter: Any = iterator
         if self._cuda_feed is not None:
             user_iter = self._cuda_feed.wrap(iterator)
-        p = self._track_pass(iterator)
+        p = self._track_pass(iterator, isinstance(iterator, FastIter))
         if p is not None:
             # What the user received is counted where it is handed out: with workers or a CUDA
             # feed, batches are pulled from the index stream ahead of the user.
             p.count_pulls = self.num_workers == 0 and self._cuda_feed is None
             if not p.count_pulls:
                 user_iter.on_yield = p
-            from gpufeed._engine.iterator import FastIter
-
             if isinstance(iterator, FastIter) and not self.in_order and not isinstance(self.dataset, IterableDataset):
                 p.delivery = []  # batches go out as they complete: record which ones did
                 iterator.order_log = p.delivery
-        self._user_iter = weakref.ref(user_iter)
+        self._resume_state.user_iter = weakref.ref(user_iter)
         return user_iter
 
     def stats(self) -> dict[str, float | int]:
@@ -536,7 +528,7 @@ def _serve_metrics(metrics_port: int) -> Any:
     environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
     serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
     logged as a warning, never an error: metrics must not stop a training rank."""
-    from gpufeed.metrics import serve
+    from gpufeed.observe.metrics import serve  # an upward import, at use (docs/design/layers.md)
 
     port = metrics_port
     if port:

@@ -2,21 +2,21 @@
 # `make gpu-check`: every GPU check of gpufeed in one command, in this order:
 #   pytest tests/gpu                   the CUDA feed's correctness (bytes, normalize, held batches, teardown)
 #   benchmarks/cuda_feed.py            a ResNet-50 training step fed three ways, the feed alone; the goals
-#   benchmarks/serve.py --device cuda  ResNet-18 served batch-1 vs DynamicBatcher vs ImageBatcher (issue 12:
+#   benchmarks/serve.py --device cuda  ResNet-18 served batch-1 vs DynamicBatcher vs ImageBatcher (goal:
 #                                      batched >= 5x batch-1's sustainable QPS)
-#   benchmarks/core_scaling.py         the image path at 1, 2, 4, 8, (cores - 1), 16 workers (issue 13:
+#   benchmarks/core_scaling.py         the image path at 1, 2, 4, 8, (cores - 1), 16 workers (goal:
 #                                      >= 85% efficiency at cores - 1; hyperthreads or not)
 # (a later check goes in CHECKS below). Limits 140 + 150 + 150 + 130 s: under 10 minutes on one
 # H100/H200, about 7 in practice. GPU_CHECK_ONLY="serve scaling" runs only the checks whose names
 # contain one of those words (a rerun of the ones that failed). GPU_CHECK_CPU_DRY_RUN=1 runs, on a
 # machine without CUDA, every check's CPU form at tiny sizes (the same scripts and plumbing; no
-# figure is a GPU figure): a look before spending device time.
+# figure is a GPU figure): a look at the plumbing before a GPU run.
 #
 # It runs on the machine's own Python and torch ($GPU_PYTHON; make passes the first of
 # /opt/torch/.venv/bin/python3 and python3), offline: no venv, no pip, no index. gpufeed runs from
 # this tree (PYTHONPATH); dependencies that Python lacks are unzipped from the wheels in .whl/
 # (`make gpu-wheels`) into a private folder, and libturbojpeg from its .deb (else OpenCV decodes).
-# Without CUDA it says so in one line and exits 0. With $OUT set (the device tool's output folder)
+# Without CUDA it says so in one line and exits 0. With $OUT set (a folder to collect results in)
 # the log also goes to $OUT/gpu-check.log and the benchmarks' figures to $OUT/cuda_feed.json,
 # $OUT/serve_gpu.json and $OUT/core_scaling.json.
 # Exit status: 0 when every check passed (benchmark goals are reported, not enforced), 1 when one

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def script_env() -> dict[str, str]:
     """This environment with the repository first on PYTHONPATH, and no ``OUT`` (a script that
-    writes its figures under ``$OUT`` on the device machine writes none here)."""
+    writes its figures under ``$OUT`` on a GPU machine writes none here)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("OUT", None)

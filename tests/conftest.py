@@ -38,7 +38,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Move everything collection made (test modules, torch, lightning: ~390k objects) to the
     collector's permanent generation, where full collections no longer walk it.
 
-    These objects live until the session ends anyway, but every full collection walked all of
+    These objects live until the test run ends anyway, but every full collection walked all of
     them: the benchmark harness's ``gc.collect()`` calls (before each memory reading) cost
     ~0.4 s each inside the suite, and the automatic ones add up too. Measured on tests/unit
     (2 busy cores): 32 s of 171 s in full collections; the four tests/unit/test_bench_*.py files:

@@ -25,8 +25,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_in
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Arrival, Engine, TaskRecord, WorkerDeath
 from gpufeed._engine.messages import Done, End, Failed, Restore
-from gpufeed._engine.positions import WorkerPositions, WorkerResume
 from gpufeed._engine.worker import WorkerSpec, fetch_threads_of
+from gpufeed._resume.positions import WorkerPositions, WorkerResume
 from gpufeed.errors import LoaderTimeoutError, WorkerError
 
 if TYPE_CHECKING:

@@ -102,7 +102,7 @@ class Reset(NamedTuple):
 
 class Restore(NamedTuple):
     """Before the first task of a resumed pass (docs/design/resume.md): set the worker's random
-    states to ``rng`` (a ``gpufeed._engine.rng.RngState``; None: leave them), and with
+    states to ``rng`` (a ``gpufeed._resume.rng.RngState``; None: leave them), and with
     ``dataset_state`` not None, ``load_state_dict`` it into the worker's IterableDataset copy,
     whose next iterator starts there."""
 

@@ -40,10 +40,10 @@ from gpufeed._engine.messages import (
     ToWorker,
     WorkerException,
 )
-from gpufeed._engine.rng import RngTracker
 from gpufeed._engine.signals import ignore_sigint
 from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
+from gpufeed._resume.rng import RngTracker
 from gpufeed.errors import add_note
 
 if TYPE_CHECKING:

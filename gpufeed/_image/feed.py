@@ -17,10 +17,13 @@ from torch.utils.data._utils.collate import default_collate
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
+from gpufeed._image.gpu_transform import GpuTransform
+from gpufeed._image.torchvision import is_torchvision
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
 from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
-from gpufeed.cuda import GpuTransform
+from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
+from gpufeed.sources._base import describe_callable
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +45,6 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, or None if it can."""
-    from gpufeed.sources import ImageSource
-    from gpufeed.sources._base import describe_callable
-    from gpufeed.torchvision_compat import is_torchvision
-
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
@@ -190,8 +189,6 @@ def _default_seed(generator: torch.Generator | None) -> int:
 def _label_table(source: Any) -> np.ndarray | None:
     """The source's int64 label array when its ``label(i)`` is that array's item ``i``
     (``ImageFolder``, ``LMDBDataset``, not a subclass that overrides ``label``), else None."""
-    from gpufeed.sources import ImageFolder, LMDBDataset
-
     if type(source).label not in (ImageFolder.label, LMDBDataset.label):
         return None
     table = source.labels

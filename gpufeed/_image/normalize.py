@@ -4,7 +4,7 @@ as one per-channel multiply-add.
 ``(x / 255 - mean) / std`` is applied as ``x * scale + shift`` with ``scale = 1 / (255 * std)``
 and ``shift = -mean / std`` (one pass over the batch instead of three). Without ``normalize`` a
 float batch is ``x / 255``. The CPU fill (``gpufeed._image.fill``) and the GPU transform
-(``gpufeed.cuda.GpuTransform``) both convert through :func:`convert_`, so the two paths give
+(``gpufeed._image.gpu_transform.GpuTransform``) both convert through :func:`convert_`, so the two paths give
 the same numbers.
 
 :func:`convert_` is the whole batch's conversion, uint8 rows to the output dtype. It computes in

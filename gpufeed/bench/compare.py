@@ -25,9 +25,9 @@ import psutil
 import torch
 
 from gpufeed._engine.signals import sigint_held
-from gpufeed._observe.batches import batch_size_of
-from gpufeed._observe.memory import PeakPSS, format_bytes
 from gpufeed.errors import shorten
+from gpufeed.observe.batches import batch_size_of
+from gpufeed.observe.memory import PeakPSS, format_bytes
 
 __all__ = [
     "CompareResult",

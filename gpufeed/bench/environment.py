@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 
-from gpufeed._observe.probe import usable_core_count
+from gpufeed.observe.probe import usable_core_count
 
 __all__ = ["cpu_model", "decode_backend", "describe_environment", "package_version"]
 

@@ -49,12 +49,15 @@ from torch.utils.data import DataLoader
 
 from gpufeed._engine.signals import ignore_sigint
 from gpufeed._image.cv2threads import single_threaded_cv2 as _single_threaded_cv2
-from gpufeed._observe.memory import PeakPSS, tree_memory
+from gpufeed._image.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare, stop_workers, touch_pages
 from gpufeed.bench.environment import describe_environment, package_version
 from gpufeed.bench.references import OpenCVImageFolder, PILImageFolder, _ReferenceFolder
+from gpufeed.decode import backends
 from gpufeed.errors import shorten
-from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed.loader import FastLoader
+from gpufeed.observe.memory import PeakPSS, tree_memory
+from gpufeed.sources import ImageFolder
 
 __all__ = [
     "CV_NAME",
@@ -185,9 +188,6 @@ def loader_factories(
     by :attr:`Output.name`. Every loader gets the same batch_size, num_workers, shuffle (train only),
     a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``.
     """
-    from gpufeed import FastLoader
-    from gpufeed.sources import ImageFolder
-
     names = list(include)
     unknown = [n for n in names if n not in (PIL_NAME, CV_NAME, FAST_NAME)]
     if unknown or not names:
@@ -399,8 +399,6 @@ def image_environment(num_workers: int) -> dict[str, Any]:
     JPEGs in each pipeline (FastLoader's backend, Pillow's libjpeg, OpenCV)."""
     import cv2
 
-    from gpufeed.decode import backends
-
     env = describe_environment(num_workers=num_workers)
     env["pillow"] = package_version("PIL", "pillow")
     found = backends()
@@ -492,8 +490,6 @@ def run_image_bench(
                                  seed=seed, size=size, resize=resize, include=include,
                                  outputs=outputs)
     names = list(factories)
-    from gpufeed.sources import ImageFolder
-
     num_images = len(ImageFolder(root))
     full_batches = num_images // batch_size
     if num_batches is None:

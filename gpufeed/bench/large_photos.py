@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from gpufeed._image.transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.bench.compare import CompareResult, LoaderFactory, compare
 from gpufeed.bench.images import (
     FAST_NAME,
@@ -45,8 +46,9 @@ from gpufeed.bench.images import (
     single_threaded_cv2,
 )
 from gpufeed.bench.references import _cv2_interpolation, _ReferenceFolder
+from gpufeed.decode import read_header
 from gpufeed.errors import shorten
-from gpufeed.transforms import ImageTransform, ResizeCenterCrop
+from gpufeed.sources import ImageFolder
 
 __all__ = ["CV_REDUCED_NAME", "GOALS", "PIL_DRAFT_NAME", "OpenCVReducedImageFolder",
            "PILDraftImageFolder", "large_photo_goals", "large_photo_factories", "needed_scale",
@@ -54,7 +56,7 @@ __all__ = ["CV_REDUCED_NAME", "GOALS", "PIL_DRAFT_NAME", "OpenCVReducedImageFold
 
 PIL_DRAFT_NAME = "DataLoader+PIL draft"
 CV_REDUCED_NAME = "DataLoader+OpenCV reduced"
-# FastLoader images/s over each pipeline's, eval transform (issue 13)
+# Goals: FastLoader images/s over each pipeline's, eval transform (benchmarks/README.md, "Large photos")
 GOALS = {PIL_NAME: 3.0, PIL_DRAFT_NAME: 1.1, CV_REDUCED_NAME: 1.1}
 
 
@@ -108,8 +110,6 @@ class OpenCVReducedImageFolder(_ScaledReference):
 
     def _load(self, index: int, path: str) -> torch.Tensor:
         import cv2
-
-        from gpufeed.decode import read_header
 
         with open(path, "rb") as f:
             data = np.frombuffer(f.read(), np.uint8)
@@ -184,8 +184,6 @@ def run_large_photo_bench(root: str | os.PathLike, transform: str = "eval", *, n
                           num_warmup_rounds: int = 1, seed: int = 0) -> tuple[CompareResult, list[Goal]]:
     """The four pipelines on ``root`` in alternating rounds (baseline DataLoader+PIL), and the
     goals. ``num_batches``: per round (default: the full batches of one epoch)."""
-    from gpufeed.sources import ImageFolder
-
     if transform not in ("eval", "train"):
         raise ValueError(f"`transform` must be 'eval' or 'train'. Found: {shorten(transform)}.")
     full = len(ImageFolder(root)) // batch_size

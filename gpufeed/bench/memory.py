@@ -1,7 +1,7 @@
-"""Memory of a process tree, measured as PSS (re-exported from ``gpufeed._observe.memory``,
+"""Memory of a process tree, measured as PSS (re-exported from ``gpufeed.observe.memory``,
 where the loader's tuning also reads it)."""
 
-from gpufeed._observe.memory import (
+from gpufeed.observe.memory import (
     SAMPLER_THREAD_NAME,
     PeakPSS,
     TreeMemory,

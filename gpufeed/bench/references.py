@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed._image.transforms import ImageTransform, RandomResizedCrop, ResizeCenterCrop
+from gpufeed.sources import ImageFolder
 
 
 class _ReferenceFolder(Dataset):
@@ -25,8 +26,6 @@ class _ReferenceFolder(Dataset):
     """
 
     def __init__(self, root: str | os.PathLike, transform: ImageTransform, seed: int = 0) -> None:
-        from gpufeed.sources import ImageFolder
-
         if not isinstance(transform, (ResizeCenterCrop, RandomResizedCrop)):
             raise TypeError(f"`transform` must be a ResizeCenterCrop or RandomResizedCrop. "
                             f"Found: {type(transform).__name__}.")

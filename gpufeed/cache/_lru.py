@@ -1,11 +1,4 @@
-"""The per-loader host cache: one byte-budgeted LRU (cachetools) per loader, in the main process.
-
-Workers never hold a cache of their own (N workers would mean N copies and N cold starts).
-The parent looks samples up when it dispatches a batch and writes hits straight into the batch's
-arena slot; workers only work on the misses, and the parent adds what they produced. What is
-cached depends on the transform: the decoded, transformed row when the transform is
-deterministic (evaluation, inference), the encoded bytes when it is random (training).
-"""
+"""The host cache's byte-budgeted LRU and its budget parsing (see :mod:`gpufeed.cache`)."""
 
 from __future__ import annotations
 
@@ -71,7 +64,7 @@ def aligned_copy(data: Any) -> np.ndarray:
     The image path caches decoded rows this way: copying a cached row into a batch slot (also
     64-byte aligned per row) runs about 10% faster from an aligned source than from a ``bytes``
     object, whose data starts 16, 32 or 48 bytes into a cache line (measured with 150 KB rows,
-    benchmarks/README.md, "Cached epochs").
+    benchmarks/results/cache-epochs.md).
     """
     src = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
     raw = np.empty(src.nbytes + ROW_ALIGN - 1, np.uint8)

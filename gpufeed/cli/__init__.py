@@ -19,12 +19,17 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from gpufeed import __version__
+from gpufeed.cli import bench as cli_bench
+from gpufeed.cli import doctor as cli_doctor
+from gpufeed.cli import tune as cli_tune
+from gpufeed.decode import backends
+from gpufeed.sources import pack
+
 Command = Callable[[argparse.Namespace], int]
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from gpufeed.sources import pack
-
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
                   progress=not args.no_progress, workers=args.workers)
     resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
@@ -36,15 +41,11 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from gpufeed.decode import backends
-
     sys.stdout.write(json.dumps(backends(), indent=2) + "\n")
     return 0
 
 
 def _version() -> str:
-    from gpufeed import __version__
-
     return __version__
 
 
@@ -71,16 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backends", help="print the active image decoders as JSON")
     p.set_defaults(run=_backends)
 
-    from gpufeed.cli import bench as cli_bench
-
     cli_bench.add_bench_parser(sub)
     cli_bench.add_demo_parser(sub)
 
-    from gpufeed.cli import tune as cli_tune
-
     cli_tune.add_tune_parser(sub)
-
-    from gpufeed.cli import doctor as cli_doctor
 
     cli_doctor.add_doctor_parser(sub)
     return parser

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufeed._observe.memory import format_bytes
 from gpufeed.bench.images import (
     CV_NAME,
     DTYPES,
@@ -42,6 +41,8 @@ from gpufeed.bench.images import (
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.cli._util import write
+from gpufeed.observe.memory import format_bytes
+from gpufeed.synth import LARGE_SIZE, make_image_folder
 
 __all__ = ["add_bench_parser", "add_demo_parser", "format_report", "outputs_of",
            "prepare_demo_data", "run_bench", "run_demo", "write"]
@@ -213,8 +214,6 @@ def prepare_demo_data(directory: str | Path, num_images: int,
     Returns (root, number of images, reused). A folder this function made before for another
     ``num_images`` is remade; any other non-empty folder is refused (ValueError).
     """
-    from gpufeed.synth import LARGE_SIZE, make_image_folder
-
     root = Path(directory)
     classes = min(DEMO_CLASSES, num_images)
     per_class = num_images // classes

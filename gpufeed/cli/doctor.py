@@ -17,9 +17,14 @@ import argparse
 import json
 from typing import Any
 
+from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.cli._util import non_negative_int as _non_negative_int
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.cli._util import write
+from gpufeed.loader import FastLoader
+from gpufeed.observe.doctor import diagnose
+from gpufeed.observe.probe import usable_core_count
+from gpufeed.sources import ImageFolder
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 
@@ -32,8 +37,6 @@ def _milliseconds(value: str) -> float:
 
 
 def _default_workers() -> int:
-    from gpufeed._observe.probe import usable_core_count
-
     return min(8, usable_core_count())
 
 
@@ -59,11 +62,6 @@ def add_doctor_parser(sub: Any) -> None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Build the loader, diagnose it, print the report (and write ``--json``); exit status."""
-    from gpufeed.doctor import diagnose
-    from gpufeed.loader import FastLoader
-    from gpufeed.sources import ImageFolder
-    from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
-
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
     workers = _default_workers() if args.workers is None else args.workers
     dataset = ImageFolder(args.root, transform=transform)

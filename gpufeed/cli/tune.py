@@ -20,9 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
+from gpufeed.bench.environment import describe_environment
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.cli._util import write
+from gpufeed.loader import FastLoader
+from gpufeed.observe.tune import tune
+from gpufeed.sources import ImageFolder
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 
@@ -70,8 +75,6 @@ def add_tune_parser(sub: Any) -> None:
 def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]:
     import torch
 
-    from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
-
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
     dataset = ImageFolder(args.root, transform=transform)
     shuffle = args.transform == "train"
@@ -108,9 +111,6 @@ def format_recommendation(result: Any) -> str:
 
 def run_tune(args: argparse.Namespace) -> int:
     """``gpufeed tune``: the search, its table, the recommendation; JSON and plot if asked."""
-    from gpufeed.bench.environment import describe_environment
-    from gpufeed.tune import tune
-
     step: Callable[[Any], None] | None = None
     if args.step_ms > 0:
         delay_s = args.step_ms / 1000.0

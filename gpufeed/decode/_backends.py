@@ -129,7 +129,7 @@ def backends() -> dict:
 
 
 def _fast_factors(state: TurboState) -> list[tuple[int, int]]:
-    from gpufeed.decode._decode import FACTORS
+    from gpufeed.decode._decode import FACTORS  # _decode imports this module
 
     return [f for f in FACTORS if f in state.scaling_factors]
 

@@ -174,7 +174,7 @@ class AcceleratedFastLoader(FastLoader[T_co], DataLoaderStateMixin):
         try:
             self.set_epoch(self.iteration)
             batches = super().__iter__()
-            position = self._pass if not isinstance(self.dataset, IterableDataset) else None
+            position = self._resume_state.latest if not isinstance(self.dataset, IterableDataset) else None
             if position is not None:  # counted here, where the loop receives them (one is read ahead)
                 position.count_pulls = False
                 if hasattr(batches, "on_yield"):

@@ -6,8 +6,8 @@ plug-in hook the image path's encoded cache uses for its hits), so only (positio
 nbytes) triples cross the task pipe; the worker's ``ImageFiller`` decodes each one into the
 slot's rows, as it decodes cache hits. Why the slot and not the pipe: the bytes are copied once
 into shared memory either way, but through a pipe they are also pickled, written, read and
-unpickled, and a large payload blocks the parent on a full pipe (design decision 2: only small
-messages cross the pipes). Re-sending a task after a worker death runs ``prepare`` again from
+unpickled, and a large payload blocks the parent on a full pipe (docs/design/engine-lifecycle.md:
+only small messages cross the pipes). Re-sending a task after a worker death runs ``prepare`` again from
 the task's tag (the payloads), so a re-run decodes the same bytes.
 
 ``EngineDriver`` lets several model threads share one engine: each submits its task and waits

@@ -33,15 +33,16 @@ from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.fill import FillReport, ImagePlan
+from gpufeed._image.gpu_transform import GpuTransform
+from gpufeed._image.transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import CudaFeed, GpuTransform, resolve_device
+from gpufeed.cuda import CudaFeed, resolve_device
 from gpufeed.errors import DecodeError, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
 from gpufeed.serve.clock import MAX_WAIT_S, Clock
 from gpufeed.serve.config import BatcherConfig
 from gpufeed.stats import Stats
-from gpufeed.transforms import ImageTransform, ResizeCenterCrop
 
 __all__ = ["ImageBatcher"]
 

@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gpufeed._observe.batches import doublings
 from gpufeed.errors import BackendUnavailableError
+from gpufeed.observe.batches import doublings
 
 __all__ = ["LATENCY_BUCKETS_S", "METRIC_NAMES", "BatcherCollector", "Histogram"]
 

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gpufeed._image.torchvision import is_torchvision, translate_or_none
+from gpufeed._image.transforms import ImageTransform, stored_orientation
 from gpufeed.decode import decode, read_header
 from gpufeed.decode._header import Buffer
 from gpufeed.errors import DecodeError, add_note
-from gpufeed.torchvision_compat import is_torchvision, translate_or_none
-from gpufeed.transforms import ImageTransform, stored_orientation
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ the loader's arena to its workers) plus dtype and shape: a few hundred bytes. Th
 the same pages read-only, so every worker and the parent hold one copy between them.
 
 Plain ``pickle.dumps`` (a user saving a dataset) still writes the full data: the descriptor
-would mean nothing in another process or a later session.
+would mean nothing in another process or a later run.
 
 The file lives as long as the array that created it: the descriptor is closed by
 ``weakref.finalize`` when that array is collected (views of it keep the mapping, not the

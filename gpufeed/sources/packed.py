@@ -39,9 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.decode import decode, read_header
 from gpufeed.errors import DecodeError, add_note, shorten
 from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import labels_array
+from gpufeed.sources.folder import ImageFolder
 
 logger = logging.getLogger(__name__)
 
@@ -230,8 +232,6 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     options is replaced (with a warning); delete ``DST.partial`` to start over.
     """
     import lmdb
-
-    from gpufeed.sources.folder import ImageFolder
 
     if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
                                  or max_side <= 0):
@@ -424,8 +424,6 @@ def _estimated_bytes(folder: Any, samples: int = 1000) -> int:
 
 def _prepare(data: bytes, max_side: int | None, quality: int | None) -> tuple[bytes, bool]:
     """The bytes to store for one image, and whether they were re-encoded."""
-    from gpufeed.decode import decode, read_header
-
     header = read_header(data)
     longest = max(header.height, header.width)
     shrink_to = max_side if max_side is not None and longest > max_side else None

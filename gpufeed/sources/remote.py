@@ -6,7 +6,7 @@ aiohttp (which fsspec's HTTP filesystem needs) are the ``remote`` extra:
 
 - **one filesystem object per process**, per protocol, made on first use in the process that
   reads (a worker, after the fork) and never inherited: it is keyed by pid (fsspec's async
-  filesystems hold an event loop and an HTTP session that do not survive a fork) and dropped
+  filesystems hold an event loop and an HTTP client that do not survive a fork) and dropped
   when pickled. It is shared by the worker's read threads (an async filesystem runs every
   request on fsspec's one IO loop, so N threads keep N requests in flight);
 - **per-read timeout** (async filesystems: the request is cancelled; others rely on their own

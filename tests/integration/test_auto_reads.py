@@ -1,4 +1,4 @@
-"""Automatic reads in flight (issue 15): a local ImageFolder reads one sample at a time while its
+"""Automatic reads in flight: a local ImageFolder reads one sample at a time while its
 reads are fast, and switches to read-ahead by itself when they stall the worker (a network file
 system mounted as a local path). Batches never depend on it."""
 

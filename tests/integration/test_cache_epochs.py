@@ -1,4 +1,4 @@
-"""Cached epochs without workers (issue 13): batches whose every row is a decoded-cache hit are
+"""Cached epochs without workers: batches whose every row is a decoded-cache hit are
 completed in the main process, and workers start only for a batch with a miss.
 
 Every test checks bytes against an uncached loader, and processes with psutil.

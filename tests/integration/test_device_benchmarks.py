@@ -1,5 +1,5 @@
 """The device figures `make gpu-check` takes stay runnable without a GPU: benchmarks/core_scaling.py
-(issue 13's core scaling) at a tiny size, benchmarks/serve.py's --device option (issue 12's GPU goal:
+at a tiny size, benchmarks/serve.py's --device option (the GPU serving goal, docs/gpu-feed.md:
 a clear one-line refusal without CUDA; its sweep bounds, --stop-after-fails and --budget-s, on CPU)."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ SIDE_BY_SIDE = {  # see tests/conftest.py; seconds alone on 2 idle cores
 def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(side_by_side):
     out, proc = run_result(side_by_side, "core-scaling-tiny")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "goal (issue 13): efficiency >= 85%" in proc.stdout and "hyperthreads" in proc.stdout
+    assert "goal: efficiency >= 85%" in proc.stdout and "hyperthreads" in proc.stdout
     result = json.loads(out.read_text())
     topo = result["topology"]
     assert topo["hyperthreads"] in (True, False, None) and topo["logical_cpus"] >= 1

@@ -2,7 +2,7 @@
 
 Every test checks bytes: a batch row against ``dataset[i]`` (which decodes through the same
 transform in this process), a loader against another loader or against torch's DataLoader.
-Images are generated once per session in a temporary folder (photo-like JPEGs of varied sizes).
+Images are generated once per test run in a temporary folder (photo-like JPEGs of varied sizes).
 """
 
 from __future__ import annotations

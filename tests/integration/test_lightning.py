@@ -1,4 +1,4 @@
-"""FastLoader under the real PyTorch Lightning (issue 11): 2-process DDP on CPU (gloo), and exact
+"""FastLoader under the real PyTorch Lightning: 2-process DDP on CPU (gloo), and exact
 mid-epoch resume from Lightning's checkpoints after a SIGKILL.
 
 The runs are tests/integration/_lightning_script.py in a subprocess: ``strategy="ddp"`` re-executes
@@ -216,7 +216,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_exactly(single_runs, cas
 
     (One kill per run: Lightning 2.6.6 itself miscounts epoch 1 in a run resumed from an epoch-end
     checkpoint, so a second kill of that run resumes it as a fresh epoch, whatever the loader.)
-    A sampler of the user's shuffling with torch's global RNG (issue 11) resumes exactly too.
+    A sampler of the user's shuffling with torch's global RNG resumes exactly too.
     """
     resumed, full = single_runs[case]
     assert resumed == full

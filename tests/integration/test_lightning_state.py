@@ -1,4 +1,4 @@
-"""The loader state Lightning checkpoints (issue 11), in-process: torch's DistributedSampler (the
+"""The loader state Lightning checkpoints, in-process: torch's DistributedSampler (the
 one Lightning injects) and a state taken after a pass's last batch, which must carry the next
 pass's order (Lightning iter()s a resumed loader before it calls set_epoch)."""
 

@@ -1,4 +1,4 @@
-"""Reads in flight (issue 15): one read per sample, read-ahead on threads, fetch_threads.
+"""Reads in flight: one read per sample, read-ahead on threads, fetch_threads.
 
 Results must not depend on read_concurrency: same batches, same errors, same re-runs.
 """

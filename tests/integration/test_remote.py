@@ -1,4 +1,4 @@
-"""Remote sources (issue 15): ImageFolder and ImageDataset over URLs, against a local HTTP server.
+"""Remote sources: ImageFolder and ImageDataset over URLs, against a local HTTP server.
 
 The server (tests/_http_server.py) serves a synthetic image tree on 127.0.0.1 with a delay per
 request and injected failures, counts the requests per path and the most in flight at once, and

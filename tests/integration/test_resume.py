@@ -1,4 +1,4 @@
-"""Mid-epoch state (issue 11): a resumed run yields exactly the batches of the uninterrupted one."""
+"""Mid-epoch state: a resumed run yields exactly the batches of the uninterrupted one."""
 
 from __future__ import annotations
 

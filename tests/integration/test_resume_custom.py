@@ -1,4 +1,4 @@
-"""Mid-epoch state with samplers of the user's (issue 11): a sampler or batch_sampler with
+"""Mid-epoch state with samplers of the user's: a sampler or batch_sampler with
 torchdata's state_dict()/load_state_dict(), or one whose order is redrawn from the random state
 its pass started from. The checkpointed batches plus the resumed pass equal the uninterrupted
 epoch: no sample lost or repeated, nothing fetched twice."""

@@ -1,4 +1,4 @@
-"""torchdata's own samplers in a FastLoader (issue 11): the samplers written for torchdata's
+"""torchdata's own samplers in a FastLoader: the samplers written for torchdata's
 StatefulDataLoader resume mid-epoch as they do there. Skipped without torchdata (a dev extra)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mid-epoch resume with workers (issue 11): datasets that draw from the workers' random
+"""Mid-epoch resume with workers: datasets that draw from the workers' random
 generators, and IterableDatasets whose workers each hold a copy of the position."""
 
 from __future__ import annotations

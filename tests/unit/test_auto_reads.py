@@ -1,4 +1,4 @@
-"""Automatic reads in flight (issue 15): the rule each worker applies after each task."""
+"""Automatic reads in flight: the rule each worker applies after each task."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from gpufeed import ImageDataset, ImageFolder, LMDBDataset, pack
 from gpufeed._image.auto_reads import MAX_CONCURRENCY, AutoReads, auto_concurrency
-from gpufeed._observe.tune_reads import read_options
+from gpufeed.observe.tune_reads import read_options
 from gpufeed.synth import make_image_folder
 
 

@@ -15,8 +15,8 @@ from dataclasses import fields, replace
 import pytest
 
 import gpufeed.tune
-from gpufeed._observe.probe import ProbeResult, TreeProbe, thread_states, usable_cpus
-from gpufeed.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
+from gpufeed.observe.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
+from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states, usable_cpus
 from gpufeed.stats import STAGES, Stats
 
 pytestmark = pytest.mark.timeout(60)
@@ -249,7 +249,7 @@ def test_probe_accounts_for_the_cores_and_joins_its_thread():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_probe_and_tune_count_cores_from_the_same_cgroup_quota(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed._observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
     (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
     probe = TreeProbe(interval_s=0.01)
@@ -277,7 +277,7 @@ def test_thread_states_reads_this_process():
 
 
 def test_one_cpu_figure_per_worker_when_pids_change():
-    from gpufeed.doctor import _per_worker
+    from gpufeed.observe.doctor import _per_worker
 
     # two workers, three iterators (not persistent): six pids, two figures
     cpu = {10: 0.2, 11: 0.4, 20: 0.2, 21: 0.4, 30: 0.2, 31: 0.4}

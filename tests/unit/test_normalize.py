@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gpufeed._image.fill import ImagePlan, _to_float
+from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.normalize import check_image_output, scale_shift
-from gpufeed.cuda import GpuTransform
 from gpufeed.transforms import ResizeCenterCrop
 
 MEAN = (0.485, 0.456, 0.406)

@@ -1,4 +1,4 @@
-"""A worker's random states (gpufeed/_engine/rng.py): what changed is sent, and it restores exactly."""
+"""A worker's random states (gpufeed/_resume/rng.py): what changed is sent, and it restores exactly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed._engine.rng import RngTracker, decode, encode
+from gpufeed._resume.rng import RngTracker, decode, encode
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The JSON form of a stateful sampler's state (gpufeed/_sampler_state.py): what a sampler's
+"""The JSON form of a stateful sampler's state (gpufeed/_resume/sampler_state.py): what a sampler's
 state_dict() holds comes back as it was, through json.dumps/loads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed._sampler_state import from_json, to_json
+from gpufeed._resume.sampler_state import from_json, to_json
 
 
 def roundtrip(value):

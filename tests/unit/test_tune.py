@@ -14,8 +14,8 @@ import pytest
 from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
-from gpufeed._observe.tune_reads import prefetch_for_reads
-from gpufeed._observe.tune_rules import reads_ahead
+from gpufeed.observe.tune_reads import prefetch_for_reads
+from gpufeed.observe.tune_rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
@@ -108,7 +108,7 @@ def test_no_knee_recommends_the_limit_and_says_so():
 
 
 def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
-    monkeypatch.setattr("gpufeed.tune.usable_cores", lambda: 4)
+    monkeypatch.setattr("gpufeed.observe.tune.usable_cores", lambda: 4)
     model = CostModel(lambda w: 100 * w)
     result = _tune(model)
     assert _unpinned(model) == [1, 2, 4]
@@ -122,7 +122,7 @@ def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_a_cgroup_quota_below_the_affinity_lowers_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed._observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
     assert usable_cores() == 4
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores

@@ -1,5 +1,5 @@
-"""Mid-epoch positions of samplers gpufeed does not know (issue 11): a ``Sampler`` or a
-``batch_sampler`` of the user's, resumed in one of two ways (``gpufeed/_resume.py`` keeps the
+"""Mid-epoch positions of samplers gpufeed does not know: a ``Sampler`` or a
+``batch_sampler`` of the user's, resumed in one of two ways (``gpufeed/_resume/indices.py`` keeps the
 pass bookkeeping; this module only what is particular to these samplers).
 
 ``stateful``  the sampler (or batch sampler) has ``state_dict()`` / ``load_state_dict()``

@@ -13,7 +13,7 @@ after the last batch the user received from it. ``state()`` is the ``workers`` p
     num_workers  the worker count it was taken with (another count ignores it, map-style)
     base_seed    the pass's base seed (worker k was seeded from base_seed + k, as torch does)
     next         the worker of the next batch in torch's round-robin
-    rng          per worker, its random states (``gpufeed._engine.rng.encode``; null: as seeded)
+    rng          per worker, its random states (``gpufeed._resume.rng.encode``; null: as seeded)
     datasets     IterableDataset only: per worker, its copy's ``state_dict()`` after the last
                  batch received from it (null: none received, it starts from the beginning)
     exhausted    IterableDataset only: the workers whose iterators ended within those batches
@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed._engine.rng import RngState, decode, encode
+from gpufeed._resume.rng import RngState, decode, encode
 from gpufeed.errors import shorten
 
 _END = object()  # a handout record: the worker's iterator ended (its later tasks were skipped)

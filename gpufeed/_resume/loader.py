@@ -1,16 +1,16 @@
-"""The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (DESIGN
-decision 13), a mixin of ``FastLoader``; the index stream and the state's format are in
-``gpufeed/_resume.py``."""
+"""The loader's half of mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (a position,
+not a history: docs/design/resume.md), a mixin of ``FastLoader``; the index stream and the
+state's format are in ``gpufeed/_resume/indices.py``."""
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpufeed._engine.positions import WorkerResume
-from gpufeed._resume import (
+from gpufeed._resume.indices import (
     READABLE_VERSIONS,
     STATE_VERSION,
     SUPPORTED,
@@ -22,16 +22,26 @@ from gpufeed._resume import (
     pass_received,
     resolve,
 )
+from gpufeed._resume.positions import WorkerResume
 from gpufeed.errors import shorten
 
 
-class ResumableLoader(DataLoader):
-    """``state_dict`` / ``load_state_dict`` for ``FastLoader`` (which sets the attributes below)."""
+@dataclass
+class ResumeState:
+    """Where a loader stands for resume: what was loaded and is not applied yet, and the latest
+    pass. ``FastLoader`` owns one (``_resume_state``); ``ResumableLoader`` reads and changes it."""
 
-    _resume: dict[str, Any] | None
-    _resume_workers: WorkerResume | None
-    _pass: Pass | None
-    _user_iter: weakref.ref[Any] | None
+    loaded: dict[str, Any] | None = None  # a loaded state, applied at the next iter()
+    loaded_workers: WorkerResume | None = None  # its workers' part, applied by the next FastIter pass
+    latest: Pass | None = None  # the position of the latest pass (map-style datasets)
+    user_iter: weakref.ref[Any] | None = None  # the latest iterator handed out
+
+
+class ResumableLoader(DataLoader):
+    """``state_dict`` / ``load_state_dict`` for ``FastLoader``, on the loader's ``ResumeState``
+    and the loader's own ``_epoch`` (the next pass's augmentation epoch) and image feed."""
+
+    _resume_state: ResumeState
     _epoch: int
     _image_feed: Any
     _image_path: bool
@@ -48,49 +58,47 @@ class ResumableLoader(DataLoader):
         return PositionedIndices(self, inner)
 
     def _take_resume(self) -> dict[str, Any] | None:
-        state, self._resume = self._resume, None
+        state, self._resume_state.loaded = self._resume_state.loaded, None
         return state
 
     def _take_resume_workers(self) -> WorkerResume | None:
         """The loaded workers' part, for the pass that starts now (FastIter)."""
-        workers, self._resume_workers = self._resume_workers, None
+        workers, self._resume_state.loaded_workers = self._resume_state.loaded_workers, None
         if workers is not None and isinstance(self.dataset, IterableDataset):
-            self._resume = None  # applied (a map-style state is applied by its index stream)
+            self._resume_state.loaded = None  # applied (a map-style state is applied by its index stream)
         return workers
 
-    def _track_pass(self, iterator: Any) -> Pass | None:
+    def _track_pass(self, iterator: Any, fast: bool) -> Pass | None:
         """The position record of the pass ``iterator`` starts, connected to it when it has
         workers (map-style: the pass the index stream started; an IterableDataset with workers:
-        a new one, finished by the iterator)."""
-        from gpufeed._engine.iterator import FastIter
-
-        fast = isinstance(iterator, FastIter)
+        a new one, finished by the iterator). ``fast``: ``iterator`` is a ``FastIter`` (the engine's,
+        with worker positions)."""
         if isinstance(self.dataset, IterableDataset):
             if not fast:
                 return None
-            self._pass = Pass(started=True, aug_epoch=self._epoch - 1)
-        p = self._pass
+            self._resume_state.latest = Pass(started=True, aug_epoch=self._epoch - 1)
+        p = self._resume_state.latest
         if p is not None and fast:
             iterator.position = p
             p.workers = iterator.positions
         return p
 
     def _mark_pass(self, aug_epoch: int) -> None:
-        if self._pass is not None:
-            self._pass.aug_epoch = aug_epoch
+        if self._resume_state.latest is not None:
+            self._resume_state.latest.aug_epoch = aug_epoch
 
     def _pass_received(self, p: Pass) -> bool:
         return pass_received(p, super()._index_sampler)
 
     def _pass_in_progress(self) -> bool:
         """An iterator of this loader is alive and partway through its epoch."""
-        p = self._pass
-        alive = self._user_iter is not None and self._user_iter() is not None
+        p = self._resume_state.latest
+        alive = self._resume_state.user_iter is not None and self._resume_state.user_iter() is not None
         return alive and p is not None and not self._pass_received(p)
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches received so far (torchdata ``StatefulDataLoader``'s
-        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume.py``).
+        protocol): a small JSON-serialisable dict, version 2 (described in ``gpufeed/_resume/indices.py``).
 
         Load it into a loader built with the same arguments (``num_workers`` may differ; with
         ``gpufeed.DistributedSampler``, the world size too) and its next ``iter()`` yields the
@@ -135,9 +143,9 @@ class ResumableLoader(DataLoader):
             if self.num_workers == 0:
                 state.update(epoch=self._epoch, dataset=dataset_state(), image_seed=image_seed)
                 return state
-            if self._resume is not None:  # loaded, not applied yet
-                return dict(self._resume)
-            p = self._pass
+            if self._resume_state.loaded is not None:  # loaded, not applied yet
+                return dict(self._resume_state.loaded)
+            p = self._resume_state.latest
             state.update(epoch=self._epoch, image_seed=image_seed)
             if p is not None and not p.finished and p.workers is not None:
                 # each worker's copy: its state after the last batch received from it
@@ -145,9 +153,9 @@ class ResumableLoader(DataLoader):
             else:
                 self._add_continuing_workers(state)
             return state
-        if self._resume is not None:  # loaded, not applied yet
-            return dict(self._resume)
-        p = self._pass
+        if self._resume_state.loaded is not None:  # loaded, not applied yet
+            return dict(self._resume_state.loaded)
+        p = self._resume_state.latest
         if p is None or not p.started or self._pass_received(p):
             # No pass in progress: the next iter() starts a fresh epoch, drawing its order from
             # next_sampler (applied at load: Lightning iter()s a resumed loader before set_epoch()).
@@ -223,20 +231,20 @@ class ResumableLoader(DataLoader):
         if sampler is None and next_sampler is not None:
             apply_next_pass(super()._index_sampler, next_sampler)
         self._epoch = int(state_dict["epoch"])
-        self._resume = dict(state_dict) if sampler is not None else None
+        self._resume_state.loaded = dict(state_dict) if sampler is not None else None
         workers = state_dict.get("workers")
-        self._resume_workers = None
+        self._resume_state.loaded_workers = None
         if self.num_workers > 0 and isinstance(workers, dict) and workers.get("num_workers") == self.num_workers:
             # With another worker count the workers' random states are ignored: the position alone
             # still gives every remaining sample once (docs/design/resume.md).
             self._set_resume_workers(WorkerResume.parse(workers, self.num_workers, iterable=False))
-        self._pass = None
+        self._resume_state.latest = None
 
     def _add_continuing_workers(self, state: dict[str, Any]) -> None:
         """Between passes, with persistent workers alive: their states go into ``state``, since
         the next pass continues them (and draws no base seed) where a fresh iterator would not."""
-        if self._resume_workers is not None:  # loaded, not applied yet
-            state["workers"] = dict(self._resume_workers.raw)
+        if self._resume_state.loaded_workers is not None:  # loaded, not applied yet
+            state["workers"] = dict(self._resume_state.loaded_workers.raw)
             return
         iterator: Any = self._iterator
         positions = getattr(iterator, "positions", None)
@@ -250,7 +258,7 @@ class ResumableLoader(DataLoader):
         if iterator is not None and getattr(iterator, "base_seed", workers.base_seed) != workers.base_seed:
             iterator.close()
             self._iterator = None
-        self._resume_workers = workers
+        self._resume_state.loaded_workers = workers
 
     def _load_iterable(self, state_dict: dict[str, Any]) -> None:
         name = type(self.dataset).__name__
@@ -268,12 +276,12 @@ class ResumableLoader(DataLoader):
                 f"num_workers={self.num_workers}. Each worker holds its own copy of the dataset's position: "
                 f"resume with num_workers={taken_with}."
             )
-        self._resume_workers = None
-        self._resume = None
+        self._resume_state.loaded_workers = None
+        self._resume_state.loaded = None
         if "dataset" in state_dict:
             load(state_dict["dataset"])
         elif workers is not None:
             self._set_resume_workers(WorkerResume.parse(workers, self.num_workers, iterable=True))
-            self._resume = dict(state_dict)
+            self._resume_state.loaded = dict(state_dict)
         self._epoch = int(state_dict["epoch"])
 

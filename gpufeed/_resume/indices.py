@@ -1,4 +1,4 @@
-"""A loader's mid-epoch position (DESIGN decision 13: position, not history).
+"""A loader's mid-epoch position, not its history (docs/design/resume.md, "Position, not history").
 
 The state of a pass is where its index stream started and how many batches the user received:
 resuming rebuilds the same index stream and skips that many batches of *indices* (no fetch, no
@@ -28,7 +28,7 @@ State, version 2 (a JSON-serialisable dict; version 1, the same without ``worker
                      {"kind": "gpufeed_distributed", "state": DistributedSampler.state_dict(...)}
                      {"kind": "stateful", ...} or {"kind": "custom", ...}  (a sampler or batch
                          sampler of the user's: with its own state_dict(), or redrawn from the RNG
-                         states its pass started from; described in gpufeed/_sampler_state.py)
+                         states its pass started from; described in gpufeed/_resume/sampler_state.py)
                      {"kind": "torch_distributed", "epoch": int, "seed": int, "shuffle": bool,
                          "drop_last": bool, "num_replicas": int, "dataset_len": int}
                          (torch's DistributedSampler, e.g. the one Lightning injects: its order is a
@@ -46,7 +46,7 @@ State, version 2 (a JSON-serialisable dict; version 1, the same without ``worker
     dataset          IterableDataset at num_workers=0 only: its own ``state_dict()``
     workers          with num_workers > 0, mid-pass: the workers' random states, the pass's base
                      seed and round-robin position, and for an IterableDataset each worker's copy's
-                     ``state_dict()`` (``gpufeed/_engine/positions.py``); used with the same
+                     ``state_dict()`` (``gpufeed/_resume/positions.py``); used with the same
                      num_workers only (docs/design/resume.md)
     accelerate       gpufeed.integrations.accelerate's loaders only: {"num_processes", "sharded_by",
                      "iteration"} (Accelerate's sharding: resume on the same number of processes)
@@ -69,8 +69,9 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from gpufeed import _sampler_state
-from gpufeed._sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
+from gpufeed._resume import sampler_state as _sampler_state
+from gpufeed._resume.sampler import DistributedSampler
+from gpufeed._resume.sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
 
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # states this gpufeed loads
@@ -108,7 +109,7 @@ class Pass:
     # in_order=False: the pulls of the batches handed out, in the order handed out (FastIter's
     # order_log); None while batches go out in the order they were pulled.
     delivery: list[int] | None = None
-    workers: Any = None  # with workers: their states in this pass (gpufeed._engine.positions.WorkerPositions)
+    workers: Any = None  # with workers: their states in this pass (gpufeed._resume.positions.WorkerPositions)
 
     @property
     def batches_received(self) -> int:
@@ -161,8 +162,6 @@ _DRAWING: dict[type, str] = {WeightedRandomSampler: "weighted_random", SubsetRan
 
 
 def sampler_kind(sampler: Any) -> str | None:
-    from gpufeed.sampler import DistributedSampler
-
     if isinstance(sampler, DistributedSampler):
         return "gpufeed_distributed"
     if type(sampler) is TorchDistributedSampler:
@@ -179,7 +178,7 @@ def sampler_kind(sampler: Any) -> str | None:
 def resolve(index_sampler: Any) -> tuple[str | None, Any]:
     """The kind of position of a loader's index sampler, and the sampler it is the position of:
     a kind of ``sampler_kind``, "stateful" or "custom" (a sampler or batch sampler of the user's,
-    ``gpufeed/_sampler_state.py``), or None (no position: a custom sampler inside Accelerate's
+    ``gpufeed/_resume/sampler_state.py``), or None (no position: a custom sampler inside Accelerate's
     shard, gpufeed's sampler sharded again)."""
     sampler = base_sampler(index_sampler)
     plain = sampler is index_sampler or type(index_sampler) is BatchSampler
@@ -206,7 +205,7 @@ class PositionedIndices:
 
     def __iter__(self) -> Iterator[Any]:
         p = Pass()
-        self._loader._pass = p
+        self._loader._resume_state.latest = p
         return self._stream(p)
 
     def _stream(self, p: Pass) -> Iterator[Any]:
@@ -219,81 +218,19 @@ class PositionedIndices:
             p.unsupported = f"{type(self.inner).__name__} over {type(base_sampler(self.inner)).__name__}"
         loaded = resume["sampler"] if resume is not None else None
         skip = 0
-        if loaded is not None and kind is not None:
-            if loaded.get("kind") != kind:
-                raise ValueError(
-                    f"the loaded state was taken with a {loaded.get('kind')!r} sampler; this loader's is "
-                    f"{kind!r}. Resume with the sampler of the checkpointed run."
-                )
-            if kind == "gpufeed_distributed":
-                sampler.load_state_dict(loaded["state"])  # its position; no batches to skip
-            else:
-                if kind == "torch_distributed":
-                    _check_torch_distributed(sampler, loaded)
-                    sampler.set_epoch(int(loaded["epoch"]))  # the order of the checkpointed epoch
-                skip = int(resume["batches_yielded"])
-                p.skipped_batches = skip
-                p.skipped_samples = int(resume["samples_yielded"])
-            p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
+        if resume is not None and loaded is not None and kind is not None:
+            skip = _apply_loaded(p, kind, sampler, resume)
         if kind in CUSTOM_KINDS:
             p.custom = CustomPosition(kind, sampler, loaded, workers=self._loader.num_workers > 0)
             if kind == "stateful":
                 skip = 0  # its loaded state is past the received batches (torchdata's protocol)
-        restore_generator = False
-        if kind == "random":
-            if loaded is not None:
-                if "seed" in loaded:
-                    drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
-                else:
-                    drawn = _decode(loaded["generator_state"])
-                restore_generator = _draw_from(sampler, drawn)
-                p.sampler_state = dict(loaded)
-            elif sampler.generator is None:
-                # Peek at the seed RandomSampler is about to draw from the global RNG (then put
-                # the RNG back, so its own draw, and everything after it, is unchanged).
-                rng = torch.get_rng_state()
-                seed = int(torch.empty((), dtype=torch.int64).random_().item())
-                torch.set_rng_state(rng)
-                p.sampler_state = {"kind": "random", "seed": seed}
-            else:
-                p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
-        elif kind in _DRAWING.values():
-            if loaded is not None:
-                restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
-                p.sampler_state = dict(loaded)
-            else:
-                drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
-                p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
-        elif kind == "sequential":
-            p.sampler_state = {"kind": "sequential"}
-        elif kind == "gpufeed_distributed":
-            # its position is read at state_dict(); the epoch is for next_pass_state()
-            p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
-        elif kind == "torch_distributed":
-            p.sampler_state = torch_distributed_state(sampler)
-        custom = p.custom
-        try:
-            if custom is not None:
-                custom.begin()  # load its state, or record (resumed: set) the RNG states it draws from
-            stream = iter(self.inner)
-            try:
-                first = next(stream)
-            finally:
-                if restore_generator:
-                    sampler.generator = None
-            if custom is not None:
-                custom.pulled(first)
-            for _ in range(skip):  # indices only: nothing is fetched or decoded
-                first = next(stream)
-                if custom is not None:
-                    custom.pulled(first)
-        except StopIteration:
+        restore_generator = _record_start(p, kind, sampler, loaded)
+        started = _first_batch(p, self.inner, sampler, skip, restore_generator)
+        if started is None:
             p.finished = True
             return
-        finally:
-            if custom is not None:
-                custom.end()  # the process's own global RNG states are back
-        batch, number = first, 0
+        stream, batch = started
+        custom, number = p.custom, 0
         while True:
             if custom is not None:
                 custom.after_pull(number, p)
@@ -311,6 +248,95 @@ class PositionedIndices:
             if custom is not None:
                 custom.pulled(batch)
         p.finished = True
+
+
+def _apply_loaded(p: Pass, kind: str, sampler: Any, resume: dict[str, Any]) -> int:
+    """Apply a loaded state's sampler part to ``sampler`` and ``p``; the batches to skip."""
+    loaded = resume["sampler"]
+    skip = 0
+    if loaded.get("kind") != kind:
+        raise ValueError(
+            f"the loaded state was taken with a {loaded.get('kind')!r} sampler; this loader's is "
+            f"{kind!r}. Resume with the sampler of the checkpointed run."
+        )
+    if kind == "gpufeed_distributed":
+        sampler.load_state_dict(loaded["state"])  # its position; no batches to skip
+    else:
+        if kind == "torch_distributed":
+            _check_torch_distributed(sampler, loaded)
+            sampler.set_epoch(int(loaded["epoch"]))  # the order of the checkpointed epoch
+        skip = int(resume["batches_yielded"])
+        p.skipped_batches = skip
+        p.skipped_samples = int(resume["samples_yielded"])
+    p.beyond = frozenset(int(r) for r in resume.get("delivered_beyond", ()))
+    return skip
+
+
+def _record_start(p: Pass, kind: str | None, sampler: Any, loaded: dict[str, Any] | None) -> bool:
+    """Record in ``p`` where the pass's order starts (``p.sampler_state``), and with a loaded
+    state set a drawing sampler's generator to draw the checkpointed order; whether that
+    generator is to be put back to None after the first draw."""
+    restore_generator = False
+    if kind == "random":
+        if loaded is not None:
+            if "seed" in loaded:
+                drawn = torch.Generator().manual_seed(int(loaded["seed"])).get_state()
+            else:
+                drawn = _decode(loaded["generator_state"])
+            restore_generator = _draw_from(sampler, drawn)
+            p.sampler_state = dict(loaded)
+        elif sampler.generator is None:
+            # Peek at the seed RandomSampler is about to draw from the global RNG (then put
+            # the RNG back, so its own draw, and everything after it, is unchanged).
+            rng = torch.get_rng_state()
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            torch.set_rng_state(rng)
+            p.sampler_state = {"kind": "random", "seed": seed}
+        else:
+            p.sampler_state = {"kind": "random", "generator_state": _encode(sampler.generator.get_state())}
+    elif kind in _DRAWING.values():
+        if loaded is not None:
+            restore_generator = _draw_from(sampler, _decode(loaded["generator_state"]))
+            p.sampler_state = dict(loaded)
+        else:
+            drawn = torch.get_rng_state() if sampler.generator is None else sampler.generator.get_state()
+            p.sampler_state = {"kind": kind, "generator_state": _encode(drawn)}
+    elif kind == "sequential":
+        p.sampler_state = {"kind": "sequential"}
+    elif kind == "gpufeed_distributed":
+        # its position is read at state_dict(); the epoch is for next_pass_state()
+        p.sampler_state = {"kind": "gpufeed_distributed", "epoch": int(sampler.epoch)}
+    elif kind == "torch_distributed":
+        p.sampler_state = torch_distributed_state(sampler)
+    return restore_generator
+
+
+def _first_batch(p: Pass, inner: Any, sampler: Any, skip: int,
+                 restore_generator: bool) -> tuple[Iterator[Any], Any] | None:
+    """Start ``inner``'s stream and pull its first batch past ``skip`` received ones (indices
+    only: nothing is fetched or decoded): (stream, batch), or None when the stream ends first."""
+    custom = p.custom
+    try:
+        if custom is not None:
+            custom.begin()  # load its state, or record (resumed: set) the RNG states it draws from
+        stream = iter(inner)
+        try:
+            first = next(stream)
+        finally:
+            if restore_generator:
+                sampler.generator = None
+        if custom is not None:
+            custom.pulled(first)
+        for _ in range(skip):
+            first = next(stream)
+            if custom is not None:
+                custom.pulled(first)
+    except StopIteration:
+        return None
+    finally:
+        if custom is not None:
+            custom.end()  # the process's own global RNG states are back
+    return stream, first
 
 
 def pass_received(p: Pass, index_sampler: Any) -> bool:

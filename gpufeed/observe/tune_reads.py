@@ -3,7 +3,7 @@
 A measurement's read share comes from the loader's own stage timings (``FastLoader.stats()``,
 image path). When reads dominate the one-worker baseline (slow storage: NFS, object stores,
 a slow wrapped dataset), :func:`tune_reads` steps the dataset's ``read_concurrency`` through
-:data:`gpufeed._observe.tune_rules.READ_CONCURRENCIES` before the worker counts are measured:
+:data:`gpufeed.observe.tune_rules.READ_CONCURRENCIES` before the worker counts are measured:
 reads in flight cost threads, workers cost processes.
 """
 
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed._observe.tune_rules import (
+from gpufeed.observe.tune_rules import (
     READ_CONCURRENCIES,
     reads_ahead,
     reads_dominate,
@@ -117,7 +117,7 @@ def tune_reads(dataset: Any, measure_at: Callable[[int], Any], baseline: Any, mi
 def prefetch_for_reads(row: Any, prefetch: int, why: str) -> tuple[int, str]:
     """``prefetch_factor`` and why: ``prefetch`` (from the data wait), raised when the reads of
     ``row`` (a ``TuneRow``) outlast the decode of the tasks a worker holds
-    ahead (:func:`gpufeed._observe.tune_rules.reads_ahead`): reads run ahead only within them."""
+    ahead (:func:`gpufeed.observe.tune_rules.reads_ahead`): reads run ahead only within them."""
     if row.read_latency_s is None or not row.decode_per_sample_s or not row.batch_samples:
         return prefetch, why
     rule = reads_ahead(row.read_latency_s, row.decode_per_sample_s, row.batch_samples,

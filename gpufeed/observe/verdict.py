@@ -1,17 +1,15 @@
-"""The doctor's decision: which stage limits a run, from its :class:`gpufeed.doctor.Evidence`
-(a pure function; the thresholds are the constants below). ``gpufeed.doctor`` gathers the
-evidence and re-exports :func:`decide` and :data:`BOTTLENECKS`."""
+"""The doctor's decision: which stage limits a run, from its
+:class:`gpufeed.observe.evidence.Evidence` (a pure function; the thresholds are the constants
+below). ``gpufeed.doctor`` gathers the evidence and re-exports :func:`decide` and
+:data:`BOTTLENECKS`."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from gpufeed._observe.memory import format_bytes
-from gpufeed._observe.tune_rules import reads_ahead
-
-if TYPE_CHECKING:
-    from gpufeed.doctor import Evidence
+from gpufeed.observe.evidence import Evidence
+from gpufeed.observe.memory import format_bytes
+from gpufeed.observe.tune_rules import reads_ahead
 
 # What a verdict can name (gpufeed.doctor.Report.bottleneck).
 BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute", "cache")
@@ -190,7 +188,7 @@ class _Ahead:
 
 
 def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
-    """:func:`gpufeed._observe.tune_rules.reads_ahead` on the measured read latency and decode
+    """:func:`gpufeed.observe.tune_rules.reads_ahead` on the measured read latency and decode
     time; None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
     latency, per_batch = ev.read_latency_mean_s, ev.decode_per_batch_s
     if latency is None or not per_batch:

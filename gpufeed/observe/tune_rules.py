@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed._observe.memory import format_bytes
+from gpufeed.observe.memory import format_bytes
+from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 
 __all__ = ["READ_CONCURRENCIES", "ReadsAhead", "cache_bytes_needed", "reads_ahead", "reads_dominate",
            "recommend_cache_bytes", "recommend_prefetch_factor", "search_read_concurrency"]
@@ -142,8 +143,6 @@ def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
     length. None: not an image dataset with
     a transform (no fast path, so no cache).
     """
-    from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
-
     transform = getattr(dataset, "transform", None)
     if not isinstance(dataset, ImageSource) or transform is None:
         return None, "cache_bytes applies to gpufeed image datasets with a transform only"
