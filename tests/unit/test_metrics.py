@@ -27,7 +27,6 @@ from tests._concurrent import result
 from tests._imports import FRESH_IMPORTS
 from tests._imports import facts as import_facts
 
-
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 STAGES = tuple(key.removesuffix("_s") for key in STAGE_KEYS)  # the `stage` labels
 COUNTERS = {  # metric -> stats() key
