@@ -274,6 +274,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     # -- the state of the process that iterates -----------------------------------------------------
 
     def _make_image_feed(self, on_gpu: bool, dry_run: bool = False) -> ImageFeed | None:
+        """The image feed; ``dry_run``: the check at construction (it logs the generic path
+        once, and attaches to no host cache)."""
         return make_image_feed(
             self,
             channels_last=self.channels_last,
@@ -286,6 +288,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             dry_run=dry_run,
             seed=self.seed,
             on_gpu=on_gpu,
+            announce=dry_run,
         )
 
     def _engine_context(self) -> EngineContext:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from gpufeed.errors import ReadError, shorten
+from gpufeed.errors import SKIP_HINT, ReadError, shorten
 
 __all__ = ["REMOTE_HINT", "REMOTE_READ_CONCURRENCY", "TRANSIENT_STATUS", "RemoteOptions", "RemoteReader",
            "is_transient", "is_url"]
@@ -225,7 +225,7 @@ class RemoteReader:
                     why = (f"gave up after {attempt} attempts (remote_options.retries="
                            f"{self.options.retries})" if transient else
                            f"not retried: a permanent error (attempt {attempt})")
-                    skip = (", or pass on_error='skip' to the loader to leave such samples out"
+                    skip = (f", or pass {SKIP_HINT} to leave such samples out"
                             if sample else "")
                     raise ReadError(
                         f"cannot read {where}: {type(exc).__name__}: {_message(exc)}; {why}. Check "
