@@ -174,7 +174,14 @@ def make_cache(plan: ImagePlan, source: Any, budget: int, text: str, scope: str)
             "WORLD_SIZE > 1, or initialised torch.distributed process group. Set GPUFEED_CACHE_JOB "
             "to the same string in every process of the job, or use cache_scope='auto'."
         )
-    shared = SharedHostCache(info.key, budget, text)
+    try:
+        shared = SharedHostCache(info.key, budget, text)
+    except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
+        if scope == "host":
+            raise
+        log.warning("gpufeed: the job's host cache could not be reached (%s); this loader keeps a "
+                    "cache of its own. cache_scope='rank' says so explicitly.", exc)
+        return HostCache(budget)
     space = shared.namespace(cache_fingerprint(plan, source), len(source))
     if space is None:
         shared.close()
