@@ -5,6 +5,7 @@
     gpufeed --version
     gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--workers N] [--no-verify]
                  [--on-error raise|skip] [--no-progress]
+    gpufeed pack SRC_FOLDER DST_DIR --format tar [--shard-mb N] [...]
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.cli.bench)
@@ -39,6 +40,8 @@ VERIFY_COST = ("packs about 2.5x faster: the check adds ~0.4 ms of CPU per ~400x
 
 
 def _pack(args: argparse.Namespace) -> int:
+    if args.format == "tar":
+        return _pack_tar(args)
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
                   progress=not args.no_progress, workers=args.workers,
                   verify=not args.no_verify, on_error=args.on_error)
@@ -52,6 +55,27 @@ def _pack(args: argparse.Namespace) -> int:
         shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
         write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
               f"(--on-error skip): {shown}; the LMDB's metadata lists them all (\"skipped\")")
+    return 0
+
+
+def _pack_tar(args: argparse.Namespace) -> int:
+    from gpufeed.sources.tar_writer import write_shards
+
+    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20,
+                          max_side=args.max_side, quality=args.quality,
+                          progress=not args.no_progress, workers=args.workers,
+                          verify=not args.no_verify, on_error=args.on_error)
+    resumed = (f", resumed after {result.resumed_from_shard} shards"
+               if result.resumed_from_shard else "")
+    checked = "" if result.verified else ", not checked: --no-verify"
+    write(f"packed {result.count} images into {len(result.shards)} tar shards in {args.dst} "
+          f"({result.bytes_read / 1e6:.1f} MB -> {result.bytes_written / 1e6:.1f} MB, "
+          f"{result.reencoded} re-encoded, {result.seconds:.1f} s{resumed}{checked})")
+    if result.skipped:
+        n = len(result.skipped)
+        shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
+        write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
+              f"(--on-error skip): {shown}")
     return 0
 
 
@@ -87,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store images without decoding them (a header check only): "
                         f"{VERIFY_COST}; a truncated or corrupt file then fails in training")
     add_on_error(p, "the loader")
+    p.add_argument("--format", choices=("lmdb", "tar"), default="lmdb",
+                   help="lmdb: one LMDB file (default); tar: a directory DST of WebDataset tar "
+                        "shards with sidecar indexes (gpufeed.TarShards, webdataset)")
+    p.add_argument("--shard-mb", type=int, default=256, metavar="N",
+                   help="with --format tar: target shard size in MiB (default 256)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

@@ -11,6 +11,7 @@ from gpufeed.sources._pack import PackResult, pack
 from gpufeed.sources.folder import IMG_EXTENSIONS, ImageFolder
 from gpufeed.sources.packed import LMDBDataset
 from gpufeed.sources.remote import RemoteOptions
+from gpufeed.sources.tar import TarIndexReport, TarShards
 from gpufeed.sources.wrapped import ImageDataset
 
 __all__ = [
@@ -21,5 +22,7 @@ __all__ = [
     "LMDBDataset",
     "PackResult",
     "RemoteOptions",
+    "TarIndexReport",
+    "TarShards",
     "pack",
 ]

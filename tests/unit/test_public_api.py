@@ -58,3 +58,12 @@ def test_tune_and_doctor_modules_work_after_a_plain_import(plain_import):
     assert plain_import["tune_callable"] and plain_import["diagnose"]
     with pytest.raises(AttributeError, match="no_such_name"):
         gpufeed.no_such_name  # noqa: B018
+
+
+def test_image_sources_are_exported_from_gpufeed_and_gpufeed_sources():
+    import gpufeed.sources
+
+    for name in ("ImageDataset", "ImageFolder", "LMDBDataset", "TarShards"):
+        cls = getattr(gpufeed, name)
+        assert cls is getattr(gpufeed.sources, name) and issubclass(cls, gpufeed.ImageSource)
+    assert gpufeed.sources.__all__ == sorted(gpufeed.sources.__all__)
