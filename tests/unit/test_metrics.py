@@ -21,12 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed.metrics import METRIC_NAMES, MetricsServer, serve
+from gpufeed.metrics import HOST_METRIC_NAMES, METRIC_NAMES, MetricsServer, serve
 from gpufeed.stats import STAGES as STAGE_KEYS
 from tests._concurrent import result
 from tests._imports import FRESH_IMPORTS
 from tests._imports import facts as import_facts
-
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 STAGES = tuple(key.removesuffix("_s") for key in STAGE_KEYS)  # the `stage` labels
@@ -178,6 +177,21 @@ def test_every_stats_key_maps_to_exactly_the_documented_metric_names(server):
     assert got[("gpufeed_stage_seconds_total", frozenset({("loader", "fake"), ("stage", "h2d")}))] == 6.5
     labels = {dict(k)["stage"] for name, k in got if name == "gpufeed_stage_seconds_total"}
     assert labels == set(STAGES) and len(STAGES) == len(STAGE_KEYS) == 7
+
+
+def test_a_shared_host_cache_is_exported_once_by_local_rank_zero(server, monkeypatch):
+    shared = {"cache_shared": 1, "cache_bytes": 5000, "cache_budget_bytes": 9000}
+    train, val = FakeLoader(**shared), FakeLoader(**shared)
+    server.register(train, name="train")
+    server.register(val, name="val")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    got = scrape(server)
+    host = {name: value for (name, labels), value in got.items() if name in HOST_METRIC_NAMES}
+    assert host == {"gpufeed_host_cache_bytes": 5000, "gpufeed_host_cache_budget_bytes": 9000}
+    assert not [key for key in got if key[0] == "gpufeed_cache_bytes"]  # per loader: not emitted
+    assert got[("gpufeed_cache_hits_total", frozenset({("loader", "val")}))] == 30  # per rank, kept
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not {name for name, _ in scrape(server)} & HOST_METRIC_NAMES
 
 
 def test_stage_labels_documented_are_the_stats_stages():
