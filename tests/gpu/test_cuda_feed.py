@@ -13,17 +13,14 @@ from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed.cuda import CudaFeed
-from gpufeed.synth import make_image_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-images")
-    make_image_folder(root, num_classes=4, per_class=24, seed=1)
-    return root
+def folder(image_folder):
+    return image_folder(num_classes=4, per_class=24, seed=1)
 
 
 def _dataset(folder):

@@ -17,7 +17,6 @@ from gpufeed.bench.images import (
     run_image_bench,
 )
 from gpufeed.cli import main
-from gpufeed.synth import make_image_folder
 
 # Mean absolute difference from FastLoader's pixels, in 8-bit levels, EXIF-free JPEGs of about
 # 400x350. Measured: eval 1.1-1.6 (PIL: antialiased resize of the whole image, then the crop;
@@ -28,10 +27,8 @@ TRAIN_OPENCV_TOLERANCE = 0.5
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench-images") / "folder"
-    make_image_folder(root, num_classes=2, per_class=6, size=((300, 360), (350, 420)), seed=3)
-    return root
+def folder(image_folder):
+    return image_folder(num_classes=2, per_class=6, size=((300, 360), (350, 420)), seed=3)
 
 
 def _first_batches(root, transform, num_workers=0, batch_size=6):

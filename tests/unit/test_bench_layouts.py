@@ -11,14 +11,11 @@ import torch
 from gpufeed.bench.images import FAST_NAME, LAYOUT_REFERENCE, Output, loader_factories
 from gpufeed.cli import main
 from gpufeed.cli.bench import outputs_of
-from gpufeed.synth import make_image_folder
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench-layouts") / "folder"
-    make_image_folder(root, num_classes=2, per_class=4, size=(120, 150), seed=3)
-    return root
+def folder(image_folder):
+    return image_folder(num_classes=2, per_class=4, size=(120, 150), seed=3)
 
 
 def test_outputs_are_every_combination_with_the_reference_first():

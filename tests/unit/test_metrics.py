@@ -137,11 +137,9 @@ def test_scrape_of_a_real_loader_equals_its_stats(server):
 
 
 @pytest.mark.timeout(60)
-def test_image_loader_cache_and_skip_metrics_equal_its_stats(server, tmp_path):
-    from gpufeed.synth import make_image_folder
-
-    make_image_folder(tmp_path, num_classes=2, per_class=3, size=(40, 48), seed=3)
-    ds = ImageFolder(tmp_path, transform=ResizeCenterCrop(32, 32))
+def test_image_loader_cache_and_skip_metrics_equal_its_stats(server, image_folder):
+    root = image_folder(num_classes=2, per_class=3, size=(40, 48), seed=3)
+    ds = ImageFolder(root, transform=ResizeCenterCrop(32, 32))
     loader = FastLoader(ds, batch_size=3, num_workers=1, cache_bytes="16MB")
     try:
         for _ in range(2):

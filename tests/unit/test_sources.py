@@ -274,9 +274,10 @@ def test_image_dataset_rejects_bad_items():
 # --- pickling and torch's DataLoader -----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory):
+def packed(tmp_path_factory, image_folder):
     root = tmp_path_factory.mktemp("packed")
-    make_image_folder(root / "src", num_classes=3, per_class=4, size=((40, 80), (40, 80)), seed=3)
+    src = image_folder(num_classes=3, per_class=4, size=((40, 80), (40, 80)), seed=3)
+    (root / "src").symlink_to(src, target_is_directory=True)
     pack(root / "src", root / "db.lmdb", progress=False)
     return root
 

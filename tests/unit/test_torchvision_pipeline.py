@@ -19,7 +19,7 @@ from gpufeed import (
     ResizeCenterCrop,
     TorchvisionPipeline,
 )
-from gpufeed.synth import encode, make_image_folder, photo_like, with_exif_orientation
+from gpufeed.synth import encode, photo_like, with_exif_orientation
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -30,10 +30,8 @@ def pipeline(geometry=None, *, normalize=(MEAN, STD), dtype=torch.float32, outpu
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tvpipe")
-    make_image_folder(root, num_classes=2, per_class=4, size=((50, 90), (50, 90)), seed=4)
-    return root
+def root(image_folder):
+    return image_folder(num_classes=2, per_class=4, size=((50, 90), (50, 90)), seed=4)
 
 
 @pytest.mark.timeout(120)

@@ -246,12 +246,8 @@ def test_bad_arguments_fail_before_measuring():
 # ------------------------------------------------------------------------------ real runs
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    from gpufeed.synth import make_image_folder
-
-    root = tmp_path_factory.mktemp("tune-images")
-    make_image_folder(root, num_classes=2, per_class=16)
-    return root
+def tiny_folder(image_folder):
+    return image_folder(num_classes=2, per_class=16)
 
 
 class SlowReadFolder(ImageFolder):
