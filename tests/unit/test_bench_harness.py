@@ -42,6 +42,15 @@ def _sampler_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == SAMPLER_THREAD_NAME]
 
 
+
+def _sampled(mem: PeakPSS, more: int, timeout_s: float = 20.0) -> None:
+    """Return once the sampler thread has taken ``more`` samples after this call."""
+    target = mem.num_samples + more
+    deadline = time.monotonic() + timeout_s
+    while mem.num_samples < target:
+        assert time.monotonic() < deadline, f"{mem.num_samples} of {target} samples in {timeout_s} s"
+        time.sleep(mem.interval_s / 2)
+
 @pytest.mark.timeout(60)
 def test_peak_pss_sees_a_child_that_allocates_200_mb() -> None:
     with PeakPSS(interval_s=0.02) as mem:
@@ -51,7 +60,7 @@ def test_peak_pss_sees_a_child_that_allocates_200_mb() -> None:
         try:
             assert child.stdout is not None and child.stdin is not None
             assert child.stdout.readline().strip() == "ready"
-            time.sleep(0.3)  # several sampling periods with the block alive
+            _sampled(mem, 3)  # several samples with the block alive
         finally:
             child.communicate(input="\n", timeout=30)
     rise = mem.peak_bytes - mem.baseline_bytes
@@ -108,7 +117,7 @@ def test_footprint_counts_shared_memory_nobody_maps() -> None:
             chunk = b"\x03" * MiB
             for _ in range(100):
                 os.write(fd, chunk)  # shared pages exist, held by an fd, mapped by no process
-            time.sleep(0.05)
+            _sampled(mem, 2)
     finally:
         os.close(fd)
     if not mem.footprint_exact:
@@ -123,7 +132,7 @@ def test_sampler_thread_is_named_and_gone_after_exit() -> None:
         assert mem.running
         assert len(_sampler_threads()) == 1
         assert _sampler_threads()[0].daemon
-        time.sleep(0.05)
+        _sampled(mem, 1)
     assert not mem.running
     assert _sampler_threads() == []
     mem.stop()  # idempotent
