@@ -5,7 +5,7 @@ descriptors and /dev/shm entries. Used by test_leaks.py.
 
 Each scenario runs in its own child forked from this fresh interpreter, which has imported torch,
 gpufeed and the test datasets and done nothing else (importing gpufeed starts nothing: see
-tests/unit/test_public_api.py), so every scenario starts from the state a fresh interpreter would
+tests/integration/test_fresh_imports.py), so every scenario starts from the state a fresh interpreter would
 have, without importing torch again (~2.5 s of CPU each). A scenario that does not end within
 ``SCENARIO_TIMEOUT_S`` is killed and reported as such. Prints one JSON line: scenario ->
 {"exit": the child's exit status (or "timeout"), "state": what it left, or null}.

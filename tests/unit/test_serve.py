@@ -19,9 +19,6 @@ from gpufeed.serve import (
     ManualClock,
     Overloaded,
 )
-from tests._concurrent import result
-from tests._imports import FRESH_IMPORTS
-from tests._imports import facts as import_facts
 
 WAIT_S = 10.0  # real-time bound on anything that should take milliseconds
 
@@ -486,12 +483,3 @@ def test_an_idle_batcher_does_not_spin():
         used = time.process_time() - start
     # under 5% of a core (a spinning thread: ~100%); measured 0.000-0.001 s over 2 s
     assert used < 0.05, f"idle batcher used {used:.3f} CPU s in 1 s"  # 1% would be 0.01 s
-
-
-SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # a fresh interpreter (tests/_imports.py, tests/conftest.py)
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_importing_gpufeed_serve_starts_nothing(side_by_side):
-    facts = import_facts(result(side_by_side, "fresh-imports"), "serve")
-    assert facts == {"threads": ["MainThread"], "prometheus_client": False}

@@ -34,20 +34,6 @@ def root(image_folder):
     return image_folder(num_classes=2, per_class=4, size=((50, 90), (50, 90)), seed=4)
 
 
-@pytest.mark.timeout(120)
-def test_dataset_items_are_normalized_floats_and_the_loader_batches_the_same(root):
-    ds = ImageFolder(root, transform=pipeline())
-    raw = ImageFolder(root, transform=ResizeCenterCrop(32, 40))
-    x, label = ds[3]
-    assert x.dtype == torch.float32 and x.shape == (3, 32, 32) and label == raw[3][1]
-    want = (raw[3][0].float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
-    torch.testing.assert_close(x, want, rtol=0, atol=1e-5)
-    for workers in (0, 2):
-        images, labels = next(iter(FastLoader(ds, batch_size=8, num_workers=workers)))
-        torch.testing.assert_close(images, torch.stack([ds[i][0] for i in range(8)]), rtol=0, atol=0)
-        assert labels.tolist() == [ds[i][1] for i in range(8)]
-
-
 def test_normalize_twice_and_uint8_against_a_float_pipeline_are_errors(root):
     ds = ImageFolder(root, transform=pipeline())
     with pytest.raises(ValueError, match="normalized twice") as info:
