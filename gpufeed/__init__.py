@@ -20,7 +20,7 @@ from gpufeed.errors import (
 from gpufeed.loader import FastLoader
 from gpufeed.observe.doctor import diagnose
 from gpufeed.sampler import DistributedSampler
-from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, pack
+from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack
 from gpufeed.torchvision_compat import TorchvisionPipeline, explain, from_torchvision
 from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
@@ -41,6 +41,7 @@ __all__ = [
     "LoaderTimeoutError",
     "RandomResizedCrop",
     "ResizeCenterCrop",
+    "TarShards",
     "TorchvisionPipeline",
     "WorkerError",
     "backends",

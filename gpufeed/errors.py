@@ -69,6 +69,10 @@ def add_note(exc: BaseException, note: str) -> BaseException:
     return exc
 
 
+#: How messages tell a user to leave bad samples out: the loader's keyword, as Python code.
+#: The command line shows its own flag instead (``gpufeed.cli`` replaces this text).
+SKIP_HINT = "on_error='skip'"
+
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80  # bytes (a JPEG in a sample) are cut as "other" values
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6

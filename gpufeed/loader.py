@@ -158,7 +158,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         super().__init__(dataset, *args, **kwargs)
         # The image options are checked against the loader's path (a dry run of the feed, with the
         # values as given; the feed iteration uses is made again in the process that iterates).
-        self._image_path = self._make_image_feed(on_gpu=False) is not None
+        self._image_path = self._make_image_feed(on_gpu=False, announce=True) is not None
         self._stats = Stats()
         self._context: EngineContext | None = None  # made at the first iter() of this process
         self._context_pid = 0
@@ -259,7 +259,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
 
     # -- the state of the process that iterates -----------------------------------------------------
 
-    def _make_image_feed(self, on_gpu: bool) -> ImageFeed | None:
+    def _make_image_feed(self, on_gpu: bool, announce: bool = False) -> ImageFeed | None:
         return make_image_feed(
             self,
             channels_last=self.channels_last,
@@ -269,6 +269,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             cache_budget=parse_cache_bytes(self.cache_bytes),
             seed=self.seed,
             on_gpu=on_gpu,
+            announce=announce,
         )
 
     def _engine_context(self) -> EngineContext:

@@ -1,4 +1,5 @@
-"""A local HTTP file server for remote-storage tests: a directory tree served on 127.0.0.1.
+"""A local HTTP file server for remote-storage tests: a directory tree served on 127.0.0.1,
+with ranged GETs (``Range: bytes=A-B``, answered 206) as object stores serve them.
 
 Directory listings are the standard library's (``SimpleHTTPRequestHandler``), which fsspec's
 HTTP filesystem parses. Faults are injected per path (relative to the served root, ``/``-joined):
@@ -12,6 +13,7 @@ non-daemon handler threads: :meth:`close` stops the server and joins every handl
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.parse
 from collections import Counter
@@ -137,9 +139,36 @@ class _Handler(SimpleHTTPRequestHandler):
             if status is not None:
                 self.send_error(status, "injected failure")
                 return
+            if self.headers.get("Range") and self._send_range():
+                return
             super().do_GET()
         finally:
             state._end()
+
+    def _send_range(self) -> bool:
+        """Answer ``Range: bytes=A-B`` of a file with 206 and those bytes (what object stores
+        do); False for anything else, which the standard handler answers whole."""
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", "").strip())
+        target = Path(self.translate_path(self.path))
+        if match is None or not target.is_file():
+            return False
+        size = target.stat().st_size
+        start = int(match.group(1))
+        end = min(size - 1, int(match.group(2))) if match.group(2) else size - 1
+        if start >= size:
+            self.send_error(416, "range not satisfiable")
+            return True
+        with open(target, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self.wfile.write(body)
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
         pass  # quiet: pytest would show every request

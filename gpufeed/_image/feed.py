@@ -78,10 +78,13 @@ def make_image_feed(
     cache_budget: int,
     seed: int | None,
     on_gpu: bool = False,
+    announce: bool = False,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
+    loader asks once, at construction, not again when each process makes its feed.
     """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
@@ -93,10 +96,10 @@ def make_image_feed(
                    "Use gpufeed.ImageFolder / ImageDataset / LMDBDataset with a transform and "
                    "the default collate_fn, or drop these options.")
             raise ValueError(
-                f"{', '.join(f'`{g}`' for g in given)} only apply to the image fast path, which this "
-                f"loader cannot take: {blocker}. {fix}"
+                f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} "
+                f"to the image fast path, which this loader cannot take: {blocker}. {fix}"
             )
-        if user_callable:
+        if user_callable and announce:
             log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
         return None
     # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.torchvision_compat).

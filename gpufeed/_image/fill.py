@@ -29,7 +29,7 @@ from gpufeed._engine.layout import align_up as _align
 from gpufeed._image.auto_reads import AutoReads
 from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed._image.reads import BatchReads, ReadAhead
-from gpufeed.errors import DecodeError, ReadError, shorten
+from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 
 if TYPE_CHECKING:
     from gpufeed._engine.arena import SlotWriter
@@ -228,7 +228,7 @@ def _fill(
             if plan.on_error == "raise":
                 raise DecodeError(
                     f"cannot decode {where} (sample index {index}): {exc}. Check or remove the "
-                    "file, or pass on_error='skip' to leave bad samples out of their batch."
+                    f"file, or pass {SKIP_HINT} to leave bad samples out of their batch."
                 ) from exc
             report.errors.append((index, where, str(exc)))
         else:

@@ -394,6 +394,12 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
     return "\n".join(lines)
 
 
+#: What a user coming from ``ToTensor`` must know about a gpufeed transform's batches.
+UINT8_HINT = ("FastLoader's batches are uint8 0-255 by default (as PILToTensor gives; a quarter "
+              "of float32's bytes), not ToTensor's float 0-1: pass FastLoader(..., "
+              "dtype=torch.float32) for x / 255, or normalize=(mean, std) for normalized float32.")
+
+
 def explain(transform: Any) -> str:
     """A short report of which ops of ``transform`` run on gpufeed's fast path and which do not,
     and why (one line per op); for gpufeed's own transforms, other callables and None too."""
@@ -402,7 +408,7 @@ def explain(transform: Any) -> str:
         return _report(transform, walk)
     if isinstance(transform, ImageTransform):
         return (f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
-                f"and flip into the batch in the workers; EXIF orientation applied).")
+                f"and flip into the batch in the workers; EXIF orientation applied). {UINT8_HINT}")
     if transform is None:
         return ("no transform: dataset[i] returns the full decoded image; a loader needs a "
                 "transform of fixed output size to batch images.")

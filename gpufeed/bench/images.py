@@ -180,13 +180,15 @@ def loader_factories(
     include: Iterable[str] = (PIL_NAME, CV_NAME, FAST_NAME),
     persistent_workers: bool = False,
     outputs: Iterable[Output] = (Output(),),
+    on_error: str = "raise",
 ) -> dict[str, LoaderFactory]:
     """name -> a callable building a fresh loader of that pipeline (datasets are built once).
 
     ``include`` picks and orders the loaders (names :data:`PIL_NAME`, :data:`CV_NAME`,
     :data:`FAST_NAME`); :data:`FAST_NAME` stands for one FastLoader per ``outputs`` entry, named
     by :attr:`Output.name`. Every loader gets the same batch_size, num_workers, shuffle (train only),
-    a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``.
+    a fresh ``torch.Generator`` seeded with ``seed``, and ``persistent_workers``; FastLoaders
+    get ``on_error`` (the DataLoader pipelines have no such option: they raise).
     """
     names = list(include)
     unknown = [n for n in names if n not in (PIL_NAME, CV_NAME, FAST_NAME)]
@@ -201,7 +203,8 @@ def loader_factories(
                     generator=torch.Generator().manual_seed(seed), persistent_workers=persistent)
 
     def fast(ds: ImageFolder, output: Output) -> LoaderFactory:
-        return lambda: FastLoader(ds, **common(), seed=seed, **output.loader_kwargs())
+        return lambda: FastLoader(ds, **common(), seed=seed, on_error=on_error,
+                                  **output.loader_kwargs())
 
     def reference(ds: _ReferenceFolder) -> LoaderFactory:
         return lambda: DataLoader(ds, **common(), worker_init_fn=_ignore_sigint)
@@ -465,6 +468,7 @@ def run_image_bench(
     on_round: RoundCallback | None = None,
     outputs: Iterable[Output] = (Output(),),
     include_reference: bool = True,
+    on_error: str = "raise",
 ) -> ImageBenchResult:
     """Compares the three pipelines on ``root`` in alternating rounds, then FastLoader's memory
     over ``num_epochs`` epochs (0: skip) with persistent workers.
@@ -475,6 +479,7 @@ def run_image_bench(
     ``on_round(name)`` is called after each round and each flatness epoch (progress bars).
     ``outputs``: FastLoader's output formats, one loader each (the flatness check runs the
     first); ``include_reference=False`` leaves the DataLoader pipelines out (layout runs).
+    ``on_error``: FastLoader's (see :func:`loader_factories`).
     """
     if transform not in TRANSFORMS:
         raise ValueError(f"`transform` must be one of {TRANSFORMS}. Found: {shorten(transform)}.")
@@ -488,7 +493,7 @@ def run_image_bench(
     include = ([PIL_NAME] if with_pil else []) + ([CV_NAME] if include_reference else []) + [FAST_NAME]
     factories = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
                                  seed=seed, size=size, resize=resize, include=include,
-                                 outputs=outputs)
+                                 outputs=outputs, on_error=on_error)
     names = list(factories)
     num_images = len(ImageFolder(root))
     full_batches = num_images // batch_size
@@ -510,7 +515,8 @@ def run_image_bench(
         if num_epochs > 0:
             persistent = loader_factories(root, transform, batch_size=batch_size, num_workers=num_workers,
                                           seed=seed, size=size, resize=resize, include=[FAST_NAME],
-                                          persistent_workers=True, outputs=outputs[:1])[outputs[0].name]
+                                          persistent_workers=True, outputs=outputs[:1],
+                                          on_error=on_error)[outputs[0].name]
             flatness = measure_flatness(outputs[0].name, persistent, num_epochs=num_epochs,
                                         num_batches=None if full_batches <= 2 * num_batches else num_batches,
                                         on_epoch=on_round)

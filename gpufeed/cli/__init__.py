@@ -3,7 +3,9 @@
 ::
 
     gpufeed --version
-    gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--workers N] [--no-progress]
+    gpufeed pack SRC_FOLDER DST.lmdb [--max-side N] [--quality Q] [--workers N] [--no-verify]
+                 [--on-error raise|skip] [--no-progress]
+    gpufeed pack SRC_FOLDER DST_DIR --format tar [--shard-mb N] [...]
     gpufeed backends
     gpufeed bench ROOT [--transform eval|train] [--workers N ...] [--json OUT]   (gpufeed.cli.bench)
     gpufeed demo [--dir DIR] [--images N]                                       (gpufeed.cli.bench)
@@ -17,31 +19,68 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpufeed import __version__
 from gpufeed.cli import bench as cli_bench
 from gpufeed.cli import doctor as cli_doctor
 from gpufeed.cli import tune as cli_tune
+from gpufeed.cli._util import add_on_error, cli_text, write
 from gpufeed.decode import backends
+from gpufeed.errors import GpufeedError
 from gpufeed.sources import pack
 
 Command = Callable[[argparse.Namespace], int]
 
+#: What the image check costs a pack, as measured by benchmarks/pack_verify.py (its docstring).
+VERIFY_COST = ("packs about 2.5x faster: the check adds ~0.4 ms of CPU per ~400x350 JPEG, 3.7x "
+               "the rest of such a pack (measured on 2 cores: benchmarks/pack_verify.py)")
+
 
 def _pack(args: argparse.Namespace) -> int:
+    if args.format == "tar":
+        return _pack_tar(args)
     result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
-                  progress=not args.no_progress, workers=args.workers)
+                  progress=not args.no_progress, workers=args.workers,
+                  verify=not args.no_verify, on_error=args.on_error)
     resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
-    sys.stdout.write(f"packed {result.count} images in {len(result.classes)} classes into "
-                     f"{result.path} ({result.bytes_read / 1e6:.1f} MB -> "
-                     f"{result.bytes_written / 1e6:.1f} MB, {result.reencoded} re-encoded, "
-                     f"{result.seconds:.1f} s{resumed})\n")
+    checked = "" if result.verified else ", not checked: --no-verify"
+    write(f"packed {result.count} images in {len(result.classes)} classes into {result.path} "
+          f"({result.bytes_read / 1e6:.1f} MB -> {result.bytes_written / 1e6:.1f} MB, "
+          f"{result.reencoded} re-encoded, {result.seconds:.1f} s{resumed}{checked})")
+    if result.skipped:
+        n = len(result.skipped)
+        shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
+        write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
+              f"(--on-error skip): {shown}; the LMDB's metadata lists them all (\"skipped\")")
+    return 0
+
+
+def _pack_tar(args: argparse.Namespace) -> int:
+    from gpufeed.sources.tar_writer import write_shards
+
+    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20,
+                          max_side=args.max_side, quality=args.quality,
+                          progress=not args.no_progress, workers=args.workers,
+                          verify=not args.no_verify, on_error=args.on_error)
+    resumed = (f", resumed after {result.resumed_from_shard} shards"
+               if result.resumed_from_shard else "")
+    checked = "" if result.verified else ", not checked: --no-verify"
+    write(f"packed {result.count} images into {len(result.shards)} tar shards in {args.dst} "
+          f"({result.bytes_read / 1e6:.1f} MB -> {result.bytes_written / 1e6:.1f} MB, "
+          f"{result.reencoded} re-encoded, {result.seconds:.1f} s{resumed}{checked})")
+    if result.skipped:
+        n = len(result.skipped)
+        shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
+        write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
+              f"(--on-error skip): {shown}")
     return 0
 
 
 def _backends(args: argparse.Namespace) -> int:
-    sys.stdout.write(json.dumps(backends(), indent=2) + "\n")
+    write(json.dumps(backends(), indent=2))
     return 0
 
 
@@ -57,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("pack", help="pack an image folder (ImageFolder layout) into an LMDB")
+    p = sub.add_parser("pack", help="pack an image folder (ImageFolder layout) into an LMDB, "
+                                    "checking that every image decodes")
     p.add_argument("src", metavar="SRC_FOLDER", help="root of CLASS/IMAGE folders")
     p.add_argument("dst", metavar="DST.lmdb", help="LMDB to create (must not exist)")
     p.add_argument("--max-side", type=int, default=None, metavar="N",
@@ -65,7 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="re-encode every image as JPEG at quality Q (1-100)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="threads reading and re-encoding images (default: the CPU count, at most 8)")
+                   help="threads reading, checking and re-encoding images (default: the CPU count, "
+                        "at most 8)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="store images without decoding them (a header check only): "
+                        f"{VERIFY_COST}; a truncated or corrupt file then fails in training")
+    add_on_error(p, "the loader")
+    p.add_argument("--format", choices=("lmdb", "tar"), default="lmdb",
+                   help="lmdb: one LMDB file (default); tar: a directory DST of WebDataset tar "
+                        "shards with sidecar indexes (gpufeed.TarShards, webdataset)")
+    p.add_argument("--shard-mb", type=int, default=256, metavar="N",
+                   help="with --format tar: target shard size in MiB (default 256)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 
@@ -82,17 +132,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``gpufeed`` command line with ``argv`` (default ``sys.argv[1:]``); exit status."""
+    """Run the ``gpufeed`` command line with ``argv`` (default ``sys.argv[1:]``); exit status.
+
+    Errors a user can act on (bad input, a file that does not decode, a worker that died) are
+    one line on stderr (and a line per note: where it happened, how to resume), no traceback
+    (a worker's traceback with ``--verbose``); warnings are one line each, without the
+    library's source line.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     run: Command = args.run
-    try:
-        return run(args)
-    except (OSError, ValueError) as exc:  # user errors: one line, no traceback
-        sys.stderr.write(f"gpufeed {args.command}: error: {exc}\n")
-        return 1
-    except KeyboardInterrupt:  # Ctrl-C: one line; the loaders have stopped their workers
-        sys.stderr.write(f"gpufeed {args.command}: interrupted\n")
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command)
+        try:
+            return run(args)
+        except (OSError, ValueError, GpufeedError) as exc:  # user errors: no traceback
+            _say(args.command, f"error: {exc}", exc, args.verbose)
+            return 1
+        except KeyboardInterrupt as exc:  # Ctrl-C: the loaders have stopped their workers
+            _say(args.command, "interrupted", exc, args.verbose)
+            return 130
+
+
+def _say(command: str, text: str, exc: BaseException, verbose: bool = False) -> None:
+    """``text`` and ``exc``'s notes on stderr, as the command line words them: the first line
+    of each note (where it happened, how to resume), whole notes (a worker's traceback) with
+    ``--verbose``."""
+    lines = [f"gpufeed {command}: {cli_text(text)}"]
+    for note in getattr(exc, "__notes__", ()):
+        note = str(note) if verbose else str(note).split("\n", 1)[0]
+        lines.append(f"  {_unprefixed(cli_text(note), command)}")
+    sys.stderr.write("\n".join(lines) + "\n")
+
+
+def _unprefixed(text: str, command: str) -> str:
+    """``text`` without a leading "gpufeed COMMAND: " (the command line's own prefix says it)."""
+    prefix = f"gpufeed {command}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _one_line_warning(command: str) -> Callable[..., None]:
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        stream = sys.stderr if file is None else file
+        try:
+            text = _unprefixed(cli_text(str(message)), command)
+            stream.write(f"gpufeed {command}: warning: {text}\n")
+        except (OSError, ValueError):  # stderr closed: a warning must not fail the command
+            pass
+
+    return show

@@ -5,11 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpufeed.errors import SKIP_HINT
+
 
 def write(text: str) -> None:
     """The CLI's only output function: ``text`` and a newline on stdout, flushed."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def add_on_error(parser: argparse.ArgumentParser, what: str = "FastLoader") -> None:
+    """``--on-error {raise,skip}``: the loader's ``on_error`` for a command that loads images."""
+    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help=f"a file that does not decode: raise (stop, naming the file and its "
+                             f"sample index) or skip (leave it out and count it), as {what}'s "
+                             f"on_error (default raise)")
+
+
+def cli_text(text: str) -> str:
+    """A library message as the command line says it: the keyword ``on_error='skip'`` becomes
+    the flag ``--on-error skip``."""
+    return text.replace(SKIP_HINT, "--on-error skip")
 
 
 def positive_int(value: str) -> int:

@@ -5,11 +5,10 @@
     gpufeed bench ROOT [--transform eval|train] [--workers N[,N...]] [--batch-size 64]
                   [--batches N] [--rounds 3] [--warmup 1] [--epochs 3] [--json OUT]
                   [--dtype uint8|float32|float16|bfloat16[,...]|all]
-                  [--channels-last [on|off|both]] [--no-reference]
+                  [--channels-last [on|off|both]] [--no-reference] [--on-error raise|skip]
     gpufeed demo [--dir ./demo-data] [--images 1000] [--batches N] [--rounds 3]
 
-Output goes through :func:`write` (stdout); progress bars (tqdm, when installed and stderr is a
-terminal) go to stderr.
+Output goes through :func:`write` (stdout); progress bars go to stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -19,12 +18,13 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed._image.torchvision import UINT8_HINT
+from gpufeed._progress import ProgressBar
 from gpufeed.bench.images import (
     CV_NAME,
     DTYPES,
@@ -38,13 +38,13 @@ from gpufeed.bench.images import (
     pil_available,
     run_image_bench,
 )
+from gpufeed.cli._util import add_on_error, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
-from gpufeed.cli._util import write
 from gpufeed.observe.memory import format_bytes
 from gpufeed.synth import LARGE_SIZE, make_image_folder
 
-__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "outputs_of",
+__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "format_summary", "outputs_of",
            "prepare_demo_data", "run_bench", "run_demo", "write"]
 
 DEMO_MARKER = ".gpufeed-demo.json"
@@ -120,6 +120,8 @@ def add_bench_parser(sub: Any) -> None:
                         "channels_last (default off)")
     p.add_argument("--no-reference", action="store_true",
                    help="leave out the DataLoader pipelines (compare FastLoader's formats only)")
+    add_on_error(p, "FastLoader (the DataLoader pipelines always raise: with bad files, pass "
+                    "--no-reference)")
     _add_run_options(p, rounds=3)
     p.add_argument("--json", metavar="OUT", help="also write every round and the environment here")
     p.set_defaults(run=run_bench)
@@ -138,24 +140,20 @@ def add_demo_parser(sub: Any) -> None:
                         "~2 s per image to make): pass a --dir of its own and fewer --images")
     _add_run_options(p, rounds=4)
     p.set_defaults(run=run_demo, size=224, resize=256, dtype=["uint8"], channels_last="off",
-                   no_reference=False)
+                   no_reference=False, on_error="raise")
 
 
 # ---------------------------------------------------------------------------------- running
 
 def _progress(total: int, enabled: bool) -> tuple[Callable[[str], None] | None, Callable[[], None]]:
-    """(per-round callback, close) for a tqdm bar of ``total`` rounds; no-ops without tqdm."""
-    if not enabled or total <= 0:
-        return None, lambda: None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None, lambda: None
-    bar = tqdm(total=total, unit="round", leave=False, file=sys.stderr, disable=None)
+    """(per-round callback, close) for a bar of ``total`` rounds on a terminal; no-ops else."""
+    bar = ProgressBar(total, enabled and total > 0, "gpufeed bench", unit="round")
+    if not bar.drawn:
+        return None, bar.close
 
     def tick(name: str) -> None:
-        bar.set_postfix_str(name, refresh=False)
-        bar.update(1)
+        bar.start(name)
+        bar.done()
 
     return tick, bar.close
 
@@ -171,7 +169,8 @@ def _run_one(args: argparse.Namespace, root: str, transform: str, workers: int,
             root, transform, num_workers=workers, batch_size=args.batch_size,
             num_batches=args.batches, num_rounds=args.rounds, num_warmup_rounds=warmup,
             num_epochs=args.epochs, seed=args.seed, size=args.size, resize=args.resize,
-            on_round=tick, outputs=outputs, include_reference=not args.no_reference)
+            on_round=tick, outputs=outputs, include_reference=not args.no_reference,
+            on_error=args.on_error)
     finally:
         close()
 
@@ -251,11 +250,11 @@ def run_demo(args: argparse.Namespace) -> int:
     for transform in TRANSFORMS:
         # The eval run's warm-up rounds already warmed the page cache, imports and allocator.
         run = _run_one(args, str(root), transform, args.workers, warmup=0 if runs else None)
-        write(format_report(run))
+        write(format_report(run, goals=False))
         write("")
         runs.append(run)
-    write("summary: " + "; ".join(
-        f"{r.transform} {r.result.ratio(FAST_NAME):.2f}x {r.baseline}" for r in runs))
+    write("summary: " + "; ".join(format_summary(r) for r in runs))
+    write(f"output: uint8 [N, 3, 224, 224] batches in every pipeline here. {UINT8_HINT}")
     write(format_environment(runs[-1].result.environment))
     write(f"\n(demo took {time.perf_counter() - t0:.0f} s; rerun with `gpufeed bench {root} "
           f"--transform train` for one benchmark, --rounds for steadier medians)")
@@ -268,9 +267,9 @@ def _images_per_s(summary: Any) -> list[float]:
     return [r.samples_per_s for r in summary.rounds]
 
 
-def format_report(run: ImageBenchResult) -> str:
+def format_report(run: ImageBenchResult, goals: bool = True) -> str:
     """The table (images/s, ratios vs each DataLoader pipeline, start-up, memory), per-round
-    ratios, FastLoader's memory across epochs, and the goal lines."""
+    ratios, FastLoader's memory across epochs, and (``goals``) the goal lines."""
     res = run.result
     refs = [n for n in (PIL_NAME, CV_NAME) if n in [s.name for s in res.loaders]]
     short = {PIL_NAME: "PIL", CV_NAME: "OpenCV"}
@@ -320,6 +319,11 @@ def format_report(run: ImageBenchResult) -> str:
                      f"({how}): PSS after each {readings}; growth "
                      f"{format_bytes(f.growth_bytes)} ({100 * f.growth_fraction:+.1f}%)")
     lines.extend(f"note: {n}" for n in res.notes)
+    if not goals:
+        if PIL_NAME not in refs and CV_NAME in refs:
+            lines.append(f"note: {PIL_NAME} not measured (Pillow is not installed: "
+                         f"pip install 'gpufeed[bench]')")
+        return "\n".join(lines)
     for g in run.goals():
         digits = 3 if math.isfinite(g.value) and abs(g.value - g.target) < 0.005 else 2
         value = f"{g.value:.{digits}f}x" if math.isfinite(g.value) else "n/a"
@@ -329,6 +333,17 @@ def format_report(run: ImageBenchResult) -> str:
         lines.append(f"goal: {run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME}: not measured "
                      f"(Pillow is not installed: pip install 'gpufeed[bench]')")
     return "\n".join(lines)
+
+
+def format_summary(run: ImageBenchResult) -> str:
+    """One transform's figures in a line: images/s of FastLoader and the baseline, their ratio,
+    and each one's peak PSS with its ratio."""
+    res = run.result
+    fast, base = res.summary(FAST_NAME), res.summary(run.baseline)
+    return (f"{run.transform} {fast.median_samples_per_s:.0f} vs {base.median_samples_per_s:.0f} "
+            f"images/s = {res.ratio(FAST_NAME):.2f}x {run.baseline}, peak PSS "
+            f"{format_bytes(fast.peak_pss_bytes)} vs {format_bytes(base.peak_pss_bytes)} = "
+            f"{res.memory_ratio(FAST_NAME, run.baseline):.2f}x")
 
 
 def format_environment(env: dict[str, Any]) -> str:

@@ -3,12 +3,12 @@
 ::
 
     gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--workers N] [--batch-size N]
-                   [--batches N] [--json OUT]
+                   [--batches N] [--on-error raise|skip] [--json OUT] [--no-progress]
 
 Builds ``FastLoader(gpufeed.ImageFolder(ROOT, transform), persistent_workers=True,
 shuffle=True)`` and runs :func:`gpufeed.doctor.diagnose` with a simulated step that sleeps
 ``--step-ms`` per batch (your model's step time; 0 asks what limits the loader flat out).
-Output goes through :func:`write` (stdout).
+Output goes through :func:`write` (stdout); the progress bar goes to stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import json
 from typing import Any
 
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
+from gpufeed.cli._util import add_on_error, write
 from gpufeed.cli._util import non_negative_int as _non_negative_int
 from gpufeed.cli._util import positive_int as _positive
-from gpufeed.cli._util import write
 from gpufeed.loader import FastLoader
 from gpufeed.observe.doctor import diagnose
 from gpufeed.observe.probe import usable_core_count
@@ -56,7 +56,9 @@ def add_doctor_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="batch size (64)")
     p.add_argument("--batches", type=_positive, default=100, metavar="N",
                    help="batches measured, after warm-up (default 100)")
+    add_on_error(p)
     p.add_argument("--json", metavar="OUT", help="also write the report (evidence included) here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run_doctor)
 
 
@@ -69,8 +71,9 @@ def run_doctor(args: argparse.Namespace) -> int:
           f"num_workers={workers}, batch_size={args.batch_size}, step {args.step_ms:g} ms, "
           f"{args.batches} batches")
     with FastLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                    persistent_workers=workers > 0) as loader:
-        report = diagnose(loader, batches=args.batches, step_ms=args.step_ms)
+                    persistent_workers=workers > 0, on_error=args.on_error) as loader:
+        report = diagnose(loader, batches=args.batches, step_ms=args.step_ms,
+                          progress=not args.no_progress)
     write(str(report))
     if args.json:
         out = report.to_dict()

@@ -5,10 +5,11 @@ image folder, local or at a URL (``s3://``, ``http(s)://``...; ``pip install gpu
 
     gpufeed tune ROOT [--max-workers N] [--batch-size 64] [--transform eval|train]
                  [--batches N] [--warmup N] [--step-ms MS] [--memory-fraction F]
-                 [--min-gain F] [--json OUT] [--plot OUT.png] [--no-progress]
+                 [--min-gain F] [--on-error raise|skip] [--json OUT] [--plot OUT.png]
+                 [--no-progress]
 
-Output goes through :func:`write` (stdout); the progress bar (tqdm, when installed and stderr is
-a terminal) goes to stderr. The search itself is :func:`gpufeed.tune.tune`.
+Output goes through :func:`write` (stdout); the progress bar goes to stderr when it is a
+terminal. The search itself is :func:`gpufeed.tune.tune`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.bench.environment import describe_environment
+from gpufeed.cli._util import add_on_error, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
-from gpufeed.cli._util import write
 from gpufeed.loader import FastLoader
+from gpufeed.observe.memory import format_bytes
 from gpufeed.observe.tune import tune
 from gpufeed.sources import ImageFolder
 
@@ -68,6 +70,7 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="OUT", help="write the rows and recommendation here")
     p.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     p.add_argument("--seed", type=int, default=0, help="sampling and augmentation seed (default 0)")
+    add_on_error(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run_tune)
 
@@ -83,7 +86,7 @@ def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]
         return FastLoader(dataset, batch_size=args.batch_size, num_workers=num_workers,
                           shuffle=shuffle, generator=torch.Generator().manual_seed(args.seed),
                           persistent_workers=num_workers > 0, pin_workers=pin_workers,
-                          seed=args.seed)
+                          seed=args.seed, on_error=args.on_error)
 
     return make
 
@@ -97,7 +100,7 @@ def format_recommendation(result: Any) -> str:
     if result.recommended_pin_workers:
         kwargs.append("pin_workers=True")
     if result.recommended_cache_bytes:
-        kwargs.append(f"cache_bytes={result.recommended_cache_bytes}")
+        kwargs.append(f'cache_bytes="{format_bytes(result.recommended_cache_bytes)}"')
     lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")"]
     rc = getattr(result, "recommended_read_concurrency", None)
     if rc is not None:

@@ -15,6 +15,8 @@ rules; the transforms resize the planes and convert colour at the (smaller) outp
 from __future__ import annotations
 
 import math
+import os
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +34,9 @@ from gpufeed.errors import DecodeError
 # backends return the same sizes.
 FACTORS = ((1, 8), (1, 4), (1, 2), (1, 1))
 _BENIGN_WARNINGS = ("extraneous bytes before marker",)
+_WARNINGS_LOCK = threading.Lock()  # see _turbo_call
+# A child forked while another thread held it gets a free one (that thread is not in the child).
+os.register_at_fork(after_in_child=lambda: globals().update(_WARNINGS_LOCK=threading.Lock()))
 
 
 def scaled_size(height: int, width: int, factor: tuple[int, int]) -> tuple[int, int]:
@@ -113,9 +118,15 @@ def _decode_turbojpeg(buf: memoryview, header: ImageHeader, factor: tuple[int, i
 
 def _turbo_call(fn: Callable[[np.ndarray], Any], buf: memoryview) -> Any:
     """Run ``fn`` (a PyTurboJPEG decode) on ``buf`` as a uint8 array, raising DecodeError for a
-    libjpeg error (OSError) or a warning that is not in ``_BENIGN_WARNINGS``."""
+    libjpeg error (OSError) or a warning that is not in ``_BENIGN_WARNINGS``.
+
+    PyTurboJPEG reports a truncated JPEG only by ``warnings.warn``, and ``catch_warnings`` swaps
+    process-wide state: two threads inside it at once lose each other's warnings (and leave
+    warnings going to a stale list), so decodes on several threads of one process (``pack``'s
+    threads) take turns here. A loader worker decodes on one thread: the lock is uncontended.
+    """
     arr = np.frombuffer(buf, np.uint8)
-    with warnings.catch_warnings(record=True) as caught:
+    with _WARNINGS_LOCK, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result = fn(arr)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed._progress import ProgressBar
 from gpufeed.decode import read_header
 from gpufeed.errors import DecodeError, shorten
 from gpufeed.observe.evidence import Evidence
@@ -215,6 +216,7 @@ def diagnose(
     replay_batches: int = 8,
     sync: bool = True,
     sample_interval_s: float = 0.025,
+    progress: bool = False,
 ) -> Report:
     """Run ``loader`` for ``batches`` batches through ``step`` and say what limits the loop.
 
@@ -233,7 +235,8 @@ def diagnose(
     counts, as in training. Thread states are sampled every ``sample_interval_s`` seconds.
 
     Works best with a :class:`gpufeed.FastLoader` (stage timings); a torch ``DataLoader`` gets
-    the process-level part of the diagnosis.
+    the process-level part of the diagnosis. ``progress``: a bar over the batches on stderr
+    when it is a terminal.
     """
     for name, value, low in (("batches", batches, 1), ("replay_batches", replay_batches, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -253,12 +256,14 @@ def diagnose(
     image_info = _image_info(loader)
     probe = TreeProbe(interval_s=sample_interval_s)
     feed = _Epochs(loader)
+    bar = ProgressBar(warmup_batches + batches, progress, "gpufeed doctor", unit="batch")
     kept: list[Any] = []
     wait_s = step_s = epoch_wait_s = 0.0
     samples = epoch_starts = 0
     try:
         for _ in range(warmup_batches):
             run_step(feed.next())
+            bar.done()
         before = _loader_stats(loader)
         probe.set_workers(feed.worker_pids())
         probe.start()
@@ -281,11 +286,13 @@ def diagnose(
                     kept.append(batch)
                 del batch
                 probe.set_workers(feed.worker_pids())
+                bar.done()
             wall_s = time.perf_counter() - t_start
         finally:
             measured = probe.stop()
         after = _loader_stats(loader)
     finally:
+        bar.close()
         feed.close()
     replay: tuple[int, float | None] = (0, None)
     if kept:

@@ -13,12 +13,12 @@ from typing import Any
 
 import psutil
 
+from gpufeed._progress import ProgressBar
 from gpufeed.errors import shorten
 from gpufeed.loader import FastLoader
 from gpufeed.observe.batches import batch_size_of, doublings
 from gpufeed.observe.memory import PeakPSS, format_bytes, process_pss_bytes
 from gpufeed.observe.probe import usable_core_count
-from gpufeed.observe.progress import ProgressBar
 from gpufeed.observe.tune_plot import save_tune_plot
 from gpufeed.observe.tune_reads import (
     prefetch_for_reads,
@@ -457,7 +457,7 @@ def tune(
     counts = worker_counts(max_workers)
     reasons: list[str] = []
     if max_workers > cores:
-        reasons.append(f"max_workers={max_workers} is above the {cores} usable cores (explicit).")
+        reasons.append(f"max_workers={max_workers} is above the {_cores(cores)} (explicit).")
     rows: list[TuneRow] = []
     knee: int | None = None
     bar = ProgressBar(len(counts) + 1, progress)
@@ -480,7 +480,7 @@ def tune(
                         f"exceeds {memory_fraction:.0%} of the {format_bytes(available_memory_bytes)} "
                         "available.")
                     break
-            bar.start(f"{n} workers")
+            bar.start(_workers(n))
             row = run(n, False)
             bar.done()
             rows.append(row)
@@ -501,28 +501,31 @@ def tune(
                 knee = n
                 reasons.append(
                     f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                    f"{best.num_workers} (under the {min_gain:.0%} minimum gain): the knee is at "
-                    f"{n}; backing off to {best.num_workers}.")
+                    f"{_workers(best.num_workers)}, less than the {min_gain:.0%} a step must "
+                    f"gain: throughput stopped rising after {_workers(best.num_workers)}; "
+                    f"recommending {best.num_workers}, the last count before it stopped.")
                 break
             reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                           f"{best.num_workers}: worth it.")
+                           f"{_workers(best.num_workers)}, at least the {min_gain:.0%} a step must "
+                           f"gain: more workers still help.")
             best = row
         else:
-            reasons.append(f"stopped at {max_workers} workers: the max_workers limit "
-                           f"({cores} usable cores).")
+            reasons.append(f"stopped at {_workers(max_workers)}: the max_workers limit "
+                           f"({_cores(cores)}).")
         assert best is not None  # the first count is always measured
         recommended = best
         pin = False
         if hasattr(os, "sched_setaffinity"):
-            bar.start(f"{best.num_workers} workers pinned")
+            bar.start(f"{_workers(best.num_workers)} pinned")
             pinned = run(best.num_workers, True)
             bar.done()
             rows.append(pinned)
             gain = relative_gain(best.samples_per_s, pinned.samples_per_s)
             pin = gain >= min_gain
-            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: "
-                           f"{pinned.samples_per_s:.0f} vs {best.samples_per_s:.0f} images/s "
-                           f"unpinned ({gain:+.1%}; needs {min_gain:+.0%}).")
+            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: one CPU "
+                           f"per worker gave {pinned.samples_per_s:.0f} images/s against "
+                           f"{best.samples_per_s:.0f} unpinned ({gain:+.1%}; it must gain "
+                           f"{min_gain:+.0%}).")
             if pin:
                 recommended = pinned
         else:
@@ -556,6 +559,14 @@ def tune(
         dataset_cache_bytes=needed,
         recommended_read_concurrency=recommended.read_concurrency,
     )
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def _cores(n: int) -> str:
+    return f"{n} usable core" if n == 1 else f"{n} usable cores"
 
 
 def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:

@@ -99,11 +99,13 @@ def search_read_concurrency(measure_at: Callable[[int], Any], baseline: Any, min
         step = gain(best.samples_per_s, row.samples_per_s)
         if step < min_gain:
             reasons.append(f"read_concurrency {concurrency}: {row.samples_per_s:.0f} images/s, "
-                           f"{step:+.1%} over {best.read_concurrency or 1} (under the "
-                           f"{min_gain:.0%} minimum gain): keeping {best.read_concurrency or 1}.")
+                           f"{step:+.1%} over {best.read_concurrency or 1} reads in flight, less "
+                           f"than the {min_gain:.0%} a step must gain: more reads in flight "
+                           f"stopped helping; keeping {best.read_concurrency or 1}.")
             break
         reasons.append(f"read_concurrency {concurrency}: {row.samples_per_s:.0f} images/s, "
-                       f"{step:+.1%} over {best.read_concurrency or 1}: worth it.")
+                       f"{step:+.1%} over {best.read_concurrency or 1} reads in flight, at least "
+                       f"the {min_gain:.0%} a step must gain: more reads in flight still help.")
         best = row
     return best, rows, reasons
 
@@ -183,7 +185,7 @@ def recommend_cache_bytes(needed_bytes: int | None, what: str, available_bytes: 
         return 0, f"cache_bytes 0: {what}"
     room = max(0, available_bytes - loader_bytes)
     if needed_bytes <= CACHE_FRACTION * room:
-        return needed_bytes, (f"cache_bytes {needed_bytes} ({format_bytes(needed_bytes)}): the "
+        return needed_bytes, (f"cache_bytes {format_bytes(needed_bytes)}: the "
                               f"whole dataset ({what}) fits in {CACHE_FRACTION:.0%} of the "
                               f"{format_bytes(room)} left after the loader")
     return 0, (f"cache_bytes 0: the dataset ({what}, {format_bytes(needed_bytes)}) does not fit in "

@@ -7,9 +7,11 @@ label), or the result of a callable ``transform`` given a PIL image, so sources 
 """
 
 from gpufeed.sources._base import ImageSource
+from gpufeed.sources._pack import PackResult, pack
 from gpufeed.sources.folder import IMG_EXTENSIONS, ImageFolder
-from gpufeed.sources.packed import LMDBDataset, PackResult, pack
+from gpufeed.sources.packed import LMDBDataset
 from gpufeed.sources.remote import RemoteOptions
+from gpufeed.sources.tar import TarIndexReport, TarShards
 from gpufeed.sources.wrapped import ImageDataset
 
 __all__ = [
@@ -20,5 +22,7 @@ __all__ = [
     "LMDBDataset",
     "PackResult",
     "RemoteOptions",
+    "TarIndexReport",
+    "TarShards",
     "pack",
 ]

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from gpufeed.errors import ReadError, shorten
+from gpufeed.errors import SKIP_HINT, ReadError, shorten
 
 __all__ = ["REMOTE_HINT", "REMOTE_READ_CONCURRENCY", "TRANSIENT_STATUS", "RemoteOptions", "RemoteReader",
            "is_transient", "is_url"]
@@ -207,6 +207,34 @@ class RemoteReader:
         where = url if index is None else f"{url} (sample index {index})"
         return bytes(self._retrying(where, lambda: self._cat(fs, path)))
 
+    def read_range(self, url: str, start: int, end: int, index: int | None = None) -> bytes:
+        """Bytes ``start..end-1`` of the object at ``url`` (one ranged request), retrying
+        transient errors; :class:`ReadError` once it failed for good."""
+        fs, path = self.filesystem(url)
+        where = url if index is None else f"{url} (sample index {index})"
+        kwargs = ({"timeout": self.options.timeout_s}
+                  if getattr(fs, "async_impl", False) and self.options.timeout_s is not None else {})
+        return bytes(self._retrying(where, lambda: fs.cat_file(path, start=start, end=end,
+                                                               **kwargs)))
+
+    def signature(self, url: str) -> tuple[int, Any]:
+        """(size in bytes, ETag or modification time or None) of the object at ``url``."""
+        fs, path = self.filesystem(url)
+        info = self._retrying(url, lambda: fs.info(path), sample=False)
+        tag = next((info[k] for k in ("ETag", "etag", "mtime", "LastModified", "last_modified",
+                                      "updated") if info.get(k) is not None), None)
+        size = info.get("size")
+        if not isinstance(size, int):
+            raise ReadError(f"cannot index {url}: the store reports no size for it "
+                            f"({shorten(info)}); tar shards need ranged reads")
+        return size, tag if tag is None or isinstance(tag, (int, float, str)) else str(tag)
+
+    def open(self, url: str, block_bytes: int = 8 << 20) -> Any:
+        """A seekable binary file object of ``url`` reading ahead ``block_bytes`` at a time."""
+        fs, path = self.filesystem(url)
+        return self._retrying(url, lambda: fs.open(path, "rb", block_size=block_bytes,
+                                                   cache_type="readahead"), sample=False)
+
     def _cat(self, fs: Any, path: str) -> Any:
         if getattr(fs, "async_impl", False) and self.options.timeout_s is not None:
             return fs.cat_file(path, timeout=self.options.timeout_s)  # fsspec's sync() cancels it
@@ -225,7 +253,7 @@ class RemoteReader:
                     why = (f"gave up after {attempt} attempts (remote_options.retries="
                            f"{self.options.retries})" if transient else
                            f"not retried: a permanent error (attempt {attempt})")
-                    skip = (", or pass on_error='skip' to the loader to leave such samples out"
+                    skip = (f", or pass {SKIP_HINT} to leave such samples out"
                             if sample else "")
                     raise ReadError(
                         f"cannot read {where}: {type(exc).__name__}: {_message(exc)}; {why}. Check "

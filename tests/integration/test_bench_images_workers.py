@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -60,6 +61,12 @@ def test_demo_generates_once_then_reuses(tmp_path, capsys):
     first = capsys.readouterr().out
     assert "generated 40 images in 10 classes" in first
     assert "eval: 40 images" in first and "train: 40 images" in first and "summary: eval" in first
+    # figures and ratios, no verdicts: images/s of both, their ratio, peak memory of both
+    assert not any(word in first for word in ("goal:", "NOT met", "inconclusive", " met "))
+    summary = next(line for line in first.splitlines() if line.startswith("summary: "))
+    assert re.search(r"eval \d+ vs \d+ images/s = \d+\.\d\dx DataLoader\+\w+, peak PSS "
+                     r"[\d.]+ MiB vs [\d.]+ MiB = \d+\.\d\dx", summary), summary
+    assert "uint8" in first and "dtype=torch.float32" in first  # the ToTensor hint
     assert (demo / DEMO_MARKER).exists() and len(list(demo.glob("class_*/*.jpg"))) == 40
     assert main(argv) == 0
     assert "reused 40 images" in capsys.readouterr().out

@@ -394,3 +394,21 @@ def test_decode_planes_refuses_what_has_no_ycbcr_planes(kind):
             else _cmyk_jpeg(photo_like(20, 20, seed=1)))
     with pytest.raises(ValueError, match="YCbCr or greyscale JPEG"):
         decode_planes(data)
+
+
+def test_truncation_is_caught_when_threads_decode_at_once():
+    # PyTurboJPEG reports it by a warning; threads decoding together must not lose one.
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = encode(photo_like(96, 128, seed=4))
+    cut = data[: len(data) // 2]
+
+    def caught(_: int) -> bool:
+        try:
+            decode(cut, min_height=12, min_width=16)
+        except DecodeError:
+            return True
+        return False
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(caught, range(200)))

@@ -33,3 +33,12 @@ def test_fastloader_is_a_dataloader_with_its_signature_plus_keyword_options():
     extra = [p for n, p in ours.items() if n not in theirs]
     assert extra and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
     assert FastLoader[int] is not None  # stays generic for type checkers
+
+
+def test_image_sources_are_exported_from_gpufeed_and_gpufeed_sources():
+    import gpufeed.sources
+
+    for name in ("ImageDataset", "ImageFolder", "LMDBDataset", "TarShards"):
+        cls = getattr(gpufeed, name)
+        assert cls is getattr(gpufeed.sources, name) and issubclass(cls, gpufeed.ImageSource)
+    assert gpufeed.sources.__all__ == sorted(gpufeed.sources.__all__)

@@ -79,7 +79,8 @@ def test_knee_at_16_recommends_8():
     assert result.knee_num_workers == 16
     assert result.recommended_num_workers == 8
     assert model.calls[-1] == (8, True)  # pinning tried at the recommended count only
-    assert any("knee is at 16" in r and "backing off to 8" in r for r in result.reasons)
+    assert any("throughput stopped rising after 8 workers; recommending 8" in r
+               for r in result.reasons), result.reasons
 
 
 def test_reversal_stops_and_backs_off():
@@ -297,7 +298,7 @@ def test_read_concurrency_search_stops_at_its_knee():
 
     best, rows, reasons = search_read_concurrency(at, _Row(1, 50.0), 0.05)
     assert measured == [4, 16, 64] and best.read_concurrency == 16
-    assert "keeping 16" in reasons[-1] and "worth it" in reasons[0]
+    assert "stopped helping; keeping 16" in reasons[-1] and "still help" in reasons[0]
     assert search_read_concurrency(at, _Row(16, 600.0), 0.05)[0].read_concurrency == 16
     assert measured[-1] == 64  # only values above the baseline's are tried
 

@@ -1,0 +1,264 @@
+"""Tar shards' index: shard URL patterns, WebDataset key grouping, labels, per-shard tables.
+
+Grouping follows webdataset (``webdataset.tariterators.group_by_keys``): a member name
+``DIR/KEY.EXT`` splits at the first dot of its last path component into the key ``DIR/KEY``
+and the extension ``EXT`` (lower-cased); consecutive members with the same key form one
+sample; names without a dot in their last component (or whose last component starts with
+one), and names starting with ``__...__`` (metadata), are passed over.
+Unlike webdataset, a key seen again later in the same shard, or an extension twice in one
+sample, is an error (``"duplicate-key"``): webdataset would yield two samples, or stop.
+
+Each sample's image is its first member whose extension is in ``image_extensions``; its label
+is the integer text of the ``.cls`` member by default (``label="EXT"`` for another member),
+the result of a function of the sample's small members (``label=callable``), or -1 with
+``label=None``. Problems are reasons: ``"no-image"``, ``"no-label"``, ``"bad-label"``,
+``"duplicate-key"``, ``"truncated"``, ``"not-a-tar"``; with ``on_error="raise"`` the first one
+raises a ValueError naming the shard, the member and its byte offset, with ``"skip"`` the
+sample (or the damaged rest of a shard) is left out and counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import operator
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufeed.sources._tar_walk import Members, TarFormatError
+
+DEFAULT_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+REASONS = ("no-image", "no-label", "bad-label", "duplicate-key", "truncated", "not-a-tar")
+LabelSpec = str | Callable[[dict[str, Any]], int] | None
+
+_META = re.compile(r"__[^/]*__($|/)")
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar (zero-padded to the first
+    bound's width); ``{x,y}`` -> x, y; several braces expand left to right."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    rng = _RANGE.match(body)
+    if rng is not None:
+        lo, hi = int(rng.group(1)), int(rng.group(2))
+        width = len(rng.group(1)) if rng.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        options = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    elif "," in body:
+        options = body.split(",")
+    else:
+        options = ["{" + body + "}"]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [head + option + rest for option in options for rest in expand_braces(tail)]
+
+
+def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Shard paths or URLs from a list, a brace pattern or a glob (local paths), in order.
+
+    A glob that matches nothing, and a result with no shard, are FileNotFoundError/ValueError.
+    """
+    from gpufeed.sources.remote import is_url
+
+    items: Iterable[Any] = ([urls] if isinstance(urls, (str, os.PathLike)) else urls)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"`urls` must be a path, a URL, a brace or glob pattern, or a list "
+                            f"of them. Found an item {type(item).__name__} {item!r:.80}.")
+        for path in expand_braces(os.fspath(item)):
+            if not is_url(path) and glob.has_magic(path):
+                matched = sorted(glob.glob(path))
+                if not matched:
+                    raise FileNotFoundError(f"no tar shard matches {path!r}")
+                out.extend(matched)
+            else:
+                out.append(path)
+    if not out:
+        raise ValueError(f"`urls` names no tar shard. Found: {urls!r:.200}.")
+    return out
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """(key, lower-cased extension) of a member name, or None for one webdataset passes over."""
+    if name.startswith("__") and _META.match(name):
+        return None
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash:  # no dot in the last component, or it starts with one
+        return None
+    return name[:dot], name[dot + 1:].lower()
+
+
+@dataclass
+class ShardIndex:
+    """The samples of one shard: keys, image data offsets and sizes, image extension codes
+    (into ``image_extensions``), labels; and what was left out, by reason."""
+
+    key_blob: np.ndarray  # uint8: the UTF-8 keys, concatenated
+    key_lens: np.ndarray  # int64: each key's length in bytes
+    offsets: np.ndarray
+    sizes: np.ndarray
+    exts: np.ndarray
+    labels: np.ndarray
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.key_lens)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys as strings (builds Python objects: for inspection)."""
+        blob, out, pos = self.key_blob.tobytes(), [], 0
+        for n in self.key_lens.tolist():
+            out.append(blob[pos:pos + n].decode("utf-8", "surrogateescape"))
+            pos += n
+        return out
+
+
+class TarIndexError(ValueError):
+    """A shard's content cannot be indexed (names the shard, the member, its byte offset)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def label_name(label: LabelSpec) -> str | None:
+    """A stable name of a label spec, for the index cache (a function: its qualified name)."""
+    if label is None or isinstance(label, str):
+        return label
+    module = getattr(label, "__module__", "?")
+    return f"{module}.{getattr(label, '__qualname__', type(label).__qualname__)}"
+
+
+def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
+                label: LabelSpec, on_error: str, damage: TarFormatError | None = None
+                ) -> ShardIndex:
+    """Group ``members`` (of ``shard``) into samples; ``damage``: the walk's error, if the
+    shard is damaged after these members (raised with "raise", counted with "skip")."""
+    skipped: dict[str, int] = {}
+
+    def problem(reason: str, message: str) -> None:
+        if on_error == "raise":
+            raise TarIndexError(message + " Or pass on_error='skip' to TarShards to leave such "
+                                          "samples out (they are counted).", reason)
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    if damage is not None and damage.reason == "not-a-tar":
+        problem("not-a-tar", str(damage) + ".")
+        return _empty(skipped)
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    exts: list[int] = []
+    labels: list[int] = []
+    seen: set[str] = set()
+    groups = _groups(members)
+    for key, parts in groups:
+        by_ext: dict[str, int] = {}
+        duplicate = key in seen
+        for ext, i in parts:
+            duplicate = duplicate or ext in by_ext
+            by_ext.setdefault(ext, i)
+        seen.add(key)
+        if duplicate:
+            problem("duplicate-key", f"duplicate key: {_where(members, shard, key, parts)} "
+                                     f"repeats a key or a member name seen before in this "
+                                     f"shard. Give every sample its own key.")
+            continue
+        image = next((i for i, ext in enumerate(image_extensions) if ext in by_ext), None)
+        if image is None:
+            problem("no-image", f"no image in {_where(members, shard, key, parts)}: its members "
+                                f"are {sorted(by_ext)}, none of image_extensions "
+                                f"{list(image_extensions)}. Pass image_extensions= to match.")
+            continue
+        value = _label(members, by_ext, key, label,
+                       functools.partial(_where, members, shard, key, parts), problem)
+        if value is None:
+            continue
+        member = by_ext[image_extensions[image]]
+        keys.append(key)
+        offsets.append(members.offsets[member])
+        sizes.append(members.sizes[member])
+        exts.append(image)
+        labels.append(value)
+    if damage is not None:
+        problem("truncated", str(damage))
+    encoded = [k.encode("utf-8", "surrogateescape") for k in keys]
+    return ShardIndex(np.frombuffer(b"".join(encoded), np.uint8),
+                      np.fromiter(map(len, encoded), np.int64, len(encoded)),
+                      np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
+                      np.asarray(exts, np.uint8), np.asarray(labels, np.int64), skipped)
+
+
+def _where(members: Members, shard: str, key: str, parts: list[tuple[str, int]]) -> str:
+    first = parts[0][1]
+    return (f"sample {key!r} (member {members.names[first]!r}, header at byte offset "
+            f"{members.header_offset(first)}) of tar shard {shard!r}")
+
+
+def _empty(skipped: dict[str, int]) -> ShardIndex:
+    z = np.zeros(0, np.int64)
+    return ShardIndex(np.zeros(0, np.uint8), z, z.copy(), z.copy(), np.zeros(0, np.uint8),
+                      z.copy(), skipped)
+
+
+def _groups(members: Members) -> list[tuple[str, list[tuple[str, int]]]]:
+    """[(key, [(extension, member number), ...]), ...] for consecutive members of one key."""
+    out: list[tuple[str, list[tuple[str, int]]]] = []
+    for i, name in enumerate(members.names):
+        split = split_name(name)
+        if split is None:
+            continue
+        key, ext = split
+        if out and out[-1][0] == key:
+            out[-1][1].append((ext, i))
+        else:
+            out.append((key, [(ext, i)]))
+    return out
+
+
+def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
+           where_fn: Callable[[], str], problem: Callable[[str, str], None]) -> int | None:
+    """The sample's label, or None after reporting a problem."""
+    if label is None:
+        return -1
+    if isinstance(label, str):
+        member = by_ext.get(label)
+        if member is None:
+            problem("no-label", f"no label in {where_fn()}: no .{label} member (found "
+                                f"{sorted(by_ext)}). Pass label=None for unlabelled samples, or "
+                                f"label=FUNCTION to compute one.")
+            return None
+        raw = members.small.get(member)
+        try:
+            if raw is None:
+                raise ValueError(f"{members.sizes[member]} bytes, not a small member")
+            return int(raw.decode("utf-8").strip())
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem("bad-label", f"bad label in {where_fn()}: member {members.names[member]!r} at "
+                                 f"byte offset {members.offsets[member]} holds "
+                                 f"{(raw or b'')[:40]!r}, not an integer ({exc}).")
+            return None
+    sample: dict[str, Any] = {"__key__": key}
+    for ext, i in by_ext.items():
+        if i in members.small:
+            sample[ext] = members.small[i]
+    try:
+        return operator.index(label(sample))
+    except Exception as exc:  # noqa: BLE001 - the user's function: reported with where it ran
+        problem("bad-label", f"label function failed on {where_fn()}: {type(exc).__name__}: "
+                             f"{str(exc)[:200]}. It is given a dict of the sample's small "
+                             f"members (bytes, by extension) and '__key__', and must return "
+                             f"an int.")
+        return None

@@ -1,0 +1,139 @@
+"""TarShards through FastLoader: the image fast path gives ImageFolder's batches, resumes exactly
+across worker counts, splits evenly across ranks, skips samples of a changed shard, and reads
+shards over HTTP by ranged requests (sidecar index or one streaming pass)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+
+from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop, TarShards
+from gpufeed.errors import ReadError
+from gpufeed.sources.tar_writer import write_shards
+from gpufeed.synth import make_image_folder
+from tests._http_server import FileServer
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("tar-loader")
+    make_image_folder(root / "src", num_classes=3, per_class=9, size=(90, 120), seed=6)
+    result = write_shards(root / "src", root / "shards", shard_bytes=30000, progress=False)
+    return root, list(result.shards)
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("transform", [ResizeCenterCrop(40), RandomResizedCrop(40, seed=3)])
+def test_batches_equal_imagefolder_on_the_fast_path(packed: tuple[Path, list[str]],
+                                                    transform: Any) -> None:
+    root, shards = packed
+    kw: dict[str, Any] = dict(batch_size=8, shuffle=True, num_workers=2, seed=4)
+    ours = FastLoader(TarShards(shards, transform=transform), **kw,
+                      generator=torch.Generator().manual_seed(1))
+    theirs = FastLoader(ImageFolder(root / "src", transform=transform), **kw,
+                        generator=torch.Generator().manual_seed(1))
+    assert same(list(ours), list(theirs))
+    assert ours.stats()["images"] == len(ours.dataset)  # the image fast path decoded them
+
+
+def interrupted(loader: FastLoader, k: int) -> tuple[list[Any], dict[str, Any]]:
+    head = []
+    for i, batch in enumerate(loader):
+        head.append(batch)
+        if i + 1 == k:
+            state = loader.state_dict()
+            break
+    return head, json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2)])
+def test_resume_is_byte_identical_with_another_worker_count(packed: tuple[Path, list[str]],
+                                                            before: int, after: int) -> None:
+    _, shards = packed
+
+    def loader(workers: int) -> FastLoader:
+        return FastLoader(TarShards(shards, transform=RandomResizedCrop(32)), batch_size=4,
+                          shuffle=True, num_workers=workers, seed=7,
+                          generator=torch.Generator().manual_seed(5))
+
+    full = list(loader(before))
+    head, state = interrupted(loader(before), 2)
+    assert same(head, full[:2])
+    resumed = loader(after)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), full[2:])
+
+
+def test_distributed_sampler_gives_every_rank_the_same_count(packed: tuple[Path, list[str]]) -> None:
+    _, shards = packed
+    ds = TarShards(shards, transform=ResizeCenterCrop(24))
+    counts, seen = [], set()
+    for rank in range(4):
+        sampler = TorchDistributedSampler(ds, num_replicas=4, rank=rank, shuffle=True, seed=2)
+        labels = [y for _, y in FastLoader(ds, batch_size=5, sampler=sampler, num_workers=0)]
+        counts.append(sum(len(y) for y in labels))
+        seen.update(iter(sampler))
+    assert counts == [7] * 4 and seen == set(range(len(ds)))  # 27 samples, padded to 28
+
+
+def test_samples_of_a_changed_shard_are_skipped_and_counted(tmp_path: Path,
+                                                           packed: tuple[Path, list[str]]) -> None:
+    _, shards = packed
+    copies = []
+    for path in shards:
+        copies.append(str(tmp_path / Path(path).name))
+        Path(copies[-1]).write_bytes(Path(path).read_bytes())
+    ds = TarShards(copies, transform=ResizeCenterCrop(24))
+    victim = ds.shard_of(len(ds) - 1)
+    with open(copies[victim], "ab") as f:
+        f.write(bytes(512))  # grown: size differs from the index
+    lost = sum(1 for i in range(len(ds)) if ds.shard_of(i) == victim)
+    loader = FastLoader(ds, batch_size=6, num_workers=2, on_error="skip")
+    assert sum(len(y) for _, y in loader) == len(ds) - lost
+    assert loader.stats()["skipped"] == lost
+    with pytest.raises(ReadError, match="changed after it was indexed"):
+        list(FastLoader(ds, batch_size=6, num_workers=0))
+
+
+@pytest.mark.parametrize("sidecar", [True, False])
+def test_shards_over_http_by_ranged_reads(packed: tuple[Path, list[str]], tmp_path: Path,
+                                          sidecar: bool) -> None:
+    pytest.importorskip("fsspec", reason="remote shards need fsspec (gpufeed[remote])")
+    pytest.importorskip("aiohttp", reason="http(s) URLs need aiohttp (gpufeed[remote])")
+    root, shards = packed
+    served = tmp_path / "served"
+    served.mkdir()
+    for path in shards:
+        for suffix in ("", ".idx") if sidecar else ("",):
+            (served / (Path(path).name + suffix)).write_bytes(Path(path).read_bytes() if not suffix
+                                                              else Path(path + suffix).read_bytes())
+    local = TarShards(shards, transform=ResizeCenterCrop(32))
+    with FileServer(served) as server:
+        names = [Path(p).name for p in shards]
+        remote = TarShards([f"{server.url}/{n}" for n in names], transform=ResizeCenterCrop(32))
+        assert remote.targets == local.targets and remote.key(3) == local.key(3)
+        server.reset_counts()
+        kw: dict[str, Any] = dict(batch_size=8, num_workers=2)
+        assert same(list(FastLoader(remote, **kw)), list(FastLoader(local, **kw)))
+        assert server.requests == len(local)  # one ranged request per sample
+        urls = [f"{server.url}/{n}" for n in names]
+        TarShards(urls, index_cache=tmp_path / "index.npz")
+        server.reset_counts()
+        cached = TarShards(urls, index_cache=tmp_path / "index.npz")
+        assert server.requests == 0 and cached.targets == local.targets  # sizes by HEAD only
+    assert not [t for t in threading.enumerate() if t.name == "test-http-server"]
+    assert os.path.exists(shards[0] + ".idx")
