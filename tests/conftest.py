@@ -75,6 +75,6 @@ def _bound(run: Callable[[pytest.TempPathFactory], Any], factory: pytest.TempPat
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> ImageFolders:
     """Factory of synthetic image folders: ``image_folder(num_classes=2, per_class=6,
-    size=((60, 90), (70, 100)), seed=3) -> root``, written once per spec in a session (see
+    size=((60, 90), (70, 100)), seed=3) -> root``, written once per spec per test run (see
     tests/_folders.py; ``private=True`` for a folder the caller may change)."""
     return ImageFolders(tmp_path_factory)
