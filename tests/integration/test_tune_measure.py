@@ -14,10 +14,11 @@ from gpufeed.tune import (
 )
 from tests.unit.test_tune import (
     GiB,
+    SleepyJpegs,
     SlowReadFolder,
     _child_pids,
     _new_children_after,
-    tiny_folder,  # noqa: F401 (fixtures, used by name)
+    tiny_folder,  # noqa: F401 (fixtures, used by name)  # noqa: F401 (fixtures)
 )
 
 
@@ -85,3 +86,24 @@ def test_tune_measures_an_automatic_dataset_at_one_read_and_leaves_it_automatic(
     assert result.rows[0].read_concurrency == 1
     assert (False, 1) in seen  # measured at an explicit single read, not switching mid-run
     assert ds.read_auto and ds.read_concurrency == 1  # the dataset's own setting is back
+
+
+@pytest.mark.timeout(120)
+def test_tune_measures_read_concurrency_when_reads_dominate():
+    from gpufeed import ImageDataset, ResizeCenterCrop
+    from gpufeed.cli.tune import format_recommendation
+
+    ds = ImageDataset(SleepyJpegs(), ResizeCenterCrop(24, 32))
+    assert ds.read_concurrency == 1
+    result = tune(dataset=ds, batch_size=8, max_workers=1, batches=4, warmup_batches=1,
+                  available_memory_bytes=64 * GiB, progress=False)
+    reads = [r.read_concurrency for r in result.rows if r.num_workers == 1 and not r.pin_workers]
+    assert reads[:2] == [1, 4], result.reasons  # 1 worker at 1 read, then more reads in flight
+    assert result.rows[0].read_fraction is not None and result.rows[0].read_fraction >= 0.4
+    assert result.recommended_read_concurrency > 1, result.format_table()
+    assert any("measuring read_concurrency 4, 16, 64" in r for r in result.reasons)
+    assert any("must be thread-safe" in r for r in result.reasons)
+    assert ds.read_concurrency == 1  # the dataset's own setting is back
+    assert result.recommended_row.read_concurrency == result.recommended_read_concurrency
+    text = format_recommendation(result)
+    assert f"read_concurrency={result.recommended_read_concurrency}" in text

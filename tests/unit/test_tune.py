@@ -320,27 +320,6 @@ class SleepyJpegs(Dataset):
         return self.items[i], i % 3
 
 
-@pytest.mark.timeout(120)
-def test_tune_measures_read_concurrency_when_reads_dominate():
-    from gpufeed import ImageDataset, ResizeCenterCrop
-    from gpufeed.cli.tune import format_recommendation
-
-    ds = ImageDataset(SleepyJpegs(), ResizeCenterCrop(24, 32))
-    assert ds.read_concurrency == 1
-    result = tune(dataset=ds, batch_size=8, max_workers=1, batches=4, warmup_batches=1,
-                  available_memory_bytes=64 * GiB, progress=False)
-    reads = [r.read_concurrency for r in result.rows if r.num_workers == 1 and not r.pin_workers]
-    assert reads[:2] == [1, 4], result.reasons  # 1 worker at 1 read, then more reads in flight
-    assert result.rows[0].read_fraction is not None and result.rows[0].read_fraction >= 0.4
-    assert result.recommended_read_concurrency > 1, result.format_table()
-    assert any("measuring read_concurrency 4, 16, 64" in r for r in result.reasons)
-    assert any("must be thread-safe" in r for r in result.reasons)
-    assert ds.read_concurrency == 1  # the dataset's own setting is back
-    assert result.recommended_row.read_concurrency == result.recommended_read_concurrency
-    text = format_recommendation(result)
-    assert f"read_concurrency={result.recommended_read_concurrency}" in text
-
-
 def test_reads_ahead_rule_from_latency_and_decode_time():
     # benchmarks/latency.py: 100 ms per read, 46 ms of decode per batch of 32 (1.44 ms/image)
     rule = reads_ahead(0.100, 0.046 / 32, 32, read_concurrency=64)
@@ -364,4 +343,3 @@ def test_prefetch_factor_covers_reads_longer_than_the_decode_of_the_held_tasks()
     assert prefetch_for_reads(replace(row, read_concurrency=16), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=0.030), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=None), 2, "w") == (2, "w")
-
