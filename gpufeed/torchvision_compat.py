@@ -1,21 +1,36 @@
-"""torchvision transform pipelines, translated to gpufeed's image fast path.
+"""torchvision and timm transform pipelines, translated to gpufeed's image fast path.
 
 ``ImageFolder(root, transform=T.Compose([...]))`` (and ``ImageDataset``, ``LMDBDataset``)
-recognises a torchvision pipeline (``torchvision.transforms`` or ``torchvision.transforms.v2``)
-by the classes and parameters of its ops, and :func:`from_torchvision` does the same on request.
-Translated, with the same geometry:
+recognises a torchvision pipeline (``torchvision.transforms`` or ``torchvision.transforms.v2``,
+and timm's, e.g. ``timm.data.create_transform(224, is_training=True)``) by the classes and
+parameters of its ops, and :func:`from_torchvision` does the same on request. Translated:
 
-- ``Resize(int)`` + ``CenterCrop(size)`` -> :class:`~gpufeed.ResizeCenterCrop`;
-- ``RandomResizedCrop(size, scale, ratio)`` (+ ``RandomHorizontalFlip(p=0.5)``) ->
-  :class:`~gpufeed.RandomResizedCrop` (crop box and flip drawn from (seed, epoch, index));
-- ``ToTensor`` / ``PILToTensor`` / ``ToImage`` + ``ToDtype(float, scale=True)`` /
-  ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and ``normalize``, applied
-  once per batch (on the GPU with ``FastLoader(device=...)``).
+- ``Resize(int)`` + ``CenterCrop(size)`` -> :class:`~gpufeed.ResizeCenterCrop`; ``Resize((h, w))``
+  -> ``gpufeed.transforms.Resize``;
+- ``RandomResizedCrop(size, scale, ratio)`` (timm's ``RandomResizedCropAndInterpolation`` too)
+  (+ ``RandomHorizontalFlip(p=0.5)``) -> :class:`~gpufeed.RandomResizedCrop` (crop box and flip
+  drawn from (seed, epoch, index)); bilinear, bicubic, or timm's random choice of the two;
+- ``ToTensor`` / ``PILToTensor`` / ``ToImage`` (timm's ``MaybeToTensor``) + ``ToDtype(float,
+  scale=True)`` / ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and
+  ``normalize``, applied once per batch (on the GPU with ``FastLoader(device=...)``);
+- augmentations gpufeed has (``gpufeed.augment``: flips with any ``p``, ``ColorJitter``,
+  ``RandomGrayscale``, ``GaussianBlur``, the point ops, ``RandomRotation``,
+  ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, timm's ``rand-m*`` RandAugment,
+  torchvision's and timm's ``RandomErasing``) -> that op with the same parameters, on the uint8
+  rows in the workers (``RandomErasing``: on the normalized float rows);
+- any other op that accepts tensors (a torchvision op, or a user's callable or
+  ``torch.nn.Module`` placed after the conversion to tensor) -> run as given on each row as a
+  (3, H, W) tensor after gpufeed's decode and crop, with torch's and Python's random generators
+  seeded from (seed, epoch, index) (``gpufeed._image.tensor_ops``): it costs only itself.
 
-Interpolation must be bilinear. Anything else (bicubic, a flip with ``p`` other than 0.5,
-``Resize((h, w))``, ``max_size``, ``antialias=False`` on a tensor, an op gpufeed does not know)
-leaves the pipeline as given: the workers call it on PIL images (the generic path).
-:func:`explain` says which ops run where and why.
+Only an op that needs a PIL image (``Lambda`` or a user's callable before the conversion to
+tensor, ``ToPILImage``), changes the image size after the crop, comes before the crop, or has
+parameters gpufeed's resize does not take (another interpolation, ``max_size``,
+``antialias=False`` on a tensor) leaves the pipeline as given: the workers call
+it on PIL images (the generic path), and the dataset warns once (``GpufeedWarning``) naming the
+op, the reason and what to use instead. :func:`explain` says where every op runs: ``fast``
+(gpufeed's own path), ``tensor`` (as given, on the row), ``float`` (as given, on the
+normalized row) or ``NO`` (needs the generic path).
 
 Orientation: torchvision's ``ImageFolder`` opens files with PIL, which ignores the EXIF
 orientation tag. A torchvision pipeline in a gpufeed dataset (translated, or run as given)

@@ -15,6 +15,10 @@ at a fractional ratio costs 6-9x INTER_LINEAR (0.8-1.1 ms vs 0.13 ms to bring a 
 2x, where bilinear barely aliases, the two differ from the full-resolution reference by the same
 amount (mean 2.4-2.8 vs 2.4-2.8 levels on our test images). After a DCT-scaled decode (factors
 1/8, 1/4, 1/2, 1) the remaining shrink is always below 2x, so JPEGs take the fast path.
+``"bicubic"`` (torchvision's ``BICUBIC``) is ``"auto"`` with INTER_CUBIC in place of
+INTER_LINEAR; ``"random"`` (timm's ``RandomResizedCropAndInterpolation`` default) picks
+``"auto"`` (bilinear) or ``"bicubic"`` per sample, with equal probability, from
+(seed, epoch, index).
 
 Two decode paths (the pixel work is in ``gpufeed._image.resample``). The RGB path decodes to RGB and
 resizes once. The plane path decodes a JPEG to its Y (Cb, Cr) planes, skipping libjpeg's chroma
@@ -36,6 +40,9 @@ unencoded image.
 Randomness comes from (seed, epoch, sample index) only, hashed with SHAKE-128, so the same
 sample gets the same crop in whatever process computes it, and a new crop every epoch.
 
+Augmentations (``ops``, ``float_ops``: :mod:`gpufeed.augment`) run after the geometry, on the
+uint8 row, and after normalize, on the float row (docs/design/augment.md).
+
 The code is in ``gpufeed._image.transforms``; this module re-exports its public names.
 """
 
@@ -43,6 +50,7 @@ from gpufeed._image.transforms import (
     CropParams,
     ImageTransform,
     RandomResizedCrop,
+    Resize,
     ResizeCenterCrop,
     Size,
     stored_orientation,
@@ -52,6 +60,7 @@ __all__ = [
     "CropParams",
     "ImageTransform",
     "RandomResizedCrop",
+    "Resize",
     "ResizeCenterCrop",
     "Size",
     "stored_orientation",

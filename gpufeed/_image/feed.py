@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.torchvision import is_torchvision
 from gpufeed.cache import HostCache, aligned_copy
+from gpufeed.errors import GpufeedWarning
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
 
@@ -112,6 +114,15 @@ def make_image_feed(
     transform = loader.dataset.transform
     if seed is None:
         seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
+    if on_gpu and transform.float_ops and dtype != torch.uint8:
+        # Float ops (RandomErasing) run on the normalized rows of each sample, which the GPU
+        # transform sees only as a whole batch: normalize stays in the workers.
+        warnings.warn(
+            f"gpufeed: the transform's float ops ({', '.join(op.name for op in transform.float_ops)}) "
+            "run on the normalized rows in the workers, so dtype/normalize run there too instead "
+            "of on the GPU (float batches cross PCIe: 4x the bytes of uint8). Drop the float ops "
+            "to normalize on the GPU.", GpufeedWarning, stacklevel=2)
+        on_gpu = False
     gpu_transform = GpuTransform(dtype, normalize, bool(channels_last)) if on_gpu else None
     plan = ImagePlan(
         transform=transform,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpufeed._engine.layout import align_up as _align
+from gpufeed._image.augment.base import RowOps
 from gpufeed._image.auto_reads import AutoReads
 from gpufeed._image.normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed._image.reads import BatchReads, ReadAhead
@@ -258,6 +259,14 @@ def _fill(
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
     if plan.dtype != torch.uint8:
         images = _to_float(plan, images, buf, off_floats)
+    float_ops = getattr(plan.transform, "float_ops", ())
+    if float_ops:  # after normalize, as torchvision and timm run RandomErasing
+        row_ops = RowOps(float_ops=float_ops)
+        for k_pos, pos in enumerate(report.kept):
+            row = images[k_pos]
+            result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
+            if result is not row:
+                row.copy_(torch.as_tensor(result))
     report.post_s = time.perf_counter() - t2
     return (images, labels[:k]), report
 

@@ -30,14 +30,14 @@ _scratch = threading.local()
 
 def resize_mode(rh: int, rw: int, oh: int, ow: int, interpolation: str) -> int:
     """The OpenCV interpolation for a (rh, rw) region resized to (oh, ow) pixels under
-    ``interpolation`` ("auto", "area" or "linear"; see gpufeed.transforms)."""
+    ``interpolation`` ("auto", "area", "linear" or "bicubic"; see gpufeed.transforms)."""
     import cv2
 
     shrink = rh >= oh and rw >= ow
     if shrink and (interpolation == "area" or (
-            interpolation == "auto" and (rh >= 2 * oh or rw >= 2 * ow))):
+            interpolation in ("auto", "bicubic") and (rh >= 2 * oh or rw >= 2 * ow))):
         return cv2.INTER_AREA
-    return cv2.INTER_LINEAR
+    return cv2.INTER_CUBIC if interpolation == "bicubic" else cv2.INTER_LINEAR
 
 
 def crop_resize(img: np.ndarray, full_h: int, full_w: int, box: Box, flip: bool,
@@ -184,6 +184,21 @@ def _merge_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], target: np.nd
     result = cv2.merge(planes, target)
     if result is not target:
         np.copyto(target, result)
+
+
+def split_into(hwc: np.ndarray, out: np.ndarray) -> None:
+    """Write an (H, W, 3) image into the (3, H, W) ``out``."""
+    _split_into(hwc, out)
+
+
+def scratch_rows(oh: int, ow: int) -> np.ndarray:
+    """A per-thread reusable (oh, ow, 3) row for a transform's augmentations (another buffer
+    than the one :func:`crop_resize` uses for the planar layout)."""
+    buf = getattr(_scratch, "aug", None)
+    if buf is None or buf.shape != (oh, ow, 3):
+        buf = np.empty((oh, ow, 3), np.uint8)
+        _scratch.aug = buf
+    return buf
 
 
 def _split_into(hwc: np.ndarray, out: np.ndarray) -> None:

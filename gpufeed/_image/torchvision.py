@@ -1,42 +1,73 @@
-"""torchvision transform pipelines, translated to gpufeed's image fast path (the code; documented
+"""torchvision and timm transform pipelines, translated to gpufeed's image fast path (the code; documented
 in ``gpufeed.torchvision_compat``, which re-exports it)."""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps
+from gpufeed._image.augment.ops import RandomHorizontalFlip
 from gpufeed._image.normalize import affine, check_image_output, convert_, work_dtype
-from gpufeed._image.transforms import CropParams, ImageTransform, RandomResizedCrop, ResizeCenterCrop
-from gpufeed.errors import shorten
+from gpufeed._image.recipe_ops import place
+from gpufeed._image.tensor_ops import op_text
+from gpufeed._image.transforms import (
+    CropParams,
+    ImageTransform,
+    RandomResizedCrop,
+    Resize,
+    ResizeCenterCrop,
+)
+from gpufeed.errors import GpufeedWarning, shorten
 
 __all__ = ["TorchvisionPipeline", "explain", "from_torchvision", "is_torchvision"]
 
 log = logging.getLogger("gpufeed.torchvision_compat")  # the public module's name
 
-_PREFIX = "torchvision.transforms"
+_PREFIXES = ("torchvision.transforms", "timm.data")
 _BILINEAR = ("bilinear", 2)  # InterpolationMode.BILINEAR's value; PIL.Image.BILINEAR
-_GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip")
-_TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image"}
+_BICUBIC = ("bicubic", 3)
+#: interpolation name -> gpufeed's ``interpolation`` (bilinear is "auto": antialiased shrinks)
+_INTERPOLATIONS = {"bilinear": "auto", "bicubic": "bicubic", "random": "random"}
+_GEOMETRY = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomHorizontalFlip",
+             "RandomResizedCropAndInterpolation")
+_GEOMETRY_OPS = tuple(f"{name}(" for name in _GEOMETRY if name != "RandomHorizontalFlip")
+_TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image",
+              "MaybeToTensor": "float", "MaybePILToTensor": "uint8"}  # the last two: timm's
 
 
 def is_torchvision(obj: object) -> bool:
-    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)."""
-    return type(obj).__module__.startswith(_PREFIX)
+    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)
+    or a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both)."""
+    return type(obj).__module__.startswith(_PREFIXES)
+
+
+#: explain()'s label of each place an op runs (``OpRoute.where``)
+WHERE = {"fast": "fast", "tensor": "tensor", "float": "float", "pil": "NO"}
 
 
 @dataclass(frozen=True)
 class OpRoute:
-    """Where one op of a pipeline runs: ``fast`` (gpufeed's path) or not, and how or why."""
+    """Where one op of a pipeline runs: ``fast`` (gpufeed's own path: its ops in the worker,
+    dtype and normalize in the batch stage) or not, and how or why. ``where`` says more:
+    "fast", "tensor" (run as given on the row as a tensor), "float" (run as given on the
+    normalized float row) or "pil" (needs the pipeline as given on PIL images)."""
 
     op: str
     fast: bool
     note: str
+    where: str = ""
+
+    @property
+    def place(self) -> str:
+        """``where``, or "fast"/"pil" from ``fast`` when not given."""
+        return self.where or ("fast" if self.fast else "pil")
 
 
 class TorchvisionPipeline(ImageTransform):
@@ -53,11 +84,12 @@ class TorchvisionPipeline(ImageTransform):
 
     apply_exif = False
 
-    def __init__(self, geometry: ResizeCenterCrop | RandomResizedCrop, *, output: str,
+    def __init__(self, geometry: ResizeCenterCrop | RandomResizedCrop | Resize, *, output: str,
                  dtype: torch.dtype, normalize: tuple[tuple[float, ...], tuple[float, ...]] | None,
                  routes: tuple[OpRoute, ...], source: str) -> None:
-        if not isinstance(geometry, (ResizeCenterCrop, RandomResizedCrop)):
-            raise TypeError(f"`geometry` must be a gpufeed ResizeCenterCrop or RandomResizedCrop. "
+        if not isinstance(geometry, (ResizeCenterCrop, RandomResizedCrop, Resize)):
+            raise TypeError(f"`geometry` must be a gpufeed ResizeCenterCrop, RandomResizedCrop "
+                            f"or Resize. "
                             f"Found: {type(geometry).__name__} {shorten(geometry)}.")
         if output not in ("float", "uint8", "image"):
             raise ValueError(f"`output` must be 'float', 'uint8' or 'image'. Found: {shorten(output)}.")
@@ -66,6 +98,8 @@ class TorchvisionPipeline(ImageTransform):
             raise ValueError(f"`normalize` needs a float `dtype` (Normalize follows ToTensor or "
                              f"ToDtype(float, scale=True)). Found: dtype {dtype}.")
         self.geometry = geometry
+        self.ops = geometry.ops
+        self.float_ops = geometry.float_ops
         self.size = geometry.output_size
         self.interpolation = geometry.interpolation
         self.dct_scaling = geometry.dct_scaling
@@ -92,15 +126,20 @@ class TorchvisionPipeline(ImageTransform):
                              "is deterministic: torchvision's own pipeline gives the same box.")
         return self.geometry.params(seed, epoch, index, height, width)
 
-    def to_output(self, image: torch.Tensor) -> Any:
-        """The pipeline's result for ``image``, this transform's uint8 CHW output: dtype and
-        ``normalize`` as the loader's batch stage applies them (same numbers), a
-        ``tv_tensors.Image`` for ``ToImage`` pipelines."""
+    def to_output(self, image: torch.Tensor, *, index: int = 0, epoch: int = 0,
+                  seed: int = 0) -> Any:
+        """The pipeline's result for ``image``, this transform's uint8 CHW output for sample
+        ``index``: dtype and ``normalize`` as the loader's batch stage applies them (same
+        numbers), then the float ops (``RandomErasing``) drawn from (seed, epoch, index) as the
+        workers draw them; a ``tv_tensors.Image`` for ``ToImage`` pipelines."""
         out: torch.Tensor = image
         if self.dtype != torch.uint8:
             constants = None if self.normalize is None else affine(self.normalize, work_dtype(self.dtype))
             batch = image[None].contiguous()
             out = convert_(torch.empty(batch.shape, dtype=self.dtype), batch, constants)[0]
+            if self.float_ops:
+                out = torch.as_tensor(RowOps(float_ops=self.float_ops).apply_float(
+                    out, seed, epoch, index))
         if self.output == "image":
             out = importlib.import_module("torchvision.tv_tensors").Image(out)
         return out
@@ -137,6 +176,8 @@ class _Walk:
     routes: list[OpRoute] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
     resize: int | None = None
+    resize_hw: tuple[int, int] | None = None  # Resize((h, w))
+    interpolation: str = "auto"
     crop: tuple[int, int] | None = None
     rrc: Any = None
     flip: bool = False
@@ -144,14 +185,45 @@ class _Walk:
     dtype: torch.dtype | None = None
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     rejected: int = 0  # ops not translated (the rest of ``blockers`` is about the whole pipeline)
+    ops: list[RowOp] = field(default_factory=list)  # on the uint8 rows, after the geometry
+    float_ops: list[FloatRowOp] = field(default_factory=list)  # on the normalized rows
 
-    def ok(self, op: str, note: str) -> None:
-        self.routes.append(OpRoute(op, True, note))
+    def ok(self, op: str, note: str, where: str = "fast") -> None:
+        self.routes.append(OpRoute(op, True, note, where))
 
     def no(self, op: str, why: str) -> None:
-        self.routes.append(OpRoute(op, False, why))
+        self.routes.append(OpRoute(op, False, why, "pil"))
         self.blockers.append(f"{op}: {why}")
         self.rejected += 1
+
+    @property
+    def domain(self) -> str:
+        """What an op sees here in the original pipeline: "pil", "uint8", "float" or
+        "normalized" (``gpufeed._image.recipe_ops``)."""
+        if self.output is None:
+            return "pil"
+        if self.normalize is not None:
+            return "normalized"
+        return "float" if self.dtype is not None and self.dtype.is_floating_point else "uint8"
+
+    @property
+    def cropped(self) -> bool:
+        """True once the crop/resize is known (later ops run on the cropped rows)."""
+        return self.rrc is not None or self.crop is not None or self.resize_hw is not None
+
+    def augment(self, op: Any, text: str) -> None:
+        """Place an op the walk does not handle itself (``recipe_ops.place``)."""
+        after = self.cropped or any(r.op.startswith(_GEOMETRY_OPS) and not r.fast
+                                    for r in self.routes)  # a rejected crop says it already
+        placed = place(op, domain=self.domain, after_geometry=after, text=text)
+        if placed.where == "pil":
+            self.no(text, placed.note)
+            return
+        if placed.row_op is not None:
+            self.ops.append(placed.row_op)
+        if placed.float_op is not None:
+            self.float_ops.append(placed.float_op)
+        self.ok(text, placed.note, placed.where)
 
 
 def _flatten(transform: Any) -> list[Any]:
@@ -160,15 +232,16 @@ def _flatten(transform: Any) -> list[Any]:
     return [transform]
 
 
-def _op_text(op: Any) -> str:
-    text = repr(op).replace("\n", " ")
-    text = " ".join(text.split())
-    return text if len(text) <= 90 else text[:87] + "..."
-
-
 def _interp_name(value: Any) -> str:
+    """torchvision's / PIL's / timm's interpolation as a name: "bilinear", "bicubic", "random"
+    (timm's pair of bilinear and bicubic, picked per sample), or what was found."""
+    if isinstance(value, (tuple, list)):
+        names = {_interp_name(v) for v in value}
+        return "random" if names == {"bilinear", "bicubic"} else str(value)
     raw = getattr(value, "value", value)
-    return "bilinear" if raw in _BILINEAR else str(raw)
+    if raw in _BILINEAR:
+        return "bilinear"
+    return "bicubic" if raw in _BICUBIC else str(raw)
 
 
 def _int_size(value: Any) -> int | None:
@@ -188,15 +261,18 @@ def _pair(value: Any) -> tuple[int, int] | None:
 
 
 def _resampling(walk: _Walk, op: Any, name: str) -> bool:
-    """Check interpolation and antialias of a resizing op; record the blocker if any."""
+    """Check interpolation and antialias of a resizing op and keep the interpolation
+    (``walk.interpolation``); record the blocker if any."""
     interp = _interp_name(getattr(op, "interpolation", "bilinear"))
-    if interp != "bilinear":
-        walk.no(name, f"interpolation {interp}: gpufeed resizes bilinear (antialiased) only")
+    if interp not in _INTERPOLATIONS:
+        walk.no(name, f"interpolation {interp}: gpufeed resizes bilinear, bicubic or timm's "
+                      f"random bilinear/bicubic (antialiased) only")
         return False
     if walk.output is not None and getattr(op, "antialias", True) is False:
         walk.no(name, "antialias=False on a tensor aliases on downscaling; gpufeed always "
                       "antialiases (as PIL does)")
         return False
+    walk.interpolation = _INTERPOLATIONS[interp]
     return True
 
 
@@ -220,9 +296,9 @@ def _float_dtype(op: Any) -> tuple[torch.dtype | None, str]:
 
 
 def _walk_op(walk: _Walk, op: Any) -> None:
-    name, text = type(op).__name__, _op_text(op)
+    name, text = type(op).__name__, op_text(op)
     if not is_torchvision(op):
-        walk.no(text, f"not a torchvision transform ({type(op).__module__}.{name})")
+        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
     elif name in _GEOMETRY:
         _walk_geometry(walk, op, name, text)
     elif name in _TO_TENSOR:
@@ -230,8 +306,9 @@ def _walk_op(walk: _Walk, op: Any) -> None:
             walk.no(text, "a second conversion to tensor")
         else:
             walk.output = _TO_TENSOR[name]
-            walk.dtype = torch.float32 if name == "ToTensor" else torch.uint8
-            walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if name == "ToTensor"
+            to_float = _TO_TENSOR[name] == "float"
+            walk.dtype = torch.float32 if to_float else torch.uint8
+            walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if to_float
                            else "uint8 CHW rows written by the workers"))
     elif name in ("ToDtype", "ConvertImageDtype"):
         dtype, why = _float_dtype(op)
@@ -250,28 +327,30 @@ def _walk_op(walk: _Walk, op: Any) -> None:
     elif name == "Normalize":
         _walk_normalize(walk, op, text)
     else:
-        walk.no(text, f"gpufeed has no fast-path equivalent of {name}")
+        walk.augment(op, text)
 
 
 def _walk_geometry(walk: _Walk, op: Any, name: str, text: str) -> None:
     if name == "RandomHorizontalFlip":
-        if float(op.p) != 0.5:
-            walk.no(text, f"p={op.p}: gpufeed flips with probability 0.5 only")
-        elif walk.flip:
-            walk.no(text, "a second RandomHorizontalFlip")
-        else:
+        if float(op.p) == 0.5 and not walk.flip and not walk.ops and (
+                walk.rrc is not None or not walk.cropped):  # before or after the crop: the same
             walk.flip = True
             walk.ok(text, "flip drawn from (seed, epoch, index), applied in the worker")
+        else:  # another p, another place, or a second flip: an op on the rows
+            walk.augment(op, text)
         return
-    if walk.resize is not None or walk.crop is not None or walk.rrc is not None:
+    if walk.resize is not None or walk.cropped:
         if not (name == "CenterCrop" and walk.resize is not None and walk.crop is None):
             walk.no(text, "a second crop/resize: gpufeed does one crop + resize per image")
             return
     if name == "Resize":
         size = _int_size(op.size)
-        if size is None:
-            walk.no(text, f"size={shorten(op.size)}: Resize((h, w)) stretches to a fixed shape; "
-                          "gpufeed resizes the shorter side (Resize(int)) only")
+        if size is None and _pair(op.size) is not None:
+            if _resampling(walk, op, text):
+                walk.resize_hw = _pair(op.size)
+                walk.ok(text, "the whole image resized to (h, w) in the worker")
+        elif size is None:
+            walk.no(text, f"size={shorten(op.size)} is not an int or (h, w)")
         elif getattr(op, "max_size", None) is not None:
             walk.no(text, f"max_size={op.max_size} is not translated")
         elif _resampling(walk, op, text):
@@ -321,20 +400,26 @@ def _translate(transform: Any) -> tuple[TorchvisionPipeline | None, _Walk]:
     if walk.output is None:
         walk.blockers.append("no ToTensor/PILToTensor/ToImage: the pipeline returns PIL images, "
                              "which a batch cannot hold")
-    if walk.rejected == 0 and walk.rrc is None and (walk.resize is None or walk.crop is None):
+    if walk.rejected == 0 and walk.rrc is None and walk.resize_hw is None and (
+            walk.resize is None or walk.crop is None):
         walk.blockers.append("no fixed output size: needs RandomResizedCrop, or Resize(int) "
                              "followed by CenterCrop")
-    if walk.flip and walk.rrc is None:
-        walk.blockers.append("RandomHorizontalFlip is translated together with "
-                             "RandomResizedCrop only")
-    geometry: ResizeCenterCrop | RandomResizedCrop | None = None
+    if walk.flip and walk.rrc is None:  # no RandomResizedCrop to carry it: a flip of the row
+        walk.ops.insert(0, RandomHorizontalFlip(0.5))
+    geometry: ResizeCenterCrop | RandomResizedCrop | Resize | None = None
     try:
         if walk.rrc is not None:
             geometry = RandomResizedCrop(size=_pair(walk.rrc.size) or 0,
                                          scale=tuple(walk.rrc.scale), ratio=tuple(walk.rrc.ratio),
-                                         flip=walk.flip)
+                                         flip=walk.flip, interpolation=walk.interpolation,
+                                         ops=tuple(walk.ops), float_ops=tuple(walk.float_ops))
+        elif walk.resize_hw is not None:
+            geometry = Resize(size=walk.resize_hw, interpolation=walk.interpolation,
+                              ops=tuple(walk.ops), float_ops=tuple(walk.float_ops))
         elif walk.crop is not None and walk.resize is not None:
-            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize)
+            geometry = ResizeCenterCrop(size=walk.crop, resize=walk.resize,
+                                        interpolation=walk.interpolation, ops=tuple(walk.ops),
+                                        float_ops=tuple(walk.float_ops))
     except (TypeError, ValueError) as exc:  # parameters torchvision took and gpufeed does not
         walk.blockers.append(f"gpufeed cannot take these parameters: {exc}")
     if walk.blockers or geometry is None or walk.output is None or walk.dtype is None:
@@ -374,10 +459,22 @@ def translate_or_none(transform: Any) -> tuple[TorchvisionPipeline | None, str]:
     return pipeline, _report(pipeline, walk)
 
 
+def warn_fallback(transform: Any, where: str) -> None:
+    """Warn (``GpufeedWarning``) that ``transform``, a torchvision/timm pipeline, runs as given
+    on PIL images in ``where`` (e.g. "ImageFolder"): which ops, why, what to use instead.
+    Python's warning filters show one such message once per process by default."""
+    _, walk = _translate(transform)
+    why = "; ".join(walk.blockers) or "it cannot be translated"
+    warnings.warn(GpufeedWarning(
+        f"{where}: this pipeline leaves gpufeed's fast path and runs as given on PIL images in "
+        f"the workers (the generic path, slower): {why}. gpufeed.explain(transform) lists "
+        f"where every op runs."), stacklevel=4)
+
+
 def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
     if pipeline is not None:
-        kind = "RandomResizedCrop" if isinstance(pipeline.geometry, RandomResizedCrop) else \
-            "Resize + CenterCrop"
+        kind = ("RandomResizedCrop" if isinstance(pipeline.geometry, RandomResizedCrop) else
+                "Resize (h, w)" if isinstance(pipeline.geometry, Resize) else "Resize + CenterCrop")
         h, w = pipeline.output_size
         head = (f"torchvision pipeline -> gpufeed fast path ({kind} to {h}x{w}, {pipeline.dtype}"
                 f"{', normalized' if pipeline.normalize else ''}; images as stored, EXIF "
@@ -389,9 +486,14 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
                 "path, slower) because " + "; ".join(why) + ":")
     lines = [head]
     for route in walk.routes:  # "ok": translatable, but the pipeline as a whole runs as given
-        label = "NO  " if not route.fast else "fast" if pipeline is not None else "ok  "
-        lines.append(f"  {label}  {route.op}: {route.note}")
+        label = WHERE[route.place] if pipeline is not None or not route.fast else "ok"
+        lines.append(f"  {label:<6}  {route.op}: {route.note}")
     return "\n".join(lines)
+
+
+def _where_of(op: Any) -> str:
+    """explain()'s label of one of a transform's ops."""
+    return {"TensorOp": "tensor", "TensorFloatOp": "float"}.get(type(op).__name__, "fast")
 
 
 #: What a user coming from ``ToTensor`` must know about a gpufeed transform's batches.
@@ -407,14 +509,19 @@ def explain(transform: Any) -> str:
         walk = _Walk(routes=list(transform.routes))
         return _report(transform, walk)
     if isinstance(transform, ImageTransform):
-        return (f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
-                f"and flip into the batch in the workers; EXIF orientation applied). {UINT8_HINT}")
+        lines = [f"gpufeed transform {type(transform).__name__}: fast path (decode, crop, resize "
+                 f"and flip into the batch in the workers; EXIF orientation applied). {UINT8_HINT}"]
+        for op in transform.ops:
+            lines.append(f"  {_where_of(op):<6}  {op_text(op)}: on the uint8 row in the worker")
+        for fop in transform.float_ops:
+            lines.append(f"  {_where_of(fop):<6}  {op_text(fop)}: on the normalized float row")
+        return "\n".join(lines)
     if transform is None:
         return ("no transform: dataset[i] returns the full decoded image; a loader needs a "
                 "transform of fixed output size to batch images.")
     if is_torchvision(transform):
         return translate_or_none(transform)[1]
-    return (f"{_op_text(transform)} is a callable gpufeed cannot look into: workers call it on "
+    return (f"{op_text(transform)} is a callable gpufeed cannot look into: workers call it on "
             f"PIL images (generic path, slower). For the fast path use gpufeed.ResizeCenterCrop "
             f"/ RandomResizedCrop or a torchvision pipeline of the ops gpufeed translates.")
 

@@ -12,7 +12,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from gpufeed._image.resample import crop_resize, crop_resize_planes
+from gpufeed._image.augment.base import (
+    INTERP_STREAM,
+    FloatRowOp,
+    RowOp,
+    RowOps,
+    _check_ops,
+    apply_ops,
+    row_rng,
+)
+from gpufeed._image.resample import crop_resize, crop_resize_planes, scratch_rows, split_into
 from gpufeed.decode import (
     choose_factor,
     decode,
@@ -27,7 +36,7 @@ from gpufeed.decode._header import Buffer, ImageHeader
 from gpufeed.errors import shorten
 
 Size = int | tuple[int, int]
-_INTERPOLATIONS = ("auto", "area", "linear")
+_INTERPOLATIONS = ("auto", "area", "linear", "bicubic", "random")
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,23 @@ class ImageTransform:
     #: Apply the EXIF orientation (True: gpufeed's transforms) or use the image as stored
     #: (False: translated torchvision pipelines, as torchvision's PIL loader does).
     apply_exif: bool = True
+    #: Augmentations after the geometry (gpufeed.augment): on the uint8 rows, then on the
+    #: normalized float rows of a batch.
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
+
+    @property
+    def row_ops(self) -> RowOps:
+        """``ops`` and ``float_ops`` as one :class:`~gpufeed._image.augment.base.RowOps`."""
+        return RowOps(self.ops, self.float_ops)
+
+    def sample_interpolation(self, seed: int, epoch: int, index: int) -> str:
+        """The resampling of sample ``index``: ``interpolation``, or for "random" "auto"
+        (bilinear) or "bicubic", drawn from (seed, epoch, index)."""
+        if self.interpolation != "random":
+            return self.interpolation
+        rng = row_rng(seed, epoch, index, INTERP_STREAM)
+        return ("auto", "bicubic")[int(rng.integers(2))]
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -69,7 +95,7 @@ class ImageTransform:
         """(top, left, height, width, flip): the source box, in (fractional) source pixels."""
         raise NotImplementedError
 
-    def to_output(self, image: Any) -> Any:
+    def to_output(self, image: Any, *, index: int = 0, epoch: int = 0, seed: int = 0) -> Any:
         """What ``dataset[i]`` returns for ``image``, this transform's uint8 CHW tensor: the
         tensor itself (a translated torchvision pipeline converts dtype and normalizes)."""
         return image
@@ -96,6 +122,20 @@ class ImageTransform:
         for any YCbCr or greyscale JPEG in stored orientation, ValueError for anything else)."""
         t0 = time.perf_counter()
         layout = _check_out(out, self.output_size)
+        if self.ops:  # geometry into an (H, W, 3) row, the ops on it, then out's layout
+            target = out if layout == "hwc" else scratch_rows(*self.output_size)
+            decode_s = self._geometry(data, index, epoch, seed, target, "hwc", path, t0)
+            result = apply_ops(self.ops, target, seed, epoch, index)
+            if layout == "chw":
+                split_into(result, out)
+            elif result is not out:
+                np.copyto(out, result)
+            return decode_s
+        return self._geometry(data, index, epoch, seed, out, layout, path, t0)
+
+    def _geometry(self, data: Buffer, index: int, epoch: int, seed: int, out: np.ndarray,
+                  layout: str, path: str, t0: float) -> float:
+        """Decode, crop, resize and flip into ``out`` (``layout``); returns the decode seconds."""
         header = read_header(data)
         if not self.apply_exif:
             header = stored_orientation(header)
@@ -121,13 +161,13 @@ class ImageTransform:
             planes = decode_planes(data, header=header, factor=factor)
             decode_s = time.perf_counter() - t0
             crop_resize_planes(planes, sub, header.height, header.width, (top, left, bh, bw),
-                               flip, out, layout, self.interpolation)
+                               flip, out, layout, self.sample_interpolation(seed, epoch, index))
             return decode_s
         img = decode(data, min_height=min_h, min_width=min_w, header=header,
                      backend=self.backend)
         decode_s = time.perf_counter() - t0
         crop_resize(img, header.height, header.width, (top, left, bh, bw), flip, out, layout,
-                    self.interpolation)
+                    self.sample_interpolation(seed, epoch, index))
         return decode_s
 
     def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
@@ -142,8 +182,18 @@ class ImageTransform:
         layout = _check_out(out, self.output_size)
         height, width = img.shape[:2]
         top, left, bh, bw, flip = self._box(height, width, seed, epoch, index)
+        if self.ops and layout == "chw":
+            hwc = scratch_rows(*self.output_size)
+            crop_resize(img, height, width, (top, left, bh, bw), flip, hwc, "hwc",
+                        self.sample_interpolation(seed, epoch, index))
+            split_into(apply_ops(self.ops, hwc, seed, epoch, index), out)
+            return out
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
-                    self.interpolation)
+                    self.sample_interpolation(seed, epoch, index))
+        if self.ops:
+            result = apply_ops(self.ops, out, seed, epoch, index)
+            if result is not out:
+                np.copyto(out, result)
         return out
 
 
@@ -161,10 +211,13 @@ class ResizeCenterCrop(ImageTransform):
     interpolation: str = "auto"
     dct_scaling: bool = True
     backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
     deterministic = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
         if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
             raise ValueError(f"`resize` must be an int > 0. Found: {shorten(self.resize)}.")
         if self.resize < max(self.output_size):
@@ -194,6 +247,31 @@ class ResizeCenterCrop(ImageTransform):
 
 
 @dataclass(frozen=True)
+class Resize(ImageTransform):
+    """torchvision's ``Resize((height, width))``: the whole image resized to ``size`` (an int
+    or (height, width)), aspect ratio not kept. ``interpolation``, ``dct_scaling``, ``backend``,
+    ``ops`` and ``float_ops`` as for :class:`ResizeCenterCrop`."""
+
+    size: Size = 224
+    interpolation: str = "auto"
+    dct_scaling: bool = True
+    backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
+    deterministic = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
+        _check_interpolation(self.interpolation)
+        _check_backend(self.backend)
+
+    def _box(self, height: int, width: int, seed: int, epoch: int,
+             index: int) -> tuple[float, float, float, float, bool]:
+        return 0.0, 0.0, float(height), float(width), False
+
+
+@dataclass(frozen=True)
 class RandomResizedCrop(ImageTransform):
     """torchvision's ``RandomResizedCrop`` (+ ``RandomHorizontalFlip(0.5)`` when ``flip``).
 
@@ -213,10 +291,13 @@ class RandomResizedCrop(ImageTransform):
     interpolation: str = "auto"
     dct_scaling: bool = True
     backend: str | None = None
+    ops: tuple[RowOp, ...] = ()
+    float_ops: tuple[FloatRowOp, ...] = ()
     deterministic = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
+        _set_ops(self)
         for name in ("scale", "ratio"):
             value = getattr(self, name)
             try:
@@ -280,6 +361,17 @@ def stored_orientation(header: ImageHeader) -> ImageHeader:
         return header
     return replace(header, orientation=1, height=header.encoded_height,
                    width=header.encoded_width)
+
+
+def _set_ops(transform: ImageTransform) -> None:
+    """Check a transform's ``ops``/``float_ops`` and store them as tuples."""
+    object.__setattr__(transform, "ops", _check_ops(transform.ops, RowOp, "ops"))
+    object.__setattr__(transform, "float_ops",
+                       _check_ops(transform.float_ops, FloatRowOp, "float_ops"))
+    if transform.ops or transform.float_ops:
+        # Random rows: a decoded-row cache would repeat one draw every epoch, and a batch made
+        # from cached rows by the main process (uint8, all hits) would skip the float ops.
+        object.__setattr__(transform, "deterministic", False)
 
 
 def _check_size(size: Size) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed._image.torchvision import is_torchvision, translate_or_none
+from gpufeed._image.torchvision import is_torchvision, translate_or_none, warn_fallback
 from gpufeed._image.transforms import ImageTransform, stored_orientation
 from gpufeed.decode import decode, read_header
 from gpufeed.decode._header import Buffer
@@ -112,6 +112,8 @@ class ImageSource(Dataset):
         if self.loader is None and not isinstance(value, ImageTransform) and is_torchvision(value):
             translated, report = translate_or_none(value)
             log.info("gpufeed: %s: %s", type(self).__name__, report)
+            if translated is None:
+                warn_fallback(value, type(self).__name__)
             value = value if translated is None else translated
         if isinstance(value, ImageTransform) and self.loader is not None:
             raise ValueError(f"a gpufeed transform ({type(value).__name__}) decodes the bytes "
@@ -227,7 +229,9 @@ class ImageSource(Dataset):
         if not by_pil:
             image: Any = torch.from_numpy(self.decode_into(i, data))
             if self._transform is not None:
-                image = self._transform.to_output(image)
+                image = self._transform.to_output(
+                    image, index=i, epoch=self.epoch,
+                    seed=getattr(self._transform, "seed", None) or 0)
         elif self._transform is None:
             image = sample
         else:

@@ -1,0 +1,1 @@
+"""Augmentation ops and policies on the rows of a batch (public names: gpufeed.augment)."""

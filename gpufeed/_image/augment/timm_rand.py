@@ -1,0 +1,264 @@
+"""timm's RandAugment (``rand-m9-mstd0.5-inc1`` and the rest of its config strings) on uint8 rows.
+
+What timm's ``RandAugment`` and ``AugmentOp`` draw, with the same distributions: ``num_layers``
+ops chosen uniformly with replacement; each applied with probability ``prob``; its magnitude
+``m``, or Gaussian(m, mstd) (uniform in [0, m] for mstd > 100), clipped to [0, mmax or 10]; the
+op's level function (timm's ``LEVEL_TO_ARG``); a random sign where timm negates; for warps, a
+random choice of bilinear/bicubic unless ``interpolation`` fixes it. ``params`` is
+((op name, args, interpolation), ...). Pixels are computed as timm's PIL calls compute them
+(:mod:`~gpufeed._image.augment.functional`, :mod:`~gpufeed._image.augment._warp`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufeed._image.augment import _warp
+from gpufeed._image.augment import functional as fn
+from gpufeed._image.augment._checks import check_fill, check_int, check_number, check_p
+from gpufeed._image.augment.base import RowOp
+from gpufeed.errors import shorten
+
+__all__ = ["TIMM_RAND_INCREASING", "TIMM_RAND_OPS", "TimmRandAugment"]
+
+_DENOM = 10.0  # timm's _LEVEL_DENOM
+
+TIMM_RAND_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize",
+                 "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness", "ShearX",
+                 "ShearY", "TranslateXRel", "TranslateYRel")
+TIMM_RAND_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing",
+                        "SolarizeIncreasing", "SolarizeAdd", "ColorIncreasing",
+                        "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing",
+                        "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+_WARPS = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
+                    "TranslateYRel"})
+_NEGATED = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
+                      "TranslateYRel", "ColorIncreasing", "ContrastIncreasing",
+                      "BrightnessIncreasing", "SharpnessIncreasing"})
+_KNOWN = frozenset(TIMM_RAND_OPS) | frozenset(TIMM_RAND_INCREASING) | {
+    "PosterizeOriginal", "TranslateX", "TranslateY"}
+
+
+def _level(name: str, m: float, negate: bool, translate_pct: float,
+           translate_const: float) -> tuple[float, ...]:
+    """timm's ``LEVEL_TO_ARG[name](m)``, with ``negate`` for the ops timm negates at random."""
+    sign = -1.0 if negate else 1.0
+    if name in ("AutoContrast", "Equalize", "Invert"):
+        return ()
+    if name == "Rotate":
+        return (sign * (m / _DENOM) * 30.0,)
+    if name in ("ShearX", "ShearY"):
+        return (sign * (m / _DENOM) * 0.3,)
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return (sign * (m / _DENOM) * translate_pct,)
+    if name in ("TranslateX", "TranslateY"):
+        return (sign * (m / _DENOM) * float(translate_const),)
+    if name == "Posterize":
+        return (int((m / _DENOM) * 4),)
+    if name == "PosterizeIncreasing":
+        return (4 - int((m / _DENOM) * 4),)
+    if name == "PosterizeOriginal":
+        return (int((m / _DENOM) * 4) + 4,)
+    if name == "Solarize":
+        return (min(256, int((m / _DENOM) * 256)),)
+    if name == "SolarizeIncreasing":
+        return (256 - min(256, int((m / _DENOM) * 256)),)
+    if name == "SolarizeAdd":
+        return (min(128, int((m / _DENOM) * 110)),)
+    if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness
+        return (max(0.1, 1.0 + sign * (m / _DENOM) * 0.9),)
+    return ((m / _DENOM) * 1.8 + 0.1,)  # Color, Contrast, Brightness, Sharpness
+
+
+_ENHANCE = {"Color": fn.color, "Contrast": fn.contrast, "Brightness": fn.brightness,
+            "Sharpness": fn.sharpness}
+
+
+def apply_timm_op(row: np.ndarray, name: str, args: tuple[float, ...], interpolation: str,
+                  fill: tuple[int, int, int]) -> np.ndarray:
+    """timm's ``NAME_TO_OP[name](img, *args)`` on a uint8 (H, W, 3) row."""
+    h, w = row.shape[:2]
+    base = name.replace("Increasing", "").replace("Original", "")
+    if name in _WARPS:
+        v = args[0]
+        if name == "Rotate":
+            matrix = _warp.rotate_matrix(v, h, w)
+        elif name == "ShearX":
+            matrix = (1.0, v, 0.0, 0.0, 1.0, 0.0)
+        elif name == "ShearY":
+            matrix = (1.0, 0.0, 0.0, v, 1.0, 0.0)
+        elif name.startswith("TranslateX"):
+            matrix = (1.0, 0.0, v * w if name.endswith("Rel") else v, 0.0, 1.0, 0.0)
+        else:
+            matrix = (1.0, 0.0, 0.0, 0.0, 1.0, v * h if name.endswith("Rel") else v)
+        return _warp.warp(row, matrix, fill, interpolation)
+    if base in _ENHANCE:
+        return _ENHANCE[base](row, args[0])
+    if base == "Posterize":
+        return fn.posterize(row, int(args[0]))
+    if base == "Solarize":
+        return fn.solarize(row, args[0])
+    if name == "SolarizeAdd":
+        return fn.solarize_add(row, int(args[0]), 128)
+    if name == "AutoContrast":
+        return fn.autocontrast(row)
+    if name == "Equalize":
+        return fn.equalize(row)
+    if name == "Invert":
+        return fn.invert(row)
+    raise ValueError(f"unknown timm RandAugment op {shorten(name)}; known: {sorted(_KNOWN)}.")
+
+
+@dataclass(frozen=True)
+class TimmRandAugment(RowOp):
+    """timm's ``rand_augment_transform``: build it from a config string with
+    :meth:`from_config` (``"rand-m9-mstd0.5-inc1"``) or from timm's object with
+    :meth:`from_timm`. ``fill`` is timm's ``img_mean`` (default (128, 128, 128));
+    ``interpolation`` "random" (bilinear or bicubic per warp, timm's default), or one of
+    "nearest", "bilinear", "bicubic" (timm's ``hparams['interpolation']``)."""
+
+    ops: tuple[str, ...] = TIMM_RAND_OPS
+    num_layers: int = 2
+    magnitude: float = 10.0
+    prob: float = 0.5
+    magnitude_std: float = 0.0
+    magnitude_max: float | None = None
+    translate_pct: float = 0.45
+    translate_const: float = 250.0
+    fill: Any = (128, 128, 128)
+    interpolation: str = "random"
+    name = "RandAugment(timm)"
+
+    def __post_init__(self) -> None:
+        ops = tuple(self.ops)
+        unknown = [op for op in ops if op not in _KNOWN]
+        if not ops or unknown:
+            raise ValueError(f"`ops` must be timm RandAugment op names ({sorted(_KNOWN)}). "
+                             f"Found: {shorten(self.ops)}.")
+        object.__setattr__(self, "ops", ops)
+        check_int(self.num_layers, "num_layers", 0)
+        object.__setattr__(self, "magnitude", check_number(self.magnitude, "magnitude", 0))
+        object.__setattr__(self, "prob", check_p(self.prob, "prob"))
+        std = self.magnitude_std
+        if not (isinstance(std, (int, float)) and (std >= 0)):
+            raise ValueError(f"`magnitude_std` must be >= 0 (inf: uniform). Found: {shorten(std)}.")
+        if self.magnitude_max is not None:
+            check_number(self.magnitude_max, "magnitude_max", 0)
+        check_number(self.translate_pct, "translate_pct", 0)
+        check_number(self.translate_const, "translate_const", 0)
+        object.__setattr__(self, "fill", check_fill(self.fill))
+        if self.interpolation not in ("random", "nearest", "bilinear", "bicubic"):
+            raise ValueError(f"`interpolation` must be 'random', 'nearest', 'bilinear' or "
+                             f"'bicubic'. Found: {shorten(self.interpolation)}.")
+
+    @classmethod
+    def from_config(cls, config: str, *, fill: Any = (128, 128, 128),
+                    interpolation: str = "random", translate_pct: float = 0.45,
+                    translate_const: float = 250.0) -> TimmRandAugment:
+        """timm's ``rand_augment_transform(config, hparams)``: sections ``m`` (magnitude), ``n``
+        (layers), ``p`` (probability), ``mstd`` (magnitude noise; > 100: uniform), ``mmax``,
+        ``inc`` (the increasing ops). Weighted op sets (``t...``) are not on the fast path."""
+        parts = config.split("-") if isinstance(config, str) else []
+        if not parts or parts[0] != "rand":
+            raise ValueError(f"a timm RandAugment config starts with 'rand' (e.g. "
+                             f"'rand-m9-mstd0.5-inc1'). Found: {shorten(config)}.")
+        magnitude, layers, prob, std, mmax, inc = _DENOM, 2, 0.5, 0.0, None, False
+        for part in parts[1:]:
+            if part.startswith("t"):
+                raise ValueError(f"timm's weighted op sets ('{part}') are not on the fast path; "
+                                 f"fix: drop the section or run the pipeline as given. "
+                                 f"Found in: {shorten(config)}.")
+            pieces = re.split(r"(\d.*)", part)
+            if len(pieces) < 2:
+                continue
+            key, value = pieces[:2]
+            try:
+                if key == "mstd":
+                    std = float(value)
+                    std = math.inf if std > 100 else std
+                elif key == "mmax":
+                    mmax = int(value)
+                elif key == "inc":
+                    inc = bool(int(value))
+                elif key == "m":
+                    magnitude = int(value)
+                elif key == "n":
+                    layers = int(value)
+                elif key == "p":
+                    prob = float(value)
+                else:
+                    raise ValueError(f"unknown section {key!r}")
+            except ValueError as exc:
+                raise ValueError(f"cannot read timm RandAugment config {shorten(config)} at "
+                                 f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc.") from None
+        return cls(ops=TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS, num_layers=layers,
+                   magnitude=float(magnitude), prob=prob, magnitude_std=std, magnitude_max=mmax,
+                   translate_pct=translate_pct, translate_const=translate_const, fill=fill,
+                   interpolation=interpolation)
+
+    @classmethod
+    def from_timm(cls, transform: Any) -> TimmRandAugment:
+        """The same op as timm's ``RandAugment`` object ``transform`` (its ops, layers and
+        hparams are read; timm is not imported). Weighted choice: ValueError."""
+        if getattr(transform, "choice_weights", None) is not None:
+            raise ValueError("timm's weighted RandAugment (choice_weights) is not on the fast path.")
+        ops = list(transform.ops)
+        if not ops:
+            raise ValueError("timm's RandAugment has no ops.")
+        first = ops[0]
+        hp = dict(first.hparams)
+        resample = first.kwargs.get("resample")
+        interp = "random" if isinstance(resample, (tuple, list)) else _pil_interp(resample)
+        for op in ops[1:]:
+            if (op.prob, op.magnitude, op.magnitude_std, op.magnitude_max) != (
+                    first.prob, first.magnitude, first.magnitude_std, first.magnitude_max):
+                raise ValueError("timm RandAugment ops with different settings are not on the "
+                                 "fast path.")
+        return cls(ops=tuple(op.name for op in ops), num_layers=int(transform.num_layers),
+                   magnitude=float(first.magnitude), prob=float(first.prob),
+                   magnitude_std=float(first.magnitude_std), magnitude_max=first.magnitude_max,
+                   translate_pct=float(hp.get("translate_pct", 0.45)),
+                   translate_const=float(hp.get("translate_const", 250)),
+                   fill=first.kwargs.get("fillcolor", (128, 128, 128)), interpolation=interp)
+
+    def draw(self, rng: np.random.Generator, height: int, width: int) -> Any:
+        chosen = rng.integers(len(self.ops), size=self.num_layers)
+        out = []
+        upper = self.magnitude_max or _DENOM
+        for k in chosen:
+            name = self.ops[int(k)]
+            if self.prob < 1.0 and rng.random() > self.prob:
+                continue
+            m = self.magnitude
+            if self.magnitude_std == math.inf:
+                m = float(rng.uniform(0, m))
+            elif self.magnitude_std > 0:
+                m = float(rng.normal(m, self.magnitude_std))
+            m = max(0.0, min(m, upper))
+            negate = name in _NEGATED and rng.random() > 0.5
+            interp = self.interpolation
+            if name in _WARPS and interp == "random":
+                interp = ("bilinear", "bicubic")[int(rng.integers(2))]
+            out.append((name, _level(name, m, negate, self.translate_pct, self.translate_const),
+                        interp))
+        return tuple(out)
+
+    def apply(self, row: np.ndarray, params: Any) -> np.ndarray:
+        for name, args, interp in params:
+            row = apply_timm_op(row, name, args, interp, self.fill)
+        return row
+
+
+def _pil_interp(value: Any) -> str:
+    """A PIL resampling filter (enum or int) as "nearest", "bilinear" or "bicubic"."""
+    names = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+    key = int(getattr(value, "value", value)) if value is not None else 3
+    if key not in names:
+        raise ValueError(f"timm interpolation {shorten(value)} is not on the fast path "
+                         "(nearest, bilinear, bicubic are).")
+    return names[key]

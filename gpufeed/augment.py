@@ -1,0 +1,52 @@
+"""gpufeed's augmentations: torchvision's and timm's ops on the rows of a batch, in the workers.
+
+Pass them to a fast-path transform: ``RandomResizedCrop(224, ops=(TrivialAugmentWide(),),
+float_ops=(RandomErasing(0.25),))``. ``ops`` run in order on the uint8 rows after decode and
+geometry; ``float_ops`` on the normalized float rows. Random parameters depend only on
+(seed, epoch, sample index): the same batches for any ``num_workers``. Pixels are computed as
+torchvision and timm compute them on PIL images (docs/design/augment.md).
+"""
+
+from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, row_rng
+from gpufeed._image.augment.erasing import RandomErasing, TimmRandomErasing
+from gpufeed._image.augment.ops import (
+    ColorJitter,
+    GaussianBlur,
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomGrayscale,
+    RandomHorizontalFlip,
+    RandomInvert,
+    RandomPosterize,
+    RandomRotation,
+    RandomSolarize,
+    RandomVerticalFlip,
+)
+from gpufeed._image.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from gpufeed._image.augment.timm_rand import TimmRandAugment
+
+__all__ = [
+    "AutoAugment",
+    "ColorJitter",
+    "FloatRowOp",
+    "GaussianBlur",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomRotation",
+    "RandomSolarize",
+    "RandomVerticalFlip",
+    "RowOp",
+    "RowOps",
+    "TimmRandAugment",
+    "TimmRandomErasing",
+    "TrivialAugmentWide",
+    "row_rng",
+]
