@@ -290,8 +290,20 @@ def test_evidence_carries_every_stage_of_the_loader_stats():
 
 
 def test_thread_states_reads_this_process():
-    state, in_d = thread_states(os.getpid())
-    assert state == "R" and in_d >= 0
+    release = threading.Event()
+    waiter = threading.Thread(target=release.wait, args=(30,))
+    waiter.start()
+    try:
+        state, in_d = thread_states(os.getpid())
+        threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    finally:
+        release.set()
+        waiter.join()
+    # the main thread runs (R), the waiter sleeps interruptibly (S): neither counts as D
+    assert state == "R" and 0 <= in_d <= threads - 2
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_pid = int(f.read()) + 1
+    assert thread_states(no_such_pid) == (None, 0)
     assert thread_states(2**22 + 12345) == (None, 0)
 
 
