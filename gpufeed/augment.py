@@ -24,6 +24,7 @@ from gpufeed._image.augment.ops import (
     RandomVerticalFlip,
 )
 from gpufeed._image.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from gpufeed._image.augment.timm_auto import TimmAutoAugment
 from gpufeed._image.augment.timm_rand import TimmRandAugment
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RandomVerticalFlip",
     "RowOp",
     "RowOps",
+    "TimmAutoAugment",
     "TimmRandAugment",
     "TimmRandomErasing",
     "TrivialAugmentWide",

@@ -159,6 +159,7 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
 }
 _TIMM: dict[str, Callable[[Any, str], Made]] = {
     "RandAugment": _timm_policy("TimmRandAugment"),
+    "AutoAugment": _timm_policy("TimmAutoAugment"),
     "RandomErasing": _timm_erasing,
 }
 

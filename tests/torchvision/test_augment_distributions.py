@@ -199,3 +199,65 @@ def test_timm_rand_augment(config):
         b = [c[1][0] for c in flat_t if c[0] == name]
         if a or b:
             assert_same_categories(a, b, f"{name} argument")
+
+
+class _Tagged(list):
+    """A timm sub-policy that records its index when timm's AutoAugment runs it."""
+
+    def __init__(self, ops, index, seen):
+        super().__init__(ops)
+        self.index, self.seen = index, seen
+
+    def __iter__(self):
+        self.seen.append(self.index)
+        return super().__iter__()
+
+
+def recorded_timm_auto(config: str, n: int = N) -> tuple[list, list]:
+    """timm's AutoAugment draws: the sub-policy it picks, and what each applied op's aug_fn
+    receives (as :func:`recorded_timm`)."""
+    aa = timm_aa.auto_augment_transform(config, {"translate_const": 100, "img_mean": (124, 116, 104)})
+    chosen: list = []
+    calls: list = []
+    current: list = []
+    for sub in aa.policy:
+        for op in sub:
+            def record(img, *args, _name=op.name, **kwargs):
+                interp = "random"
+                if _name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
+                    interp = {2: "bilinear", 3: "bicubic"}[int(timm_aa._interpolation(kwargs))]
+                current.append((_name, tuple(args), interp))
+                return img
+            op.aug_fn = record
+    aa.policy = [_Tagged(sub, i, chosen) for i, sub in enumerate(aa.policy)]
+    random.seed(0)
+    for _ in range(n):
+        current = []
+        aa(_PIL)
+        calls.append(tuple(current))
+    return chosen, calls
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r", "v0-mstd1"])
+def test_timm_auto_augment(config):
+    chosen, theirs = recorded_timm_auto(config)
+    op = A.TimmAutoAugment.from_config(config, fill=(124, 116, 104), translate_const=100)
+    # the sub-policy: the first draw of each row (what draw() picks first, read back the same way)
+    mine_chosen = [int(A.row_rng(11, 0, i).integers(len(op.policy))) for i in range(N)]
+    assert_same_categories(mine_chosen, chosen, "sub-policy")
+    mine = ours(op)
+    assert_same_categories([tuple(c[0] for c in p) for p in mine],
+                           [tuple(c[0] for c in p) for p in theirs], "ops applied")
+    flat_m = [c for p in mine for c in p]
+    flat_t = [c for p in theirs for c in p]
+    assert_same_categories([c[2] for c in flat_m], [c[2] for c in flat_t], "interpolation")
+    for name in ("Rotate", "ShearX", "ShearY", "Color", "Contrast", "TranslateYRel"):
+        a = [c[1][0] for c in flat_m if c[0] == name]
+        b = [c[1][0] for c in flat_t if c[0] == name]
+        if a or b:
+            assert_same_continuous(a, b, f"{name} argument")
+    for name in ("PosterizeOriginal", "PosterizeIncreasing", "Posterize", "Solarize", "SolarizeAdd"):
+        a = [c[1][0] for c in flat_m if c[0] == name]
+        b = [c[1][0] for c in flat_t if c[0] == name]
+        if a or b:
+            assert_same_categories(a, b, f"{name} argument")

@@ -282,3 +282,28 @@ def test_policy_ops_match_v2_on_uint8_tensors(op, magnitude):
             assert share_differing(got, want_a) <= NEAREST_SHARE
         else:
             assert mean_abs(got, want_a) <= (COLOUR if op == "Color" else POINT)
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r-mstd0.5"])
+def test_timm_auto_augment_given_its_params(config):
+    op = A.TimmAutoAugment.from_config(config)
+    for k in range(24):
+        row = ROWS[k % len(ROWS)]
+        params = op.draw(A.row_rng(8, 0, k), *row.shape[:2])
+        want = _pil(row)
+        for name, args, interp in params:
+            kwargs = {"fillcolor": op.fill}
+            if interp in _PIL_FILTERS:
+                kwargs["resample"] = _PIL_FILTERS[interp]
+            want = timm_aa.NAME_TO_OP[name](want, *args, **kwargs)
+        got = op.apply(row.copy(), params)
+        assert mean_abs(got, np.asarray(want)) <= GEOMETRY, params
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "originalr", "v0", "v0r-mstd1"])
+def test_timm_auto_from_timm_object_matches_config(config):
+    hparams = {"translate_const": 100, "img_mean": (124, 116, 104)}
+    aa = timm_aa.auto_augment_transform(config, hparams)
+    ours = A.TimmAutoAugment.from_timm(aa)
+    assert ours == A.TimmAutoAugment.from_config(config, fill=(124, 116, 104), translate_const=100)
+    assert ours.policy == tuple(tuple((o.name, o.prob, o.magnitude) for o in sub) for sub in aa.policy)

@@ -255,6 +255,9 @@ def _same_parameters():
         (timm_data.rand_augment_transform("rand-m7-n3-mstd0.5-inc1", {"translate_const": 100}),
          (), (T.ToTensor(),),
          A.TimmRandAugment.from_config("rand-m7-n3-mstd0.5-inc1", translate_const=100)),
+        (timm_data.auto_augment_transform("original-mstd0.5", {"translate_const": 100}),
+         (), (T.ToTensor(),),
+         A.TimmAutoAugment.from_config("original-mstd0.5", translate_const=100)),
         (timm_data.random_erasing.RandomErasing(0.3, mode="pixel", max_count=3, device="cpu"),
          to_float, (), A.TimmRandomErasing(0.3, mode="pixel", max_count=3)),
     ]
