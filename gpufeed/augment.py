@@ -8,6 +8,7 @@ torchvision and timm compute them on PIL images (docs/design/augment.md).
 """
 
 from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, row_rng
+from gpufeed._image.augment.compose import RandomApply, RandomChoice, RandomOrder
 from gpufeed._image.augment.erasing import RandomErasing, TimmRandomErasing
 from gpufeed._image.augment.ops import (
     ColorJitter,
@@ -34,12 +35,15 @@ __all__ = [
     "GaussianBlur",
     "RandAugment",
     "RandomAdjustSharpness",
+    "RandomApply",
     "RandomAutocontrast",
+    "RandomChoice",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomOrder",
     "RandomPosterize",
     "RandomRotation",
     "RandomSolarize",

@@ -138,7 +138,41 @@ def _timm_policy(cls_name: str) -> Callable[[Any, str], Made]:
     return build
 
 
+def _inner(op: Any, domain: str) -> Made:
+    """gpufeed's ops for the ops of container ``op`` (a tuple of RowOps), or why not / None."""
+    made = []
+    for inner in op.transforms:
+        got = gpufeed_op(inner, domain)
+        if got is None or isinstance(got, str):
+            return got
+        if not isinstance(got, _augment().RowOp):
+            return f"{type(inner).__name__} inside {type(op).__name__} runs on the float rows"
+        made.append(got)
+    return tuple(made)
+
+
+def _random_apply(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    return inner if not isinstance(inner, tuple) else _make("RandomApply", transforms=inner,
+                                                             p=float(op.p))
+
+
+def _random_choice(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    weights = getattr(op, "p", None)
+    return inner if not isinstance(inner, tuple) else _make(
+        "RandomChoice", transforms=inner, p=None if weights is None else tuple(weights))
+
+
+def _random_order(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    return inner if not isinstance(inner, tuple) else _make("RandomOrder", transforms=inner)
+
+
 _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
+    "RandomApply": _random_apply,
+    "RandomChoice": _random_choice,
+    "RandomOrder": _random_order,
     "ColorJitter": _color_jitter,
     "RandomGrayscale": _simple("RandomGrayscale", p="p"),
     "GaussianBlur": _simple("GaussianBlur", kernel_size="kernel_size", sigma="sigma"),

@@ -18,6 +18,7 @@ timm_aa = pytest.importorskip("timm.data.auto_augment", reason="timm is not inst
 import torch  # noqa: E402
 import torchvision.transforms as T  # noqa: E402
 import torchvision.transforms.autoaugment as tv_aa  # noqa: E402
+import torchvision.transforms.v2 as V  # noqa: E402
 from PIL import Image  # noqa: E402
 from timm.data import random_erasing as timm_re  # noqa: E402
 
@@ -261,3 +262,63 @@ def test_timm_auto_augment(config):
         b = [c[1][0] for c in flat_t if c[0] == name]
         if a or b:
             assert_same_categories(a, b, f"{name} argument")
+
+
+class _Mark:
+    """An op that records its index when torchvision's container runs it."""
+
+    def __init__(self, index, seen):
+        self.index, self.seen = index, seen
+
+    def __call__(self, img):
+        self.seen.append(self.index)
+        return img
+
+
+def _run_container(make, k: int, n: int = N) -> list:
+    """What torchvision's container ``make(ops)`` runs on each of ``n`` calls: the tuple of the
+    indices of its ``k`` recording ops, in the order run."""
+    seen: list = []
+    container = make([_Mark(i, seen) for i in range(k)])
+    out = []
+    random.seed(0)
+    torch.manual_seed(0)
+    for _ in range(n):
+        seen.clear()
+        container(torch.zeros(3, 2, 2))
+        out.append(tuple(seen))
+    return out
+
+
+def test_containers_choose_as_torchvision():
+    ops = (A.RandomInvert(1.0), A.RandomEqualize(1.0), A.RandomGrayscale(1.0))
+    weights = [1, 2, 3]
+    for theirs_make, mine in (
+            (lambda m: T.RandomChoice(m, p=weights), A.RandomChoice(ops, weights)),
+            (lambda m: V.RandomChoice(m, p=weights), A.RandomChoice(ops, weights)),
+            (lambda m: T.RandomChoice(m), A.RandomChoice(ops))):
+        theirs = [t[0] for t in _run_container(theirs_make, 3)]
+        assert_same_categories([p[0] for p in ours(mine)], theirs, "choice")
+    for theirs_make in (T.RandomOrder, V.RandomOrder):
+        theirs = _run_container(theirs_make, 3)
+        mine = [tuple(i for i, _ in p) for p in ours(A.RandomOrder(ops))]
+        assert_same_categories(mine, theirs, "order")
+    for theirs_make in (lambda m: T.RandomApply(m, p=0.3),
+                        lambda m: V.RandomApply(m, p=0.3)):
+        theirs = [bool(t) for t in _run_container(theirs_make, 2)]
+        assert_same_categories([p is not None for p in ours(A.RandomApply(ops[:2], 0.3))], theirs,
+                               "applied")
+
+
+def test_a_container_draws_its_ops_parameters_and_apply_draws_nothing():
+    op = A.RandomApply((A.RandomInvert(0.5), A.RandomRotation(30)), 0.7)
+    draws = ours(op)
+    applied = [p for p in draws if p is not None]
+    assert_same_categories([p[0] is not None for p in applied],
+                           [bool(b) for b in np.random.default_rng(3).random(len(applied)) < 0.5],
+                           "inner applied")
+    assert_same_continuous([p[1] for p in applied],
+                           list(np.random.default_rng(3).uniform(-30, 30, len(applied))), "angle")
+    row = np.random.default_rng(0).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    params = next(p for p in draws if p is not None)
+    assert np.array_equal(op.apply(row.copy(), params), op.apply(row.copy(), params))
