@@ -106,6 +106,18 @@ def _rotation(op: Any, domain: str) -> Made:
                  interpolation=_interp(op.interpolation), fill=_fill(op.fill))
 
 
+def _floats(value: Any) -> Any:
+    return None if value is None else tuple(float(v) for v in value)
+
+
+def _affine(op: Any, domain: str) -> Made:
+    if getattr(op, "center", None) is not None:
+        return "RandomAffine with a center other than the image's"
+    return _make("RandomAffine", degrees=_floats(op.degrees), translate=_floats(op.translate),
+                 scale=_floats(op.scale), shear=_floats(op.shear),
+                 interpolation=_interp(op.interpolation), fill=_fill(op.fill))
+
+
 def _policy(cls_name: str, *names: str) -> Callable[[Any, str], Made]:
     def build(op: Any, domain: str) -> Made:
         kwargs = {n: getattr(op, n) for n in names}
@@ -186,6 +198,7 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
     "RandomHorizontalFlip": _simple("RandomHorizontalFlip", p="p"),
     "RandomVerticalFlip": _simple("RandomVerticalFlip", p="p"),
     "RandomRotation": _rotation,
+    "RandomAffine": _affine,
     "TrivialAugmentWide": _policy("TrivialAugmentWide", "num_magnitude_bins"),
     "RandAugment": _policy("RandAugment", "num_ops", "magnitude", "num_magnitude_bins"),
     "AutoAugment": _policy("AutoAugment", "policy"),

@@ -111,6 +111,21 @@ def test_gaussian_blur_and_rotation():
     assert_same_continuous(ours(A.RandomRotation(30)), angles, "angle")
 
 
+def test_affine():
+    torch.manual_seed(0)
+    theirs = [T.RandomAffine.get_params([-30.0, 30.0], [0.2, 0.1], [0.7, 1.3], [-15.0, 15.0, -5.0, 5.0],
+                                        [W, H]) for _ in range(N)]
+    mine = ours(A.RandomAffine(30, (0.2, 0.1), (0.7, 1.3), (-15, 15, -5, 5)))
+    for k, which in enumerate(("angle", "dx", "dy", "scale", "shear x", "shear y")):
+        flat = [lambda p: p[0], lambda p: p[1][0], lambda p: p[1][1], lambda p: p[2],
+                lambda p: p[3][0], lambda p: p[3][1]][k]
+        a, b = [flat(p) for p in mine], [flat(p) for p in theirs]
+        if which in ("dx", "dy"):
+            assert_same_categories(a, b, which)
+        else:
+            assert_same_continuous(a, b, which)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
 def test_probabilities(p):
     """Flips, grayscale and the single ops apply with torchvision's probability."""

@@ -6,6 +6,7 @@ tolerance between its PIL and tensor paths. Needs torchvision and timm (.venv-tv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -144,6 +145,28 @@ def test_rotation_nearest(fill):
         angle = op.draw(A.row_rng(2, 0, k), *row.shape[:2])
         want = np.asarray(F.rotate(_pil(row), angle, fill=None if fill is None else list(fill)))
         assert share_differing(op.apply(row.copy(), angle), want) <= NEAREST_SHARE, angle
+
+
+AFFINES = [A.RandomAffine(30, (0.2, 0.1), (0.7, 1.3), 15),
+           A.RandomAffine(0, shear=(-20, 20, -10, 10), fill=(10, 200, 30)),
+           A.RandomAffine(180, (0.3, 0.3), (0.5, 1.5), fill=(124, 116, 104))]
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("k", range(len(AFFINES)))
+def test_affine(k, interpolation):
+    op = dataclasses.replace(AFFINES[k], interpolation=interpolation)
+    mode = InterpolationMode(interpolation)
+    for j, row in enumerate(ROWS * 2):
+        params = op.draw(A.row_rng(4, 0, j), *row.shape[:2])
+        angle, shift, scale, shear = params
+        want = np.asarray(F.affine(_pil(row), angle, list(shift), scale, list(shear),
+                                   interpolation=mode, fill=list(op.fill)))
+        got = op.apply(row.copy(), params)
+        if interpolation == "nearest":
+            assert share_differing(got, want) <= NEAREST_SHARE, params
+        else:
+            assert mean_abs(got, want) <= GEOMETRY, params
 
 
 WARPS = [("ShearX", 0.3), ("ShearX", -0.99), ("ShearY", 0.5), ("TranslateX", -20.0),

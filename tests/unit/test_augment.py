@@ -18,6 +18,7 @@ ALL_OPS = (A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.RandomGrayscale(0.3), A.Gaussian
            A.RandomHorizontalFlip(0.3), A.RandomVerticalFlip(0.7), A.TrivialAugmentWide(),
            A.RandAugment(2, 9), A.AutoAugment(), A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1"),
            A.TimmAutoAugment.from_config("original-mstd0.5"), A.TimmAutoAugment("v0r"),
+           A.RandomAffine(20, (0.1, 0.2), (0.8, 1.2), 10, "bilinear", (1, 2, 3)),
            A.RandomApply((A.ColorJitter(0.4, 0.4), A.RandomInvert(0.5)), 0.8),
            A.RandomChoice((A.RandomSolarize(100, 1.0), A.RandomRotation(20)), (1, 3)),
            A.RandomOrder((A.RandomEqualize(0.5), A.GaussianBlur(3), A.RandomGrayscale(0.5))))
@@ -66,6 +67,8 @@ def test_row_ops_apply_in_order_from_one_stream():
     (lambda: A.TimmRandAugment.from_config("augmix-m5"), "starts with 'rand'"),
     (lambda: A.TimmRandAugment.from_config("rand-m9-tweights"), "weighted op sets"),
     (lambda: A.TimmRandAugment.from_config("rand-m9-q3"), "cannot read timm RandAugment config"),
+    (lambda: A.RandomAffine(10, translate=(0.1, 1.5)), "`translate` must be"),
+    (lambda: A.RandomAffine(10, shear=(5, 1)), "`shear` must be None or 2 or 4 numbers"),
     (lambda: A.TimmAutoAugment("3a"), "`policy` must be one of"),
     (lambda: A.TimmAutoAugment(((("Desaturate", 1.0, 10),),)), "not a timm op gpufeed has"),
     (lambda: A.TimmAutoAugment.from_config("v0-m9"), "the only section is mstd"),
