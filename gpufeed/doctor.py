@@ -18,6 +18,9 @@ The verdict comes from :func:`decide`, a pure function of the :class:`Evidence`:
     of their time, or iowait / D-state (disk) is high: storage;
   - ``"workers"``: workers are CPU-bound while cores sit idle: more workers would go faster
     (also: ``num_workers=0``, or workers idle while the step waits, e.g. start-up each epoch);
+  - ``"host"``: several local ranks share the host and their workers plus their main
+    processes exceed its usable cores (the other ranks' workers are counted from ``/proc``):
+    the fix is the per-rank ``num_workers`` that fits;
   - ``"decode"`` / ``"transform"``: workers are CPU-bound and no core is idle: the dominant
     CPU stage is the cost (image path: decode vs crop/resize/normalize; a generic dataset's
     ``__getitem__`` and ``collate_fn`` count as ``"transform"``: Python preprocessing).

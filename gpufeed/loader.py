@@ -17,11 +17,13 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
+from gpufeed._engine.ranks import check_local_ranks
 from gpufeed._image.cv2threads import single_threaded_cv2
 from gpufeed._image.feed import ImageFeed, make_image_feed
 from gpufeed._image.local import LocalImageIter
 from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
+from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
 from gpufeed.errors import GpufeedWarning, shorten
@@ -55,17 +57,31 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             float16 or bfloat16 (floats without normalize are ``x / 255``).
         on_error: image path: ``"raise"`` (default) an error naming the file and sample index, or
             ``"skip"``: leave undecodable samples out of their batch, count and log them.
-        cache_bytes: image path: budget of the loader's LRU host cache, an int (bytes), a size
-            like ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. A
-            uint8 batch whose every row is cached (deterministic transform) is made by the main
-            process, one thread, when it is handed out: no worker starts for it.
+        cache_bytes: image path: budget of the host cache, an int (bytes), a size like
+            ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. A uint8
+            batch whose every row is cached (deterministic transform) is made by the main
+            process, one thread, when it is handed out: no worker starts for it. With a cache
+            shared by the ranks of a job (``cache_scope``), it is the job's budget on the host,
+            resolved once for the host by the first loader that creates the cache.
+        cache_scope: image path: ``"auto"`` (default): one cache shared by every loader of
+            the job on this host when the process is one of several local ranks (torchrun,
+            Lightning DDP, Accelerate, ``mp.spawn`` with torch.distributed, or
+            ``GPUFEED_CACHE_JOB`` set), else the loader's own LRU; ``"host"``: always the
+            shared one (a job must be found); ``"rank"``: the loader's own LRU, a copy per
+            rank. docs/design/host-cache.md.
         seed: image path: seed of the random augmentations; default: the ``generator``'s
             initial seed (or torch's), so the same seed gives the same batches at any num_workers.
         device: ``"cuda"``, ``"cuda:N"`` or a ``torch.device``: batches arrive on that device,
             copied from the page-locked arena on the loader's own stream ahead of use; on the
             image path uint8 crosses PCIe and dtype/normalize/layout run on the GPU.
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
-        pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin.
+        pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin over this
+            rank's share of the host: the local ranks that share CPUs split them, so no CPU
+            holds two ranks' workers while another idles (the training guide, "Many ranks on
+            one host"). The main process is never pinned.
+        local_ranks: ``(local rank, number of local ranks)`` on this host, for launchers that
+            set neither ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` nor a process group; None (default):
+            found from those.
         log_dir: each worker's logging also goes to ``LOG_DIR/worker-K.log``.
         metrics_port: serve this loader's ``gpufeed_*`` Prometheus metrics on port
             ``metrics_port + LOCAL_RANK`` (the environment variable torchrun and Lightning set, 0
@@ -114,10 +130,12 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         dtype: torch.dtype | None = None,
         on_error: str = "raise",
         cache_bytes: CacheSize = None,
+        cache_scope: str = "auto",
         seed: int | None = None,
         device: str | torch.device | None = None,
         prefetch_batches: int = 2,
         pin_workers: bool = False,
+        local_ranks: tuple[int, int] | None = None,
         log_dir: str | os.PathLike | None = None,
         metrics_port: int | None = None,
         **kwargs: Any,
@@ -129,6 +147,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             shutdown_timeout_s=shutdown_timeout_s,
         )
         parse_cache_bytes(cache_bytes)
+        if cache_scope not in SCOPES:
+            raise ValueError(f"`cache_scope` must be one of {', '.join(map(repr, SCOPES))}. "
+                             f"Found: {shorten(cache_scope)}.")
         if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 1:
             raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {shorten(prefetch_batches)}.")
         if metrics_port is not None and (
@@ -138,6 +159,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 f"`metrics_port` must be an int in 0-65535 (0: any free port). Found: {shorten(metrics_port)}."
             )
         resolve_device(device)
+        check_local_ranks(local_ranks)
         # Every option is an attribute under its parameter name, holding the value given (decision
         # 14): frameworks rebuild loaders from them. Set before DataLoader's own __init__ so that
         # a rebuild reading them can never see a half-made loader.
@@ -149,16 +171,18 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self.dtype = dtype
         self.on_error = on_error
         self.cache_bytes = cache_bytes
+        self.cache_scope = cache_scope
         self.seed = seed
         self.device = device
         self.prefetch_batches = prefetch_batches
         self.pin_workers = pin_workers
+        self.local_ranks = local_ranks
         self.log_dir = log_dir
         self.metrics_port = metrics_port
         super().__init__(dataset, *args, **kwargs)
         # The image options are checked against the loader's path (a dry run of the feed, with the
         # values as given; the feed iteration uses is made again in the process that iterates).
-        self._image_path = self._make_image_feed(on_gpu=False, announce=True) is not None
+        self._image_path = self._make_image_feed(on_gpu=False, dry_run=True) is not None
         self._stats = Stats()
         self._context: EngineContext | None = None  # made at the first iter() of this process
         self._context_pid = 0
@@ -259,7 +283,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
 
     # -- the state of the process that iterates -----------------------------------------------------
 
-    def _make_image_feed(self, on_gpu: bool, announce: bool = False) -> ImageFeed | None:
+    def _make_image_feed(self, on_gpu: bool, dry_run: bool = False) -> ImageFeed | None:
+        """The image feed; ``dry_run``: the check at construction (it logs the generic path
+        once, and attaches to no host cache)."""
         return make_image_feed(
             self,
             channels_last=self.channels_last,
@@ -267,9 +293,12 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             dtype=self.dtype,
             on_error=self.on_error,
             cache_budget=parse_cache_bytes(self.cache_bytes),
+            cache_scope=self.cache_scope,
+            cache_text=str(self.cache_bytes),
+            dry_run=dry_run,
             seed=self.seed,
             on_gpu=on_gpu,
-            announce=announce,
+            announce=dry_run,
         )
 
     def _engine_context(self) -> EngineContext:
@@ -293,6 +322,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             plugin=self._image_feed,
             cuda_output=cuda_device is not None,
             pin_workers=bool(self.pin_workers),
+            local_ranks=check_local_ranks(self.local_ranks),
             log_dir=None if self.log_dir is None else os.fspath(self.log_dir),
             fork_guard=single_threaded_cv2,
             make_registrar=None if self._cuda_feed is None else self._cuda_feed.registrar,
@@ -420,7 +450,10 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
         (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
         overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
-        images_per_s, skipped, cache_hits, cache_misses, cache_bytes, cache_hit_rate;
+        images_per_s, skipped, cache_hits, cache_misses (this loader's look-ups), cache_bytes
+        (bytes the cache holds: with a shared cache, the host's, the same on every rank),
+        cache_budget_bytes (its budget: the host's), cache_shared (1: the job's host cache),
+        cache_hit_rate;
         parent_batches and parent_s (batches the main process made itself because every row was
         a cache hit, and its seconds on them, not in the worker stage seconds); reads and
         read_latency_s (the workers' reads of the source and their summed duration, each timed
@@ -432,7 +465,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         out["workers"] = worker_usage(self.worker_pids())
         feed = self._image_feed
         if feed is None and self._image_path:
-            zero = ("images", "skipped", "cache_hits", "cache_misses", "cache_bytes")
+            zero = ("images", "skipped", "cache_hits", "cache_misses", "cache_bytes", "cache_budget_bytes",
+                    "cache_shared")
             out.update(dict.fromkeys(zero, 0), cache_hit_rate=0.0, images_per_s=0.0)
         elif feed is not None:
             cache = feed.cache
@@ -443,6 +477,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 cache_hits=hits,
                 cache_misses=misses,
                 cache_bytes=cache.nbytes if cache is not None else 0,
+                cache_budget_bytes=cache.budget_bytes if cache is not None else 0,
+                cache_shared=int(cache is not None and cache.shared),
                 cache_hit_rate=hits / (hits + misses) if hits + misses else 0.0,
                 images_per_s=feed.images / out["elapsed_s"] if out["elapsed_s"] > 0 else 0.0,
             )

@@ -19,12 +19,14 @@ The code is in ``gpufeed.observe.metrics``; this module re-exports its public na
 """
 
 from gpufeed.observe.metrics import (
+    HOST_METRIC_NAMES,
     METRIC_NAMES,
     MetricsServer,
     serve,
 )
 
 __all__ = [
+    "HOST_METRIC_NAMES",
     "METRIC_NAMES",
     "MetricsServer",
     "serve",

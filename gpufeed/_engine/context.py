@@ -8,7 +8,9 @@ per pass (the augmentation epoch) are passed explicitly where a pass starts.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
@@ -17,12 +19,17 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from gpufeed._engine.arena import Arena
+from gpufeed._engine.host import HostRanks, Placement, pin_share
+from gpufeed._engine.ranks import find_local_ranks
 from gpufeed.config import EngineConfig
+from gpufeed.errors import GpufeedWarning
 from gpufeed.stats import Stats
 
 if TYPE_CHECKING:
     from gpufeed._engine.engine import Engine
     from gpufeed._engine.plugin import FillPlugin
+
+logger = logging.getLogger(__name__)
 
 
 class Registrar(Protocol):
@@ -39,7 +46,10 @@ class EngineContext:
         config: the engine's options.
         stats: the loader's counters (every engine adds to them).
         plugin: the batch path plug-in (the image feed), or None for fetch + collate.
-        pin_workers: pin worker k to one CPU, round-robin over this process's CPUs.
+        pin_workers: pin worker k to one CPU, round-robin over this rank's share of the
+            host's CPUs (:meth:`pin_cpus`).
+        local_ranks: ``(local rank, local ranks)`` given to the loader, or None: found from the
+            environment or the process group (``gpufeed._engine.ranks.find_local_ranks``).
         log_dir: each worker also logs to ``LOG_DIR/worker-K.log``.
         fork_guard: entered around each worker's ``Process.start()`` under fork.
         engines: the live engines (for worker pids and usage).
@@ -62,6 +72,7 @@ class EngineContext:
         plugin: FillPlugin | None = None,
         cuda_output: bool = False,
         pin_workers: bool = False,
+        local_ranks: tuple[int, int] | None = None,
         log_dir: str | None = None,
         fork_guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
         make_registrar: Callable[[Arena], Registrar] | None = None,
@@ -70,6 +81,7 @@ class EngineContext:
         self.stats = stats
         self.plugin = plugin
         self.pin_workers = pin_workers
+        self.local_ranks = local_ranks
         self.log_dir = log_dir
         self.fork_guard = fork_guard
         self.engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -78,6 +90,7 @@ class EngineContext:
         self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda.CudaFeed
         self._make_registrar = make_registrar
         self._arena: Arena | None = None
+        self._pins: tuple[int, ...] | None = None  # decided at the first engine, then kept
 
     @property
     def current_arena(self) -> Arena | None:
@@ -98,10 +111,35 @@ class EngineContext:
         return self._arena
 
     def pin_cpus(self) -> tuple[int, ...]:
-        """The CPUs workers are pinned to, round-robin (empty: not pinned)."""
+        """The CPUs workers are pinned to, round-robin (empty: not pinned), decided when the
+        first engine starts and kept: this rank's share of the CPUs it shares with the other
+        local ranks (docs/design/local-ranks.md), logged once. With several local ranks, the
+        rank's record is written even unpinned, so the doctor finds its workers."""
+        if self._pins is None:
+            self._pins = self._place()
+        return self._pins
+
+    def _place(self) -> tuple[int, ...]:
+        local = find_local_ranks(self.local_ranks)
         if not self.pin_workers or not hasattr(os, "sched_getaffinity"):
+            if local is not None and local.count > 1:
+                try:
+                    HostRanks(local).publish()
+                except OSError as exc:  # a read-only temp folder: the doctor will not see this rank
+                    logger.debug("gpufeed: no rank record written: %s", exc)
             return ()
-        return tuple(sorted(os.sched_getaffinity(0)))
+        try:
+            placed = pin_share(local)
+        except OSError as exc:
+            own = tuple(sorted(os.sched_getaffinity(0)))
+            placed = Placement(own, f"pin_workers: the local ranks' records cannot be written ({exc}): "
+                                    f"workers are pinned over this process's {len(own)} CPUs as if it "
+                                    "were alone", guess=True)
+        if placed.guess:
+            warnings.warn(f"gpufeed {placed.how}.", GpufeedWarning, stacklevel=2)
+        else:
+            logger.info("gpufeed %s", placed.how)
+        return placed.cpus
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes of every live engine."""

@@ -27,6 +27,7 @@ import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
 from gpufeed._engine.arena import ArenaHandle, SlotWriter, take_warm
+from gpufeed._engine.host import mark_worker
 from gpufeed._engine.messages import (
     Claim,
     Done,
@@ -264,7 +265,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
 
 
 def _configure_process(spec: WorkerSpec) -> None:
-    """CPU affinity (pin_workers) and the per-worker log file (log_dir)."""
+    """The process's name (``gpufeed-wK``), CPU affinity (pin_workers) and the per-worker log
+    file (log_dir)."""
+    mark_worker(spec.worker_id)
     if spec.pin_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {spec.pin_cpus[spec.worker_id % len(spec.pin_cpus)]})
     if spec.log_dir:

@@ -3,6 +3,7 @@ the ``ImageFeed`` (cache look-ups before a batch is dispatched, cache fills afte
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import warnings
@@ -19,7 +20,9 @@ from gpufeed._engine.plugin import LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.torchvision import is_torchvision
-from gpufeed.cache import HostCache, aligned_copy
+from gpufeed.cache import HostCache
+from gpufeed.cache._job import job_info, wants_host_cache
+from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
 from gpufeed.errors import GpufeedWarning
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
@@ -81,12 +84,18 @@ def make_image_feed(
     seed: int | None,
     on_gpu: bool = False,
     announce: bool = False,
+    cache_scope: str = "rank",
+    cache_text: str = "",
+    dry_run: bool = False,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
     ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
     loader asks once, at construction, not again when each process makes its feed.
+    ``cache_scope``: ``"rank"``, ``"host"`` or ``"auto"`` (``make_cache``); ``cache_text``: the
+    ``cache_bytes`` given, as text (the host cache compares it); ``dry_run``: a check of the
+    options at construction, which attaches to no host cache.
     """
     blocker = fast_path_blocker(loader)
     if blocker is not None:
@@ -141,8 +150,56 @@ def make_image_feed(
             f"`max_batch_bytes` is {loader.engine_config.max_batch_bytes}. Raise max_batch_bytes "
             "or lower batch_size."
         )
-    cache = HostCache(cache_budget) if cache_budget else None
+    cache = None
+    if cache_budget and not (dry_run and cache_scope != "rank"):
+        cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
+    """What makes the cached values of ``source`` under ``plan`` (docs/design/host-cache.md):
+    the dataset (class, repr, length, labels, 16 samples' ``describe``), the kind of value,
+    and for decoded rows the transform and the output geometry."""
+    n = len(source)
+    parts = [plan.cache or "", f"{type(source).__module__}.{type(source).__qualname__}", repr(source), str(n)]
+    spread = np.unique(np.linspace(0, n - 1, 16).astype(np.int64)) if n else np.empty(0, np.int64)
+    parts += [source.describe(int(i)) for i in spread]
+    table = _label_table(source)
+    if table is not None:
+        parts.append(hashlib.blake2b(table.tobytes(), digest_size=16).hexdigest())
+    if plan.cache == "decoded":
+        parts += [repr(plan.transform), str(plan.hw), str(plan.channels_last), str(plan.row_bytes)]
+    return fingerprint(parts)
+
+
+def make_cache(plan: ImagePlan, source: Any, budget: int, text: str, scope: str) -> HostCache | CacheNamespace | None:
+    """The loader's cache: its own LRU, or its namespace of the job's host cache
+    (``cache_scope``; docs/design/host-cache.md, "Which loaders share")."""
+    info = job_info()
+    if not wants_host_cache(scope, info):
+        return HostCache(budget)
+    if info.key is None:
+        raise ValueError(
+            "`cache_scope='host'` shares one cache between the processes of a job, and no job was "
+            "found: no GPUFEED_CACHE_JOB, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT with "
+            "WORLD_SIZE > 1, or initialised torch.distributed process group. Set GPUFEED_CACHE_JOB "
+            "to the same string in every process of the job, or use cache_scope='auto'."
+        )
+    try:
+        shared = SharedHostCache(info.key, budget, text)
+    except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
+        if scope == "host":
+            raise
+        log.warning("gpufeed: the job's host cache could not be reached (%s); this loader keeps a "
+                    "cache of its own. cache_scope='rank' says so explicitly.", exc)
+        return HostCache(budget)
+    space = shared.namespace(cache_fingerprint(plan, source), len(source))
+    if space is None:
+        shared.close()
+        log.warning("gpufeed: the job's host cache has no room for this loader's table (%d samples, "
+                    "budget %d bytes, or 56 kinds of rows already): it runs without a cache.",
+                    len(source), shared.budget_bytes)
+    return space
 
 
 def _default_seed(generator: torch.Generator | None) -> int:
@@ -173,7 +230,8 @@ class ImageFeed:
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
 
-    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | None, gpu_transform: Any = None) -> None:
+    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | CacheNamespace | None,
+                 gpu_transform: Any = None) -> None:
         self.plan = plan
         self.filler = ImageFiller(plan)
         self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
@@ -296,9 +354,8 @@ class ImageFeed:
                 return  # every row came from the cache
             done = set(task.done)
             rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
-            for row, pos in enumerate(report.kept):
-                if pos not in done:
-                    self.cache.put(indices[pos], aligned_copy(rows[row]))
+            new = [(indices[pos], rows[row]) for row, pos in enumerate(report.kept) if pos not in done]
+            self.cache.put_rows([key for key, _ in new], [row for _, row in new])
         else:
             for pos, off, nbytes in report.staged:
-                self.cache.put(indices[pos], buf[off : off + nbytes].numpy().tobytes())
+                self.cache.put_bytes(indices[pos], buf[off : off + nbytes].numpy())

@@ -5,6 +5,10 @@ The parent looks samples up when it dispatches a batch and writes hits straight 
 arena slot; workers only work on the misses, and the parent adds what they produced. What is
 cached depends on the transform: the decoded, transformed row when the transform is
 deterministic (evaluation, inference), the encoded bytes when it is random (training).
+
+When the loader is one of several ranks of a job on a host, its cache is instead its namespace
+of one cache that every loader of the job on the host shares, with one budget for the host
+(``gpufeed.cache._shared``; docs/design/host-cache.md).
 """
 
 from gpufeed.cache._lru import (

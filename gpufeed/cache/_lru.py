@@ -82,6 +82,8 @@ class HostCache:
     a value's size is its length in bytes.
     """
 
+    shared = False  # one loader's (``gpufeed.cache._shared.CacheNamespace``: the host's)
+
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._lru: cachetools.LRUCache[int, CachedValue] = cachetools.LRUCache(maxsize=budget_bytes, getsizeof=len)
@@ -119,6 +121,19 @@ class HostCache:
         budget. A value larger than the whole budget is not kept."""
         if len(value) <= self.budget_bytes:  # cachetools raises for a value over the budget
             self._lru[key] = value
+
+    def put_row(self, key: int, row: Any) -> None:
+        """Cache a decoded row: an aligned copy (``aligned_copy``)."""
+        self.put(key, aligned_copy(row))
+
+    def put_rows(self, keys: Sequence[int], rows: Sequence[Any]) -> None:
+        """Cache a batch's decoded rows: ``put_row`` each."""
+        for key, row in zip(keys, rows, strict=True):
+            self.put_row(key, row)
+
+    def put_bytes(self, key: int, data: Any) -> None:
+        """Cache encoded bytes: a ``bytes`` copy."""
+        self.put(key, bytes(data))
 
     @property
     def nbytes(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from gpufeed.errors import SKIP_HINT
 
@@ -40,3 +41,19 @@ def non_negative_int(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0. Found: {n}.")
     return n
+
+
+def is_tar_pattern(root: str) -> bool:
+    """Whether a dataset argument names tar shards: a ``.tar`` path or URL, a glob
+    (``shards/*.tar``) or a brace pattern (``train-{0000..0127}.tar``)."""
+    return root.endswith(".tar")
+
+
+def open_image_dataset(root: str, transform: Any) -> Any:
+    """The dataset a subcommand's ``ROOT`` names: :class:`~gpufeed.TarShards` for tar shards
+    (:func:`is_tar_pattern`), otherwise an :class:`~gpufeed.ImageFolder`."""
+    from gpufeed.sources import ImageFolder, TarShards
+
+    if is_tar_pattern(root):
+        return TarShards(root, transform=transform)
+    return ImageFolder(root, transform=transform)

@@ -1,13 +1,15 @@
-"""``gpufeed doctor``: what limits loading an image folder, on the command line.
+"""``gpufeed doctor``: what limits loading an image folder or tar shards, on the command line.
 
 ::
 
     gpufeed doctor ROOT [--transform eval|train] [--step-ms N] [--workers N] [--batch-size N]
                    [--batches N] [--on-error raise|skip] [--json OUT] [--no-progress]
 
-Builds ``FastLoader(gpufeed.ImageFolder(ROOT, transform), persistent_workers=True,
-shuffle=True)`` and runs :func:`gpufeed.doctor.diagnose` with a simulated step that sleeps
-``--step-ms`` per batch (your model's step time; 0 asks what limits the loader flat out).
+Builds ``FastLoader(dataset, persistent_workers=True, shuffle=True)`` over
+``gpufeed.ImageFolder(ROOT, transform)``, or ``gpufeed.TarShards(ROOT, transform)`` when ROOT
+names tar shards (it ends in ``.tar``: a path, a glob or a brace pattern), and runs
+:func:`gpufeed.doctor.diagnose` with a simulated step that sleeps ``--step-ms`` per batch (your
+model's step time; 0 asks what limits the loader flat out).
 Output goes through :func:`write` (stdout); the progress bar goes to stderr when it is a terminal.
 """
 
@@ -18,13 +20,12 @@ import json
 from typing import Any
 
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
-from gpufeed.cli._util import add_on_error, write
+from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative_int
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.loader import FastLoader
 from gpufeed.observe.doctor import diagnose
 from gpufeed.observe.probe import usable_core_count
-from gpufeed.sources import ImageFolder
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 
@@ -44,7 +45,9 @@ def add_doctor_parser(sub: Any) -> None:
     """Adds ``doctor`` to the ``gpufeed`` subcommands (``sub``: argparse's subparsers)."""
     p = sub.add_parser("doctor", help="run an image folder through FastLoader and name what limits "
                                       "it: read, decode, transform, workers, transfer, compute or cache")
-    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE)")
+    p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE), or WebDataset tar "
+                                             "shards: a .tar path, glob or brace pattern "
+                                             "(train-{0000..0127}.tar)")
     p.add_argument("--transform", choices=("eval", "train"), default="eval",
                    help="eval: ResizeCenterCrop(224, 256); train: RandomResizedCrop(224) "
                         "(default eval)")
@@ -66,7 +69,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     """Build the loader, diagnose it, print the report (and write ``--json``); exit status."""
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
     workers = _default_workers() if args.workers is None else args.workers
-    dataset = ImageFolder(args.root, transform=transform)
+    dataset = open_image_dataset(args.root, transform)
     write(f"gpufeed doctor: {len(dataset)} images in {args.root}, {args.transform} transform, "
           f"num_workers={workers}, batch_size={args.batch_size}, step {args.step_ms:g} ms, "
           f"{args.batches} batches")

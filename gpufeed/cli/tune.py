@@ -1,12 +1,16 @@
 """``gpufeed tune``: find num_workers (and read concurrency, pinning, prefetch, cache) for an
-image folder, local or at a URL (``s3://``, ``http(s)://``...; ``pip install gpufeed[remote]``).
+image folder or tar shards (ROOT ending in ``.tar``: a path, glob or brace pattern), local or
+at a URL (``s3://``, ``http(s)://``...; ``pip install gpufeed[remote]``).
 
 ::
 
     gpufeed tune ROOT [--max-workers N] [--batch-size 64] [--transform eval|train]
                  [--batches N] [--warmup N] [--step-ms MS] [--memory-fraction F]
-                 [--min-gain F] [--on-error raise|skip] [--json OUT] [--plot OUT.png]
-                 [--no-progress]
+                 [--min-gain F] [--local-ranks W] [--on-error raise|skip] [--json OUT]
+                 [--plot OUT.png] [--no-progress]
+
+Under ``torchrun`` (every rank runs it at once) or with ``--local-ranks W``, the recommendation is
+per rank, for W ranks sharing the host's cores and memory (:func:`gpufeed.tune.tune`).
 
 Output goes through :func:`write` (stdout); the progress bar goes to stderr when it is a
 terminal. The search itself is :func:`gpufeed.tune.tune`.
@@ -23,13 +27,12 @@ from typing import Any
 
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.bench.environment import describe_environment
-from gpufeed.cli._util import add_on_error, write
+from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.loader import FastLoader
 from gpufeed.observe.memory import format_bytes
 from gpufeed.observe.tune import tune
-from gpufeed.sources import ImageFolder
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 
@@ -49,7 +52,9 @@ def add_tune_parser(sub: Any) -> None:
                                     "1, 4, 16, 64 reads in flight) on an image folder and recommend "
                                     "num_workers, read_concurrency, pin_workers, prefetch and cache")
     p.add_argument("root", metavar="ROOT", help="image folder (ROOT/CLASS/IMAGE), a local path or a "
-                                                "URL (s3://, gs://, http(s)://: needs gpufeed[remote])")
+                                                "URL (s3://, gs://, http(s)://: needs gpufeed[remote]); or "
+                                                "WebDataset tar shards: a .tar path, glob or "
+                                                "brace pattern (train-{0000..0127}.tar)")
     p.add_argument("--max-workers", type=_positive, default=None, metavar="N",
                    help="largest worker count tried (default: the usable cores)")
     p.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
@@ -67,6 +72,9 @@ def add_tune_parser(sub: Any) -> None:
                    help="memory ceiling as a share of available memory (default 0.8)")
     p.add_argument("--min-gain", type=_fraction, default=0.05, metavar="F",
                    help="smallest worthwhile gain from doubling (default 0.05 = 5%%)")
+    p.add_argument("--local-ranks", type=_positive, default=None, metavar="W",
+                   help="ranks that will share this host (default: LOCAL_WORLD_SIZE under torchrun, "
+                        "else 1): num_workers is then per rank, so that the W ranks fit the host")
     p.add_argument("--json", metavar="OUT", help="write the rows and recommendation here")
     p.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     p.add_argument("--seed", type=int, default=0, help="sampling and augmentation seed (default 0)")
@@ -79,7 +87,7 @@ def _make_loader_factory(args: argparse.Namespace) -> Callable[[int, bool], Any]
     import torch
 
     transform = ResizeCenterCrop(224, 256) if args.transform == "eval" else RandomResizedCrop(224)
-    dataset = ImageFolder(args.root, transform=transform)
+    dataset = open_image_dataset(args.root, transform)
     shuffle = args.transform == "train"
 
     def make(num_workers: int, pin_workers: bool) -> FastLoader:
@@ -102,11 +110,15 @@ def format_recommendation(result: Any) -> str:
     if result.recommended_cache_bytes:
         kwargs.append(f'cache_bytes="{format_bytes(result.recommended_cache_bytes)}"')
     lines = ["recommended: FastLoader(dataset, " + ", ".join(kwargs) + ")"]
+    ranks = getattr(result, "local_ranks", 1)
+    if ranks > 1:
+        lines.append(f"  per rank, for {ranks} local ranks on this host ({ranks} x "
+                     f"{result.recommended_num_workers} workers in all)")
     rc = getattr(result, "recommended_read_concurrency", None)
     if rc is not None:
         lines.append(f"  with the dataset's read_concurrency={rc} (reads in flight per worker: "
                      f"ImageFolder(root, transform, read_concurrency={rc}), or the same "
-                     f"keyword of ImageDataset / LMDBDataset)")
+                     f"keyword of ImageDataset / LMDBDataset / TarShards)")
     lines.append("why:")
     lines += [f"  - {reason}" for reason in result.reasons]
     return "\n".join(lines)
@@ -125,7 +137,7 @@ def run_tune(args: argparse.Namespace) -> int:
     result = tune(_make_loader_factory(args), max_workers=args.max_workers,
                   memory_fraction=args.memory_fraction, min_gain=args.min_gain,
                   batches=args.batches, warmup_batches=args.warmup, step=step,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, local_ranks=args.local_ranks)
     elapsed_s = time.perf_counter() - t0
     write(f"gpufeed tune {args.root}: transform {args.transform}, batch size {args.batch_size}, "
           f"{args.batches} timed batches per step ({elapsed_s:.0f} s)")

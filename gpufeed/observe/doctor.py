@@ -12,6 +12,7 @@ from gpufeed._progress import ProgressBar
 from gpufeed.decode import read_header
 from gpufeed.errors import DecodeError, shorten
 from gpufeed.observe.evidence import Evidence
+from gpufeed.observe.host_load import HostLoad
 from gpufeed.observe.probe import ProbeResult, TreeProbe
 from gpufeed.observe.verdict import BOTTLENECKS, decide
 from gpufeed.stats import STAGES
@@ -50,7 +51,8 @@ class Report:
         lines.append(
             f"  cpu: workers {ev.num_workers} [{cpu} of a core], main {ev.main_cpu:.0%}, "
             f"idle {ev.idle_cores:.1f}/{ev.usable_cores:g} cores, others {ev.other_cores:.1f}, "
-            f"iowait {ev.iowait_fraction:.0%}")
+            f"iowait {ev.iowait_fraction:.0%}"
+            + (f"; host: {ev.local_ranks} local ranks, {ev.host_workers} workers" if ev.local_ranks > 1 else ""))
         if ev.worker_running is not None and ev.worker_blocked is not None:
             lines.append(f"  worker threads: running {ev.worker_running:.0%}, blocked "
                          f"{ev.worker_blocked:.0%}, D-state {ev.dstate_fraction or 0.0:.0%} "
@@ -123,7 +125,7 @@ def _loader_stats(loader: Any) -> dict[str, Any]:
 def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe: ProbeResult, *,
               batches: int, wall_s: float, wait_s: float, step_s: float, samples: int,
               replay: tuple[int, float | None], image_info: dict[str, Any],
-              epochs: tuple[int, float]) -> Evidence:
+              epochs: tuple[int, float], host: HostLoad | None = None) -> Evidence:
     def delta(key: str) -> float:
         return float(after.get(key, 0) or 0) - float(before.get(key, 0) or 0)
 
@@ -165,6 +167,8 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
         parent_batches=int(delta("parent_batches")), parent_s=max(0.0, delta("parent_s")),
         epoch_starts=epochs[0], epoch_start_wait_s=epochs[1],
         fetch_threads=_int_attr(getattr(loader, "dataset", None), "fetch_threads"),
+        local_ranks=1 if host is None else host.ranks,
+        host_workers=num_workers + (0 if host is None else host.other_workers),
         **image_info,
     )
 
@@ -255,6 +259,7 @@ def diagnose(
         replay_batches = 0  # nothing to replay: the simulated step does nothing
     image_info = _image_info(loader)
     probe = TreeProbe(interval_s=sample_interval_s)
+    host = HostLoad(loader)  # the other local ranks' workers, counted at both ends of the window
     feed = _Epochs(loader)
     bar = ProgressBar(warmup_batches + batches, progress, "gpufeed doctor", unit="batch")
     kept: list[Any] = []
@@ -265,6 +270,7 @@ def diagnose(
             run_step(feed.next())
             bar.done()
         before = _loader_stats(loader)
+        host.read()
         probe.set_workers(feed.worker_pids())
         probe.start()
         try:
@@ -291,6 +297,7 @@ def diagnose(
         finally:
             measured = probe.stop()
         after = _loader_stats(loader)
+        host.read()
     finally:
         bar.close()
         feed.close()
@@ -303,7 +310,7 @@ def diagnose(
         kept.clear()
     ev = _evidence(loader, before, after, measured, batches=batches, wall_s=wall_s, wait_s=wait_s,
                    step_s=step_s, samples=samples, replay=replay, image_info=image_info,
-                   epochs=(epoch_starts, epoch_wait_s))
+                   epochs=(epoch_starts, epoch_wait_s), host=host)
     bottleneck, reasons, fix = decide(ev)
     return Report(bottleneck, ev, reasons, fix)
 

@@ -61,6 +61,8 @@ class Evidence:
     read_concurrency_max: int = 0  # image path: most reads in flight a worker allowed (stats())
     read_budget_bytes: int | None = None  # image sources: bytes read and not decoded, per worker
     fetch_threads: int = 0  # generic path: the dataset's fetch_threads (0: one sample at a time)
+    local_ranks: int = 1  # ranks of this job on this host, this one included
+    host_workers: int = 0  # gpufeed workers of those ranks, this one's num_workers included
 
     # -- derived -------------------------------------------------------------------------------
     @property

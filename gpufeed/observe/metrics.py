@@ -10,10 +10,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpufeed.cache._job import host_metrics_exporter
 from gpufeed.errors import BackendUnavailableError, shorten
 from gpufeed.stats import STAGES
 
-__all__ = ["METRIC_NAMES", "MetricsServer", "serve"]
+__all__ = ["HOST_METRIC_NAMES", "METRIC_NAMES", "MetricsServer", "serve"]
 
 log = logging.getLogger("gpufeed.metrics")  # the public module's name, which users configure
 
@@ -66,13 +67,25 @@ _WORKER_CPU = (
 )
 _WORKER_RSS = ("gpufeed_worker_rss_bytes", "Resident memory of each live worker process (bytes).")
 _WORKERS = ("gpufeed_workers", "Live worker processes (count).")
+# The host cache shared by a job's ranks (``cache_shared``): its bytes and budget are the host's,
+# so only local rank 0 (LOCAL_RANK unset counts as 0) exports them, once, without a loader label,
+# and a shared loader exports no per-loader gpufeed_cache_bytes: a sum over ranks is the host's.
+_HOST_CACHE = (
+    ("cache_bytes", "gpufeed_host_cache_bytes",
+     "Bytes held by the host cache shared by the job's ranks, exported by local rank 0 only (bytes)."),
+    ("cache_budget_bytes", "gpufeed_host_cache_budget_bytes",
+     "Budget of the host cache shared by the job's ranks, exported by local rank 0 only (bytes)."),
+)
 
 METRIC_NAMES: frozenset[str] = frozenset(
     [name + "_total" for _, name, _ in _COUNTERS]
     + [name for _, name, _ in _GAUGES]
     + [_STAGE_NAME + "_total", _WORKER_CPU[0] + "_total", _WORKER_RSS[0], _WORKERS[0]]
 )
-"""Every metric name the collector can emit, as Prometheus exposes it (counters end in ``_total``)."""
+"""Every per-loader metric name the collector can emit, as Prometheus exposes it (counters end
+in ``_total``)."""
+HOST_METRIC_NAMES: frozenset[str] = frozenset(name for _, name, _ in _HOST_CACHE)
+"""The host cache's metrics (no ``loader`` label), emitted by local rank 0 only."""
 
 _servers: dict[tuple[str, int], MetricsServer] = {}
 _servers_lock = threading.Lock()
@@ -293,8 +306,15 @@ class _LoaderCollector:
         for family in (cpu, rss, workers):
             if family.samples:
                 yield family
+        shared = [stats for _, stats in snapshots if stats.get("cache_shared")]
         for key, metric, help_text in _GAUGES:
-            yield from _family(GaugeMetricFamily, metric, help_text, key, snapshots)
+            own = [(n, s) for n, s in snapshots if key != "cache_bytes" or not s.get("cache_shared")]
+            yield from _family(GaugeMetricFamily, metric, help_text, key, own)
+        if shared and host_metrics_exporter():
+            for key, metric, help_text in _HOST_CACHE:
+                family = GaugeMetricFamily(metric, help_text)
+                family.add_metric([], float(shared[0][key]))
+                yield family
 
 
 def _family(

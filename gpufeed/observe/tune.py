@@ -27,7 +27,6 @@ from gpufeed.observe.tune_reads import (
     read_options,
     read_timing,
     stage_seconds,
-    tune_reads,
 )
 from gpufeed.observe.tune_rules import (
     READ_CONCURRENCIES,
@@ -37,6 +36,7 @@ from gpufeed.observe.tune_rules import (
     search_read_concurrency,
 )
 from gpufeed.observe.tune_rules import gain as relative_gain
+from gpufeed.observe.tune_search import Search, host_limits
 
 __all__ = [
     "READ_CONCURRENCIES",
@@ -258,6 +258,8 @@ class TuneResult:
     ``recommended_read_concurrency``: the image dataset's reads in flight per worker (measured
     when reads dominated the baseline, else the dataset's own value; None: no such option).
     ``reasons``: one line per decision, in order. Memory figures are bytes.
+    ``local_ranks``: the ranks sharing the host; above 1, ``recommended_num_workers`` (and
+    every figure) is per rank, for that many ranks.
     """
 
     rows: tuple[TuneRow, ...]
@@ -273,6 +275,7 @@ class TuneResult:
     available_memory_bytes: int = 0
     dataset_cache_bytes: int | None = None
     recommended_read_concurrency: int | None = None
+    local_ranks: int = 1
 
     @property
     def recommended_row(self) -> TuneRow:
@@ -292,6 +295,7 @@ class TuneResult:
             "recommended_prefetch_factor": self.recommended_prefetch_factor,
             "recommended_cache_bytes": self.recommended_cache_bytes,
             "recommended_read_concurrency": self.recommended_read_concurrency,
+            "local_ranks": self.local_ranks,
             "knee_num_workers": self.knee_num_workers,
             "max_workers": self.max_workers,
             "min_gain": self.min_gain,
@@ -379,6 +383,7 @@ def tune(
     available_memory_bytes: int | None = None,
     progress: bool = True,
     read_concurrencies: tuple[int, ...] = READ_CONCURRENCIES,
+    local_ranks: int | None = None,
     **loader_kwargs: Any,
 ) -> TuneResult:
     """Search ``num_workers`` 1, 2, 4, 8, ... for the knee; back off one step; under a memory ceiling.
@@ -411,9 +416,45 @@ def tune(
         5. ``prefetch_factor`` and ``cache_bytes``: :func:`recommend_prefetch_factor`,
            :func:`recommend_cache_bytes`.
 
+    Many ranks on one host: ``local_ranks`` W (default: ``LOCAL_WORLD_SIZE`` or the process
+    group, as a loader finds them; 1 when nothing says) makes every figure per rank for W ranks:
+    ``max_workers`` defaults to ``max(1, usable_cores // W - 1)``, so that W x (workers + one
+    main process) stays within the host's cores, and each rank's memory ceiling is 1/W of
+    ``memory_fraction`` x available memory. Run under torchrun, every rank measures at once.
+
     ``batches``, ``warmup_batches`` and ``step`` go to :func:`measure`. ``progress``: a tqdm bar
     on stderr when tqdm is installed and stderr is a terminal.
     """
+    _check_tune_args(make_loader, dataset, measure_fn, loader_kwargs, memory_fraction, min_gain,
+                     read_concurrencies)
+    host = host_limits(usable_cores(), max_workers, local_ranks, memory_fraction, available_memory_bytes)
+    seen: dict[str, Any] = {}
+    run = measure_fn or _measuring(make_loader, dataset, batch_size, loader_kwargs, seen,
+                                   dict(batches=batches, warmup_batches=warmup_batches, step=step))
+    counts = worker_counts(host.max_workers)
+    search = Search(run, min_gain, host, ProgressBar(len(counts) + 1, progress))
+    search.reasons += host.reasons
+    restore: tuple[Any, tuple[int | None, int]] | None = None  # the dataset's own read options
+    auto = read_options(dataset) if measure_fn is None and read_concurrencies else None
+    if auto is not None and auto[0] is None:  # automatic: measured at 1 read, so rows say what ran
+        restore = (dataset, auto)
+        dataset.set_read_options(1, auto[1])
+    try:
+        tune_reads_at = None if measure_fn is not None or not read_concurrencies else tuple(read_concurrencies)
+        changed = search.counts(counts, lambda: dataset if dataset is not None else seen.get("dataset"),
+                                tune_reads_at)
+        restore = restore or changed
+        recommended, pin = search.pinned()
+    finally:
+        search.bar.close()
+        if restore is not None:  # the dataset's own setting, as it was before the search
+            restore[0].set_read_options(*restore[1])
+    cache_dataset = dataset if dataset is not None else seen.get("dataset")
+    return _result(search, recommended, pin, cache_dataset)
+
+
+def _check_tune_args(make_loader: Any, dataset: Any, measure_fn: Any, loader_kwargs: dict[str, Any],
+                     memory_fraction: float, min_gain: float, read_concurrencies: tuple[int, ...]) -> None:
     if measure_fn is None and (make_loader is None) == (dataset is None):
         raise TypeError("tune() needs exactly one of `make_loader` or `dataset` (or `measure_fn`).")
     if measure_fn is not None and make_loader is not None:
@@ -426,147 +467,57 @@ def tune(
         raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in read_concurrencies):
         raise ValueError(f"`read_concurrencies` must be ints >= 1. Found: {shorten(read_concurrencies)}.")
-    cores = usable_cores()
-    if max_workers is None:
-        max_workers = cores
-    elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
-    if available_memory_bytes is None:
-        available_memory_bytes = int(psutil.virtual_memory().available)
-    budget_bytes = memory_fraction * available_memory_bytes
 
-    seen: dict[str, Any] = {}
-    run: Callable[[int, bool], TuneRow]
-    if measure_fn is None:
-        factory = make_loader if make_loader is not None else _dataset_factory(
-            dataset, batch_size, loader_kwargs)
 
-        def recording(num_workers: int, pin_workers: bool) -> FastLoader:
-            loader = factory(num_workers, pin_workers)
-            seen.setdefault("dataset", getattr(loader, "dataset", None))
-            return loader
+def _measuring(make_loader: LoaderFactory | None, dataset: Any, batch_size: int,
+               loader_kwargs: dict[str, Any], seen: dict[str, Any],
+               measure_kwargs: dict[str, Any]) -> MeasureFn:
+    """``(num_workers, pin_workers) -> TuneRow`` by :func:`measure`; the first loader's dataset
+    goes to ``seen["dataset"]``."""
+    factory = make_loader if make_loader is not None else _dataset_factory(dataset, batch_size, loader_kwargs)
 
-        def run_measure(num_workers: int, pin_workers: bool) -> TuneRow:
-            return measure(recording, num_workers, pin_workers, batches=batches,
-                           warmup_batches=warmup_batches, step=step)
+    def recording(num_workers: int, pin_workers: bool) -> FastLoader:
+        loader = factory(num_workers, pin_workers)
+        seen.setdefault("dataset", getattr(loader, "dataset", None))
+        return loader
 
-        run = run_measure
-    else:
-        run = measure_fn
+    def run_measure(num_workers: int, pin_workers: bool) -> TuneRow:
+        return measure(recording, num_workers, pin_workers, **measure_kwargs)
 
-    counts = worker_counts(max_workers)
-    reasons: list[str] = []
-    if max_workers > cores:
-        reasons.append(f"max_workers={max_workers} is above the {_cores(cores)} (explicit).")
-    rows: list[TuneRow] = []
-    knee: int | None = None
-    bar = ProgressBar(len(counts) + 1, progress)
-    restore: tuple[Any, tuple[int | None, int]] | None = None  # the dataset's own read options
-    auto = read_options(dataset) if measure_fn is None and read_concurrencies else None
-    if auto is not None and auto[0] is None:  # automatic: measured at 1 read, so rows say what ran
-        restore = (dataset, auto)
-        dataset.set_read_options(1, auto[1])
-    try:
-        best: TuneRow | None = None
-        for n in counts:
-            if best is not None:
-                per_worker = max(r.memory_per_worker_bytes for r in rows)
-                base = rows[0].base_memory_bytes
-                projected = base + n * per_worker
-                if projected > budget_bytes:
-                    reasons.append(
-                        f"stopped before {n} workers: projected memory {format_bytes(projected)} "
-                        f"({format_bytes(base)} + {n} x {format_bytes(per_worker)} per worker) "
-                        f"exceeds {memory_fraction:.0%} of the {format_bytes(available_memory_bytes)} "
-                        "available.")
-                    break
-            bar.start(_workers(n))
-            row = run(n, False)
-            bar.done()
-            rows.append(row)
-            if best is None:
-                reasons.append(f"{n} worker: {row.samples_per_s:.0f} images/s (baseline).")
-                best = row
-                target = dataset if dataset is not None else seen.get("dataset")
-                options = read_options(target)
-                if options is not None and measure_fn is None and read_concurrencies:
-                    restore = restore or (target, options)
-                    best, more, said = tune_reads(target, lambda _: run(counts[0], False), row,
-                                                  min_gain, bar, tuple(read_concurrencies))
-                    rows += more
-                    reasons += said
-                continue
-            gain = relative_gain(best.samples_per_s, row.samples_per_s)
-            if gain < min_gain:
-                knee = n
-                reasons.append(
-                    f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                    f"{_workers(best.num_workers)}, less than the {min_gain:.0%} a step must "
-                    f"gain: throughput stopped rising after {_workers(best.num_workers)}; "
-                    f"recommending {best.num_workers}, the last count before it stopped.")
-                break
-            reasons.append(f"{n} workers: {row.samples_per_s:.0f} images/s, {gain:+.1%} over "
-                           f"{_workers(best.num_workers)}, at least the {min_gain:.0%} a step must "
-                           f"gain: more workers still help.")
-            best = row
-        else:
-            reasons.append(f"stopped at {_workers(max_workers)}: the max_workers limit "
-                           f"({_cores(cores)}).")
-        assert best is not None  # the first count is always measured
-        recommended = best
-        pin = False
-        if hasattr(os, "sched_setaffinity"):
-            bar.start(f"{_workers(best.num_workers)} pinned")
-            pinned = run(best.num_workers, True)
-            bar.done()
-            rows.append(pinned)
-            gain = relative_gain(best.samples_per_s, pinned.samples_per_s)
-            pin = gain >= min_gain
-            reasons.append(f"pin_workers {'recommended' if pin else 'not recommended'}: one CPU "
-                           f"per worker gave {pinned.samples_per_s:.0f} images/s against "
-                           f"{best.samples_per_s:.0f} unpinned ({gain:+.1%}; it must gain "
-                           f"{min_gain:+.0%}).")
-            if pin:
-                recommended = pinned
-        else:
-            reasons.append("pin_workers not tried: os.sched_setaffinity is not available here.")
-    finally:
-        bar.close()
-        if restore is not None:  # the dataset's own setting, as it was before the search
-            restore[0].set_read_options(*restore[1])
+    return run_measure
 
+
+def _result(search: Search, recommended: TuneRow, pin: bool, cache_dataset: Any) -> TuneResult:
+    """Step 5, and the result."""
+    host, reasons = search.host, search.reasons
     prefetch, why = recommend_prefetch_factor(recommended.data_wait_fraction)
     prefetch, why = prefetch_for_reads(recommended, prefetch, why)
     reasons.append(why + ".")
-    cache_dataset = dataset if dataset is not None else seen.get("dataset")
     needed, what = cache_bytes_needed(cache_dataset) if cache_dataset is not None else (
         None, "the dataset is unknown (pass dataset=)")
     loader_bytes = recommended.peak_memory_bytes - recommended.base_memory_bytes
-    cache_bytes, why = recommend_cache_bytes(needed, what, available_memory_bytes, loader_bytes)
+    cache_bytes, why = recommend_cache_bytes(needed, what, host.available_memory_bytes, loader_bytes)
     reasons.append(why + ".")
+    if host.local_ranks > 1:
+        n, w = recommended.num_workers, host.local_ranks
+        reasons.append(f"num_workers={n} is per rank, for {w} local ranks: {w} x {n} = {w * n} "
+                       f"workers and {w} main processes on the host's {host.cores} usable cores.")
     return TuneResult(
-        rows=tuple(rows),
+        rows=tuple(search.rows),
         recommended_num_workers=recommended.num_workers,
         recommended_pin_workers=pin,
         recommended_prefetch_factor=prefetch,
         recommended_cache_bytes=cache_bytes,
         reasons=tuple(reasons),
-        knee_num_workers=knee,
-        max_workers=max_workers,
-        min_gain=min_gain,
-        memory_fraction=memory_fraction,
-        available_memory_bytes=available_memory_bytes,
+        knee_num_workers=search.knee,
+        max_workers=host.max_workers,
+        min_gain=search.min_gain,
+        memory_fraction=host.memory_fraction,
+        available_memory_bytes=host.available_memory_bytes,
         dataset_cache_bytes=needed,
         recommended_read_concurrency=recommended.read_concurrency,
+        local_ranks=host.local_ranks,
     )
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker" if n == 1 else f"{n} workers"
-
-
-def _cores(n: int) -> str:
-    return f"{n} usable core" if n == 1 else f"{n} usable cores"
 
 
 def _dataset_factory(dataset: Any, batch_size: int, loader_kwargs: dict[str, Any]) -> LoaderFactory:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 
+from gpufeed._engine.ranks import fitting_workers
 from gpufeed.observe.evidence import Evidence
 from gpufeed.observe.memory import format_bytes
 from gpufeed.observe.tune_rules import reads_ahead
 
 # What a verdict can name (gpufeed.doctor.Report.bottleneck).
-BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute", "cache")
+BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute", "cache", "host")
 
 # Thresholds of the decision (fractions unless named otherwise).
 WAIT_OK = 0.10  # data wait below this share of the run: the loader keeps up
@@ -31,6 +32,9 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
     """(bottleneck, reasons, fix) from the evidence; pure, thresholds are module constants."""
     wait = ev.data_wait_fraction
     ms = 1e3
+    oversubscribed = _host(ev)
+    if oversubscribed is not None:
+        return oversubscribed
     if ev.steady_wait_fraction < WAIT_OK:
         return _compute(ev)
     reasons = [f"the step waited for data {wait:.0%} of the run "
@@ -102,6 +106,28 @@ def decide(ev: Evidence) -> tuple[str, list[str], str]:
     return "workers", reasons, (
         "keep workers across epochs (persistent_workers=True) and raise prefetch_factor; "
         f"the training process uses {ev.main_cpu:.0%} of a core")
+
+
+def _host(ev: Evidence) -> tuple[str, list[str], str] | None:
+    """"host" when several local ranks' workers and main processes exceed the usable cores and
+    this rank runs more workers than fit; else None."""
+    w = ev.local_ranks
+    fit = fitting_workers(ev.usable_cores, w)
+    if w < 2 or ev.host_workers + w <= ev.usable_cores or ev.num_workers <= fit:
+        return None
+    reasons = [f"{w} local ranks run {ev.host_workers} gpufeed workers and {w} main processes on "
+               f"{ev.usable_cores:g} usable cores: the host is oversubscribed "
+               f"({(ev.host_workers + w) / ev.usable_cores:.1f} processes per core)",
+               f"this rank runs num_workers={ev.num_workers}; " + _fit_text(fit, w, ev.usable_cores)]
+    return "host", reasons, (f"num_workers={fit} per rank for {w} local ranks (or fewer ranks "
+                             f"per host); `gpufeed tune` under torchrun measures it")
+
+
+def _fit_text(fit: int, ranks: int, cores: float) -> str:
+    if ranks * (fit + 1) <= cores:
+        return f"{fit} per rank fit ({ranks} x ({fit} + 1) <= {cores:g})"
+    return (f"even 1 per rank is more than the host holds ({ranks} x (1 + 1) > {cores:g}): 1 per "
+            "rank is the least")
 
 
 def _compute(ev: Evidence) -> tuple[str, list[str], str]:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.sources._index_cache import IndexCacheWarning
-from gpufeed.sources._tar_index import ShardIndex, index_shard
+from gpufeed.sources._tar_index import KEY_RULE, ShardIndex, index_shard
 from gpufeed.sources._tar_walk import Members, TarFormatError, local_reader, walk
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def build(shards: list[str], signatures: list[Signature], options: dict[str, Any
 def _meta(options: dict[str, Any]) -> dict[str, Any]:
     return {"format": CACHE_FORMAT, "version": VERSION,
             "image_extensions": list(options["image_extensions"]), "label": options["label"],
-            "on_error": options["on_error"]}
+            "on_error": options["on_error"], "key_rule": KEY_RULE}
 
 
 def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], ShardIndex]]:

@@ -2,9 +2,10 @@
 
 Grouping follows webdataset (``webdataset.tariterators.group_by_keys``): a member name
 ``DIR/KEY.EXT`` splits at the first dot of its last path component into the key ``DIR/KEY``
-and the extension ``EXT`` (lower-cased); consecutive members with the same key form one
-sample; names without a dot in their last component (or whose last component starts with
-one), and names starting with ``__...__`` (metadata), are passed over.
+and the extension ``EXT`` (lower-cased); a last component starting with a dot joins the key
+``DIR/`` (see :func:`split_name`); consecutive members with the same key form one sample;
+names without a dot in their last component, and names starting with ``__...__`` (metadata),
+are passed over.
 Unlike webdataset, a key seen again later in the same shard, or an extension twice in one
 sample, is an error (``"duplicate-key"``): webdataset would yield two samples, or stop.
 
@@ -89,14 +90,32 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
 
 
 def split_name(name: str) -> tuple[str, str] | None:
-    """(key, lower-cased extension) of a member name, or None for one webdataset passes over."""
+    """(key, lower-cased extension) of a member name, or None for one webdataset passes over.
+
+    webdataset's rule: the key is the name up to a split point (the start, or just after a
+    slash with no newline before it; the latest such point first), followed by at least one
+    character up to the first dot after it; the extension is everything after that dot, and
+    must hold no slash. So ``DIR/KEY.EXT`` -> (``DIR/KEY``, ``EXT``), and a last component
+    starting with a dot, ``DIR/.EXT``, belongs to the key ``DIR/`` when the component before it
+    has no dot (``.EXT`` alone, or ``A.B/.EXT``, is passed over).
+    """
     if name.startswith("__") and _META.match(name):
         return None
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    if dot <= slash:  # no dot in the last component, or it starts with one
-        return None
-    return name[:dot], name[dot + 1:].lower()
+    newline = name.find("\n")
+    end = len(name) if newline < 0 else newline
+    while True:
+        slash = name.rfind("/", 0, end)
+        start = slash + 1
+        dot = name.find(".", start)
+        if dot > start and "/" not in name[dot + 1:]:
+            return name[:dot], name[dot + 1:].lower()
+        if slash < 0:
+            return None
+        end = slash
+
+
+#: A name for the grouping rule above, kept in index caches: one built by another rule is redone.
+KEY_RULE = "webdataset-1.0"
 
 
 @dataclass

@@ -250,7 +250,8 @@ class TarShards(ImageSource):
             problem = "no valid tar header precedes it"
         elif parse_number(header[124:136]) not in (size, 0):
             problem = f"its header gives {parse_number(header[124:136])} bytes, the index {size}"
-        elif name.isascii() and len(name) <= 100 and header_name(header) != name:
+        elif name.isascii() and len(name) <= 100 and not _names_member(header_name(header),
+                                                                       self._keys[index], name):
             # (longer or non-ASCII names live in a GNU or pax record before this header)
             problem = f"its header names {header_name(header)!r}"
         if problem is not None:
@@ -265,6 +266,13 @@ class TarShards(ImageSource):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.shards)} shards, {len(self)} images, "
                 f"transform={self.transform!r})")
+
+
+def _names_member(found: str, key: str, member: str) -> bool:
+    """Whether a header's name ``found`` is the member ``KEY.EXT`` (``member``, its extension
+    lower-cased as the index keeps it): the key exactly, the extension in any case."""
+    return (len(found) == len(member) and found.startswith(key)
+            and found[len(key):].lower() == member[len(key):])
 
 
 def _check_options(label: Any, image_extensions: Any, on_error: Any, index_threads: Any,

@@ -21,10 +21,41 @@ def _run(cls) -> dict:
     return {"ok": True, "sums": sums}
 
 
+def _host_cache() -> dict:
+    """96 MB of rows in the host cache shared by two processes (a job key of their own)."""
+    import multiprocessing as mp
+    import uuid
+
+    import numpy as np
+
+    from gpufeed.cache._shared import SharedHostCache, fingerprint
+
+    job, digest = f"tiny-shm-{uuid.uuid4().hex}", fingerprint(["tiny shm"])
+    cache = SharedHostCache(job, 100 << 20, "100MiB")
+    space = cache.namespace(digest, 96)
+    for key in range(96):
+        space.put(key, np.full(1 << 20, key, np.uint8))
+
+    def read(queue) -> None:
+        other = SharedHostCache(job, 100 << 20, "100MiB")
+        rows = other.namespace(digest, 96).get_many(list(range(96)))
+        queue.put(sum(int(row[-1]) for row in rows if row is not None))
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=read, args=(queue,))
+    child.start()
+    total = queue.get(timeout=60)
+    child.join(30)
+    cache.close()
+    return {"sum": total, "bytes": cache.published_bytes}
+
+
 if __name__ == "__main__":
     st = os.statvfs("/dev/shm")
     print(json.dumps({
         "shm_bytes": st.f_blocks * st.f_frsize,
         "fastloader": _run(FastLoader),
         "dataloader": _run(DataLoader),
+        "host_cache": _host_cache(),
     }))

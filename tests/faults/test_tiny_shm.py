@@ -55,6 +55,8 @@ def test_batches_larger_than_a_64mb_dev_shm(side_by_side):
     assert result["shm_bytes"] == 64 * 1024 * 1024
     # 80 MB batches through a 64 MB /dev/shm: gpufeed's memfd arena is not bounded by it.
     assert result["fastloader"] == {"ok": True, "sums": [0 + 1, 2 + 3, 4 + 5]}
+    # the host cache shared by processes is a memfd too: 96 MB of rows, read by a second process
+    assert result["host_cache"] == {"sum": sum(range(96)), "bytes": 96 << 20}
     # torch's workers put each batch in /dev/shm and die of SIGBUS or fail to allocate.
     assert result["dataloader"]["ok"] is False
     assert "shared memory" in result["dataloader"]["error"] or "Bus error" in result["dataloader"]["error"]

@@ -1,6 +1,7 @@
 """TarShards through FastLoader: the image fast path gives ImageFolder's batches, resumes exactly
-across worker counts, splits evenly across ranks, skips samples of a changed shard, and reads
-shards over HTTP by ranged requests (sidecar index or one streaming pass)."""
+across worker counts and world sizes, splits evenly across ranks, skips samples of a changed
+shard and corrupt images, caches a second epoch, reads shards over HTTP by ranged requests
+(sidecar index or one streaming pass), and goes through ``gpufeed doctor`` and ``gpufeed tune``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop, TarShards
-from gpufeed.errors import ReadError
+from gpufeed import (
+    DistributedSampler,
+    FastLoader,
+    ImageFolder,
+    RandomResizedCrop,
+    ResizeCenterCrop,
+    TarShards,
+)
+from gpufeed.errors import DecodeError, ReadError
 from gpufeed.sources.tar_writer import write_shards
 from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer
@@ -137,3 +145,104 @@ def test_shards_over_http_by_ranged_reads(packed: tuple[Path, list[str]], tmp_pa
         assert server.requests == 0 and cached.targets == local.targets  # sizes by HEAD only
     assert not [t for t in threading.enumerate() if t.name == "test-http-server"]
     assert os.path.exists(shards[0] + ".idx")
+
+
+def samples_of(batches: list[Any]) -> list[tuple[torch.Tensor, int]]:
+    return [(x[i], int(y[i])) for x, y in batches for i in range(len(y))]
+
+
+def same_samples(a: list[tuple[torch.Tensor, int]], b: list[tuple[torch.Tensor, int]]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, p) and y == q for (x, y), (p, q) in zip(a, b))
+
+
+def test_resume_across_world_sizes_is_byte_identical(packed: tuple[Path, list[str]]) -> None:
+    """Two ranks stop after 2 batches each; one rank resumes from rank 0's state with another
+    worker count: its rest of the epoch is the uninterrupted one-rank run's, byte for byte."""
+    _, shards = packed
+    ds = TarShards(shards, transform=RandomResizedCrop(32, seed=3))
+
+    def loader(world: int, rank: int, workers: int) -> FastLoader:
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=9,
+                                     mode="eval")
+        out = FastLoader(ds, batch_size=2, sampler=sampler, num_workers=workers)
+        out.set_epoch(1)
+        return out
+
+    full = samples_of(list(loader(1, 0, 0)))
+    heads, states = [], []
+    for rank, workers in ((0, 0), (1, 2)):
+        head, state = interrupted(loader(2, rank, workers), 2)
+        heads.append(samples_of(head))
+        states.append(state)
+    assert states[0]["sampler"] == states[1]["sampler"]  # a position valid on any world size
+    assert same_samples(heads[0], full[0:8:2]) and same_samples(heads[1], full[1:8:2])
+    resumed = FastLoader(ds, batch_size=2, num_workers=2,
+                         sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True,
+                                                    seed=9, mode="eval"))
+    resumed.load_state_dict(states[0])
+    resumed.set_epoch(1)  # the state's epoch: keeps its position
+    assert same_samples(samples_of(list(resumed)), full[8:])
+
+
+def test_doctor_cli_on_a_glob_of_shards_gives_a_verdict(packed: tuple[Path, list[str]],
+                                                        tmp_path: Path, capsys: Any) -> None:
+    from gpufeed.cli import main
+
+    _, shards = packed
+    out = tmp_path / "doctor.json"
+    pattern = str(Path(shards[0]).parent / "*.tar")
+    assert main(["doctor", pattern, "--workers", "1", "--batch-size", "4", "--batches", "4",
+                 "--step-ms", "150", "--json", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"27 images in {pattern}" in printed and "bottleneck = compute" in printed
+    assert json.loads(out.read_text())["bottleneck"] == "compute"
+
+
+def test_tune_cli_on_a_brace_pattern_of_shards_recommends(packed: tuple[Path, list[str]],
+                                                          tmp_path: Path, capsys: Any) -> None:
+    from gpufeed.cli import main
+
+    _, shards = packed
+    first, last = Path(shards[0]), Path(shards[-1])
+    stem, lo = first.stem.rsplit("-", 1)
+    hi = last.stem.rsplit("-", 1)[1]
+    pattern = f"{first.parent}/{stem}-{{{lo}..{hi}}}.tar"  # shard-{000000..000005}.tar
+    out = tmp_path / "tune.json"
+    assert main(["tune", pattern, "--max-workers", "1", "--batch-size", "8", "--batches", "2",
+                 "--warmup", "1", "--json", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["recommended_num_workers"] == 1
+    assert "recommended: FastLoader(dataset, num_workers=1" in capsys.readouterr().out
+
+
+def test_a_cached_second_epoch_is_all_hits(packed: tuple[Path, list[str]]) -> None:
+    _, shards = packed
+    ds = TarShards(shards, transform=ResizeCenterCrop(24))
+    with FastLoader(ds, batch_size=6, num_workers=2, cache_bytes="16MB") as loader:
+        cold = [(x.clone(), y.clone()) for x, y in loader]
+        warm = [(x.clone(), y.clone()) for x, y in loader]
+        stats = loader.stats()
+    assert same(warm, cold)
+    assert stats["cache_hits"] == len(ds) and stats["cache_misses"] == len(ds)
+
+
+def test_a_corrupt_image_member_is_skipped_and_counted(packed: tuple[Path, list[str]],
+                                                       tmp_path: Path) -> None:
+    _, shards = packed
+    ds = TarShards(shards, transform=ResizeCenterCrop(24))
+    victim = ds.shard_of(5)
+    copies = []
+    for path in shards:
+        copies.append(str(tmp_path / Path(path).name))
+        Path(copies[-1]).write_bytes(Path(path).read_bytes())
+    with open(shards[victim], "rb") as f:  # sample 5's image data starts with the JPEG SOI
+        data = f.read()
+    offset = data.index(ds.read(5)[:64])
+    with open(copies[victim], "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(16))  # not an image any more; same size, same tar header
+    broken = TarShards(copies, transform=ResizeCenterCrop(24))
+    loader = FastLoader(broken, batch_size=6, num_workers=2, on_error="skip")
+    assert sum(len(y) for _, y in loader) == len(ds) - 1
+    assert loader.stats()["skipped"] == 1
+    with pytest.raises(DecodeError, match=Path(copies[victim]).name):
+        list(FastLoader(broken, batch_size=6, num_workers=0))

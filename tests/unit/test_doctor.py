@@ -167,12 +167,31 @@ def test_every_verdict_has_short_reasons_and_a_fix():
              (starving(num_workers=0), "workers"), (cpu_bound(h2d_s=9.0), "transfer"),
              (starving(read_s=9.0, worker_running=0.1, worker_blocked=0.9, state_samples=10),
               "read"),
-             (starving(parent_batches=90, parent_s=0.3), "cache")]
+             (starving(parent_batches=90, parent_s=0.3), "cache"),
+             (starving(num_workers=4, usable_cores=8.0, local_ranks=4, host_workers=16), "host")]
     for ev, expected in cases:
         bottleneck, reasons, fix = decide(ev)
         assert bottleneck == expected and reasons and fix
         assert all(len(r) < 160 for r in reasons)
     assert {expected for _, expected in cases} == set(BOTTLENECKS)
+
+
+def test_local_ranks_past_the_cores_are_an_oversubscribed_host_whatever_else_holds():
+    # 2 ranks x 4 workers + 2 main processes on 2 cores, even with a loader that keeps up
+    ev = starving(wait_s=0.1, num_workers=4, usable_cores=2.0, local_ranks=2, host_workers=8)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "host" and "8 gpufeed workers and 2 main processes on 2 usable cores" in reasons[0]
+    assert fix.startswith("num_workers=1 per rank for 2 local ranks")
+    # 8 ranks x 12 workers on 96 cores: 11 per rank fit
+    ev = starving(num_workers=12, usable_cores=96.0, local_ranks=8, host_workers=96)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "host" and "11 per rank fit (8 x (11 + 1) <= 96)" in reasons[1]
+    assert "host: 8 local ranks, 96 workers" in str(Report(bottleneck, ev, reasons, fix))
+    # at the per-rank count that fits (or the least, 1), or alone on the host: the usual rules
+    for fits in (replace(ev, num_workers=11, host_workers=88),
+                 starving(num_workers=1, usable_cores=2.0, local_ranks=2, host_workers=2),
+                 starving(wait_s=0.1, num_workers=8, usable_cores=2.0)):
+        assert decide(fits)[0] != "host"
 
 
 def test_report_prints_at_most_15_lines_and_dumps_json():
@@ -271,8 +290,20 @@ def test_evidence_carries_every_stage_of_the_loader_stats():
 
 
 def test_thread_states_reads_this_process():
-    state, in_d = thread_states(os.getpid())
-    assert state == "R" and in_d >= 0
+    release = threading.Event()
+    waiter = threading.Thread(target=release.wait, args=(30,))
+    waiter.start()
+    try:
+        state, in_d = thread_states(os.getpid())
+        threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    finally:
+        release.set()
+        waiter.join()
+    # the main thread runs (R), the waiter sleeps interruptibly (S): neither counts as D
+    assert state == "R" and 0 <= in_d <= threads - 2
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_pid = int(f.read()) + 1
+    assert thread_states(no_such_pid) == (None, 0)
     assert thread_states(2**22 + 12345) == (None, 0)
 
 

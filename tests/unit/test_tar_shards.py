@@ -229,3 +229,27 @@ def test_pickled_copy_reads_alike_and_opens_its_own_files(shards: list[Path]) ->
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._files is None and copy.targets == ds.targets
     assert bytes(copy.read(5)) == jpeg(11) and copy.describe(5) == ds.describe(5)
+
+
+def test_names_with_a_leading_dot_group_as_webdataset_groups_them(tmp_path: Path) -> None:
+    """A last path component starting with a dot belongs to the key of its directory when the
+    component before it has no dot; otherwise (or at the top level) it is passed over."""
+    wds = pytest.importorskip("webdataset", reason="webdataset is a dev dependency")
+    members = [("d/000001.jpg", jpeg(1)), ("d/000001.cls", b"1"),
+               ("e/.jpg", jpeg(2)), ("e/.cls", b"2"), ("e/.hidden.txt", b"x"),  # key "e/"
+               (".top.jpg", jpeg(3)), (".top.cls", b"3"),  # passed over
+               ("a.b/.jpg", jpeg(4)), ("a.b/.cls", b"4"),  # passed over
+               ("x.y/z//.JPG", jpeg(5)), ("x.y/z//.cls", b"5"),  # key "x.y/z//", ext jpg
+               ("d/000002.jpg", jpeg(6)), ("d/000002.cls", b"6")]
+    write_tar(tmp_path / "dots.tar", members)
+    theirs = [s for s in wds.WebDataset(str(tmp_path / "dots.tar"), shardshuffle=False)
+              if "jpg" in s and "cls" in s]
+    ours = TarShards(str(tmp_path / "dots.tar"))
+    assert [s["__key__"] for s in theirs] == ["d/000001", "e/", "x.y/z//", "d/000002"]
+    assert [ours.key(i) for i in range(len(ours))] == [s["__key__"] for s in theirs]
+    assert ours.targets == [int(s["cls"]) for s in theirs]
+    assert [bytes(ours.read(i)) for i in range(len(ours))] == [s["jpg"] for s in theirs]
+    for name, _ in members:
+        key, ext = wds.tariterators.base_plus_ext(name)
+        assert split_name(name) == (None if key is None else (key, ext.lower()))
+    assert split_name("e/.hidden.txt") == ("e/", "hidden.txt")

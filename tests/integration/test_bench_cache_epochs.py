@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result as run_result
+from tests._folders import ImageFolders
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bench-cache")
-    make_image_folder(root, num_classes=2, per_class=40, size=((40, 60), (40, 60)), seed=3)
-    return root
+    return ImageFolders(tmp_path_factory)(num_classes=2, per_class=40, size=((40, 60), (40, 60)), seed=3)
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
