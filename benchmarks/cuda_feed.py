@@ -708,7 +708,8 @@ def format_train_table(train: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option, its default told in its help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run every code path on CPU with tiny sizes; GPU figures replaced by labelled stand-ins")
@@ -735,6 +736,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=("resnet50", "small"), default=None, help="default resnet50 (dry run small)")
     p.add_argument("--json", metavar="OUT", help="also write every figure as JSON to OUT")
     p.add_argument("--require-goals", action="store_true", help="exit 1 when a goal that can be judged is not met")
+    return p
+
+
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
+    """Parse and fill the dry-run or GPU defaults; returns the arguments and the modes."""
+    p = _parser()
     args = p.parse_args(argv)
     dry = args.cpu_dry_run
     cores = int(describe_environment()["usable_cores"])  # type: ignore[call-overload]
@@ -752,7 +759,62 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown feed or mode: {unknown}")
     if args.warmup < 1:
         p.error("--warmup must be >= 1")
+    return args, modes
 
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _environment(args: argparse.Namespace, device: torch.device, clock: StepTimer) -> dict[str, Any]:
+    """Describe the machine (and GPU) and log the run's header lines."""
+    env = describe_environment(num_workers=args.workers)
+    cores = env["usable_cores"]
+    if clock.on_gpu:
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version())
+        _log(f"cuda_feed: {props.name}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+             f"{cores} usable cores, decode {env['decode_backend']}")
+    else:
+        _log(f"cuda_feed: CPU DRY RUN ({STAND_IN}s replace CUDA events, GPU profiler records and H2D "
+             f"bandwidth; no figure below is a GPU figure and no goal is judged)")
+    _log(f"batch {args.batch_size}, num_workers={args.workers}, prefetch_factor={args.prefetch_factor}, "
+         f"feeds {','.join(args.feeds)}, timings from {clock.source}")
+    return env
+
+
+def _report(train: dict[str, Any] | None, feed: dict[str, Any] | None, goals: list[tuple[str, bool | None, str]],
+            errors: dict[str, Any], mismatch: list[str], on_gpu: bool, started: float) -> bool:
+    """Log the tables, failures and goals; returns whether every feed ran and agreed."""
+    tag = "" if on_gpu else f" [every figure: {STAND_IN}]"
+    _log("")
+    if train is not None and train["feeds"]:
+        _log(f"train ({train['model']}; compute only {train['compute_only_step_ms']:.2f} ms/step){tag}:")
+        _log(format_train_table(train))
+    if feed is not None and feed["feeds"]:
+        cells = ", ".join(f"{n} {r['batches_per_s']:.1f}" for n, r in feed["feeds"].items())
+        pinned = feed["pinned"]
+        ref = "n/a" if pinned is None else f"{pinned['gbps']:.1f} GB/s ({pinned['source']})"
+        _log(f"feed only (batches/s): {cells}; pinned reference {ref}{tag}")
+    for what, error in errors.items():
+        _log(f"FAILED {what}: {error}")
+    if mismatch:
+        _log("BATCH MISMATCH between feeds: " + "; ".join(mismatch))
+    for goal, met, evidence in goals:
+        _log(f"goal {goal}: {'met' if met else 'NOT met' if met is False else 'not judged'} ({evidence})")
+    if not on_gpu:
+        _log("goals: not judged on a CPU dry run")
+    ok = not errors and not mismatch
+    _log(f"cuda_feed: {'done' if ok else 'FAILED'} in {time.perf_counter() - started:.1f} s"
+         + ("" if not goals else f"; goals met {sum(m is True for _, m, _ in goals)}/{len(goals)}, "
+            f"not met {sum(m is False for _, m, _ in goals)}, not judged {sum(m is None for _, m, _ in goals)}"))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, modes = _parse_args(argv)
+    dry = args.cpu_dry_run
     if dry:
         device = torch.device("cpu")
     elif torch.cuda.is_available():
@@ -764,71 +826,34 @@ def main(argv: list[str] | None = None) -> int:
     clock = StepTimer(device)
     setup = Setup(device, args.batch_size, args.workers, args.prefetch_factor, args.cache_bytes)
     started = time.perf_counter()
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    env = describe_environment(num_workers=args.workers)
-    if clock.on_gpu:
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
-                   cudnn=torch.backends.cudnn.version())
-        log(f"cuda_feed: {props.name}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
-            f"{cores} usable cores, decode {env['decode_backend']}")
-    else:
-        log(f"cuda_feed: CPU DRY RUN ({STAND_IN}s replace CUDA events, GPU profiler records and H2D "
-            f"bandwidth; no figure below is a GPU figure and no goal is judged)")
-    log(f"batch {args.batch_size}, num_workers={args.workers}, prefetch_factor={args.prefetch_factor}, "
-        f"feeds {','.join(args.feeds)}, timings from {clock.source}")
+    env = _environment(args, device, clock)
 
     train = feed = None
     if "train" in modes:
-        log(f"train mode: {args.rounds} round(s) x {args.warmup} warm-up + {args.steps} timed + "
-            f"{args.profile_steps} profiled steps per feed")
-        train = train_mode(args, setup, clock, log)
+        _log(f"train mode: {args.rounds} round(s) x {args.warmup} warm-up + {args.steps} timed + "
+             f"{args.profile_steps} profiled steps per feed")
+        train = train_mode(args, setup, clock, _log)
     if "feed" in modes:
-        log(f"feed mode: synthetic 3x{args.image_size}x{args.image_size} uint8, {args.feed_batches} batches per feed")
-        feed = feed_mode(args, setup, clock, log)
+        _log(f"feed mode: synthetic 3x{args.image_size}x{args.image_size} uint8, {args.feed_batches} batches per feed")
+        feed = feed_mode(args, setup, clock, _log)
 
     goals = judge(train, feed) if clock.on_gpu else []
     errors = {**{f"train {k}": v for k, v in (train or {}).get("errors", {}).items()},
               **{f"feed {k}": v for k, v in (feed or {}).get("errors", {}).items()}}
     mismatch = (train or {}).get("batch_mismatch", [])
-    tag = "" if clock.on_gpu else f" [every figure: {STAND_IN}]"
-    log("")
-    if train is not None and train["feeds"]:
-        log(f"train ({train['model']}; compute only {train['compute_only_step_ms']:.2f} ms/step){tag}:")
-        log(format_train_table(train))
-    if feed is not None and feed["feeds"]:
-        cells = ", ".join(f"{n} {r['batches_per_s']:.1f}" for n, r in feed["feeds"].items())
-        pinned = feed["pinned"]
-        ref = "n/a" if pinned is None else f"{pinned['gbps']:.1f} GB/s ({pinned['source']})"
-        log(f"feed only (batches/s): {cells}; pinned reference {ref}{tag}")
-    for what, error in errors.items():
-        log(f"FAILED {what}: {error}")
-    if mismatch:
-        log("BATCH MISMATCH between feeds: " + "; ".join(mismatch))
-    for goal, met, evidence in goals:
-        log(f"goal {goal}: {'met' if met else 'NOT met' if met is False else 'not judged'} ({evidence})")
-    if not clock.on_gpu:
-        log("goals: not judged on a CPU dry run")
-    ok = not errors and not mismatch
-    log(f"cuda_feed: {'done' if ok else 'FAILED'} in {time.perf_counter() - started:.1f} s"
-        + ("" if not goals else f"; goals met {sum(m is True for _, m, _ in goals)}/{len(goals)}, "
-           f"not met {sum(m is False for _, m, _ in goals)}, not judged {sum(m is None for _, m, _ in goals)}"))
+    ok = _report(train, feed, goals, errors, mismatch, clock.on_gpu, started)
     if args.json:
         payload = {"benchmark": "cuda_feed", "dry_run": dry, "timing_source": clock.source, "ok": ok,
                    "args": vars(args), "environment": env, "train": train, "feed": feed, "errors": errors,
                    "goals": [{"goal": g, "met": m, "evidence": e} for g, m, e in goals]}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2, default=str)
-        log(f"wrote {args.json}")
+        _log(f"wrote {args.json}")
     if not ok:
         return 1
     if args.require_goals and any(m is False for _, m, _ in goals):
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -345,7 +345,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option and its default."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("root", nargs="?", help="image folder (ROOT/CLASS/IMAGE); default: the demo folder")
@@ -361,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated substrings: run the cases whose "
                         "name contains one (their uncached baselines are added)")
     parser.add_argument("--json", help="write the result here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.workers < 1:
         parser.error("--rounds and --workers must be >= 1")

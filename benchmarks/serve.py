@@ -508,13 +508,8 @@ def calibrate(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argpars
                        duration_s=args.calibrate_s).achieved_qps
 
 
-def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    slo_ms = slo_of(args, spec)
-    slo_s = slo_ms / 1000.0
-    pipe = Pipeline(spec, args.torch_device)
-    if pipe.cuda:  # CUDA context, cuDNN/cuBLAS handles, kernels of the batch sizes at the ends
-        serve_device.warm_up(pipe.run, pipe.preprocess(jpegs[0]), [1, args.max_batch_size or spec.max_batch_size])
-    capacity = args.capacity = args.batch1_capacity or calibrate(pipe, spec, jpegs, args)
+def _print_header(spec: ModelSpec, args: argparse.Namespace, slo_ms: float, capacity: float) -> None:
+    """The model's heading line and the sweep table's column names."""
     mcb = args.max_concurrent_batches or spec.max_concurrent_batches
     how = "given" if args.batch1_capacity else "measured"
     print(f"\n== {spec.name} ({spec.size}x{spec.size}), SLO p99 < {slo_ms:g} ms; batch-1 capacity ({how}) "
@@ -529,44 +524,60 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
     print(f"{'offered/s':>9} {'mode':<8} {'offered':>7} {'answered':>8} {'refused':>7} {'QPS':>7} "
           f"{'p50 ms':>8} {'p99 ms':>8} {'batch':>6}  ok  {'ours':>4} {'host':>4}  (CPU cores busy: this process tree, "
           f"the whole host of {os.cpu_count()})")
-    rows: list[Result] = []
-    modes = args.modes
-    deadline = args.started + args.budget_s if args.budget_s else math.inf
-    point_s = args.duration + drain_s(args, slo_s) + 2.0  # arrivals, the longest drain, set-up and close
-    misses = dict.fromkeys(modes, 0)  # unsustained rates in a row, per mode
-    stopped: dict[str, float] = {}  # mode -> the first rate it was not offered (--stop-after-fails)
-    skipped: list[str] = []  # points left out for --budget-s
-    errors: dict[str, str] = {}  # mode -> the error that ended it (the other modes go on: one device run)
+
+
+@dataclass
+class _Sweep:
+    """The open-loop sweep's points and what left points out."""
+
+    rows: list[Result] = field(default_factory=list)
+    stopped: dict[str, float] = field(default_factory=dict)  # mode -> the first rate not offered (--stop-after-fails)
+    skipped: list[str] = field(default_factory=list)  # points left out for --budget-s
+    errors: dict[str, str] = field(default_factory=dict)  # mode -> the error that ended it (the other modes go on)
+
+
+def _sweep(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace, capacity: float,
+           slo_s: float, deadline: float, point_s: float) -> _Sweep:
+    """Offer every rate of ``--rates`` to each mode in turn (same rate and arrival seed) and print each point."""
+    sweep = _Sweep()
+    misses = dict.fromkeys(args.modes, 0)  # unsustained rates in a row, per mode
     for i, mult in enumerate(args.rates):
         rate = mult * capacity
-        for mode in modes:  # alternate, same rate and arrival seed
-            if mode in errors:
+        for mode in args.modes:  # alternate, same rate and arrival seed
+            if mode in sweep.errors:
                 continue
             if args.stop_after_fails and misses[mode] >= args.stop_after_fails:
-                stopped.setdefault(mode, rate)
+                sweep.stopped.setdefault(mode, rate)
                 continue
             if time.perf_counter() + point_s > deadline:
-                skipped.append(f"{mode} at {rate:.1f}/s")
+                sweep.skipped.append(f"{mode} at {rate:.1f}/s")
                 continue
             try:
                 r = run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=i)
             except Exception as exc:  # noqa: BLE001 - reported, and the run's exit status says so
-                errors[mode] = f"{type(exc).__name__}: {exc}"
-                print(f"{rate:9.1f} {mode:<8} FAILED, no more points for {mode}: {errors[mode]}")
+                sweep.errors[mode] = f"{type(exc).__name__}: {exc}"
+                print(f"{rate:9.1f} {mode:<8} FAILED, no more points for {mode}: {sweep.errors[mode]}")
                 continue
             misses[mode] = 0 if r.sustained else misses[mode] + 1
-            rows.append(r)
+            sweep.rows.append(r)
             print(f"{rate:9.1f} {r.mode:<8} {r.offered:7d} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} "
                   f"{r.p50_ms:8.1f} {r.p99_ms:8.1f} {r.mean_batch:6.2f}  {'yes' if r.sustained else 'no ':<3} "
                   f"{r.our_cores:4.2f} {r.host_cores:4.2f}")
             sys.stdout.flush()
-
-    for mode, rate in stopped.items():
+    for mode, rate in sweep.stopped.items():
         print(f"{spec.name}: {mode} stopped after {args.stop_after_fails} unsustained rates in a row "
               f"(not offered {rate:.1f}/s and above; --stop-after-fails)")
-    if skipped:
-        print(f"{spec.name}: budget: {len(skipped)} point(s) skipped to end within --budget-s {args.budget_s:g}: "
-              + ", ".join(skipped))
+    if sweep.skipped:
+        print(f"{spec.name}: budget: {len(sweep.skipped)} point(s) skipped to end within --budget-s "
+              f"{args.budget_s:g}: " + ", ".join(sweep.skipped))
+    return sweep
+
+
+def _headline(spec: ModelSpec, args: argparse.Namespace, sweep: _Sweep,
+              capacity: float) -> tuple[dict[str, float], dict[str, Any], dict[str, float]]:
+    """Each mode's highest sustained rate over batch-1's, the best such ratio (the headline) and each
+    mode's most answers/s at any rate; printed. Returns (sustained, headline, peak)."""
+    rows, modes = sweep.rows, args.modes
 
     def best(mode: str) -> float:
         return max((r.offered_qps for r in rows if r.mode == mode and r.sustained), default=0.0)
@@ -592,7 +603,7 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
         if b1 and not ratio <= headline["ratio"]:  # the first real ratio, or a higher one
             headline.update(mode=mode, ratio=ratio, lower_bound=top,
                             met=None if goal is None else bool(ratio >= goal))
-    for mode, error in errors.items():
+    for mode, error in sweep.errors.items():
         print(f"{spec.name}: {mode} FAILED: {error}")
     # A second figure that needs no sustained batch-1 rate: the most answers per second any point got
     peak = {mode: max((r.achieved_qps for r in rows if r.mode == mode), default=0.0) for mode in modes}
@@ -604,59 +615,90 @@ def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -
               f"batch-1's QPS at the SLO" + ("" if goal is None else
                                               f" (goal >= {goal}x: {'met' if headline['met'] else 'NOT met'})")
               + (", a lower bound" if headline["lower_bound"] else ""))
-    if args.overload and errors:
-        print(f"{spec.name}: the 1.5x overload point skipped: {', '.join(errors)} failed")
-    elif args.overload and time.perf_counter() + len(modes) * point_s > deadline:
+    return sustained, headline, peak
+
+
+def _overload(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace, rate: float,
+              slo_ms: float) -> list[Result]:
+    """Every mode at ``rate`` (1.5x batch-1's capacity): p99 against the SLO, printed."""
+    by = {mode: run_open(mode, pipe, spec, jpegs, rate, args, slo_ms / 1000.0, seed=99) for mode in args.modes}
+    for mode, r in by.items():
+        ok = r.p99_ms < slo_ms
+        print(f"{spec.name}: at 1.5x batch-1's capacity ({rate:.1f}/s): {mode:<8} p99 {r.p99_ms:.0f} ms, "
+              f"QPS {r.achieved_qps:.0f}, answered {r.answered}/{r.offered}, refused {r.refused}"
+              + ("" if mode == "batch-1" else f" (goal p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})"))
+    return list(by.values())
+
+
+def _closed_loop_rounds(pipe: Pipeline, spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace,
+                        deadline: float) -> list[Result]:
+    """``--rounds`` rounds of ``--clients`` closed-loop clients, the modes alternating in each; printed
+    with each run's ratios to the same round's batch-1 run and the medians over the rounds."""
+    modes = args.modes
+    clients: list[Result] = []
+    print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s per mode and round, "
+          f"{args.rounds} rounds alternating the modes (each client sends a JPEG, waits for its answer, "
+          "sends the next); x: ratio to the batch-1 run of the same round")
+    print(f"{'round':>5} {'mode':<8} {'answered':>8} {'refused':>7} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'batch':>6} {'CPU ms/req':>10}  QPS x  p99 x  CPU x")
+    for k in range(args.rounds):
+        if time.perf_counter() + len(modes) * (args.duration + 2.0) > deadline:
+            print(f"budget: closed-loop round {k} and later skipped (--budget-s {args.budget_s:g})")
+            break
+        base: Result | None = None
+        for mode in modes:
+            r = closed_loop(mode, pipe, spec, jpegs, args)
+            clients.append(r)
+            if mode == "batch-1":
+                base = r
+            x = _ratios(r, base)
+            print(f"{k:5d} {r.mode:<8} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} {r.p50_ms:8.1f} "
+                  f"{r.p99_ms:8.1f} {r.mean_batch:6.2f} {r.cpu_ms_per_request:10.2f}  "
+                  f"{x[0]:5.2f}  {x[1]:5.2f}  {x[2]:5.2f}")
+            sys.stdout.flush()
+    for mode in modes[1:] if modes[0] == "batch-1" else []:
+        per_round = [_ratios(r, b) for r, b in zip([c for c in clients if c.mode == mode],
+                                                   [c for c in clients if c.mode == "batch-1"])]
+        if not per_round:
+            continue
+        med = [float(np.median([x[i] for x in per_round])) for i in range(3)]
+        print(f"{spec.name}: closed loop, {mode} / batch-1, median of {len(per_round)} rounds: QPS {med[0]:.2f}x, "
+              f"p99 {med[1]:.2f}x, CPU per request {med[2]:.2f}x")
+    return clients
+
+
+def _plain(rows: list[Result]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in rows]
+
+
+def bench_model(spec: ModelSpec, jpegs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
+    slo_ms = slo_of(args, spec)
+    slo_s = slo_ms / 1000.0
+    pipe = Pipeline(spec, args.torch_device)
+    if pipe.cuda:  # CUDA context, cuDNN/cuBLAS handles, kernels of the batch sizes at the ends
+        serve_device.warm_up(pipe.run, pipe.preprocess(jpegs[0]), [1, args.max_batch_size or spec.max_batch_size])
+    capacity = args.capacity = args.batch1_capacity or calibrate(pipe, spec, jpegs, args)
+    _print_header(spec, args, slo_ms, capacity)
+    deadline = args.started + args.budget_s if args.budget_s else math.inf
+    point_s = args.duration + drain_s(args, slo_s) + 2.0  # arrivals, the longest drain, set-up and close
+    sweep = _sweep(pipe, spec, jpegs, args, capacity, slo_s, deadline, point_s)
+    sustained, headline, peak = _headline(spec, args, sweep, capacity)
+    if args.overload and sweep.errors:
+        print(f"{spec.name}: the 1.5x overload point skipped: {', '.join(sweep.errors)} failed")
+    elif args.overload and time.perf_counter() + len(args.modes) * point_s > deadline:
         print(f"{spec.name}: budget: the 1.5x overload point skipped (--budget-s {args.budget_s:g})")
     elif args.overload:  # overload: 1.5x batch-1's capacity (measured, or its best sustained rate if higher)
-        rate = 1.5 * max(capacity, b1)
-        by = {mode: run_open(mode, pipe, spec, jpegs, rate, args, slo_s, seed=99) for mode in modes}
-        rows += by.values()
-        for mode, r in by.items():
-            ok = r.p99_ms < slo_ms
-            print(f"{spec.name}: at 1.5x batch-1's capacity ({rate:.1f}/s): {mode:<8} p99 {r.p99_ms:.0f} ms, "
-                  f"QPS {r.achieved_qps:.0f}, answered {r.answered}/{r.offered}, refused {r.refused}"
-                  + ("" if mode == "batch-1" else f" (goal p99 < {slo_ms:g} ms: {'met' if ok else 'NOT met'})"))
-    clients: list[Result] = []
-    if args.clients and not errors:
-        print(f"{spec.name}: {args.clients} closed-loop clients, {args.duration:g} s per mode and round, "
-              f"{args.rounds} rounds alternating the modes (each client sends a JPEG, waits for its answer, "
-              "sends the next); x: ratio to the batch-1 run of the same round")
-        print(f"{'round':>5} {'mode':<8} {'answered':>8} {'refused':>7} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'batch':>6} {'CPU ms/req':>10}  QPS x  p99 x  CPU x")
-        for k in range(args.rounds):
-            if time.perf_counter() + len(modes) * (args.duration + 2.0) > deadline:
-                print(f"budget: closed-loop round {k} and later skipped (--budget-s {args.budget_s:g})")
-                break
-            base: Result | None = None
-            for mode in modes:
-                r = closed_loop(mode, pipe, spec, jpegs, args)
-                clients.append(r)
-                if mode == "batch-1":
-                    base = r
-                x = _ratios(r, base)
-                print(f"{k:5d} {r.mode:<8} {r.answered:8d} {r.refused:7d} {r.achieved_qps:7.1f} {r.p50_ms:8.1f} "
-                      f"{r.p99_ms:8.1f} {r.mean_batch:6.2f} {r.cpu_ms_per_request:10.2f}  "
-                      f"{x[0]:5.2f}  {x[1]:5.2f}  {x[2]:5.2f}")
-                sys.stdout.flush()
-        for mode in modes[1:] if modes[0] == "batch-1" else []:
-            per_round = [_ratios(r, b) for r, b in zip([c for c in clients if c.mode == mode],
-                                                       [c for c in clients if c.mode == "batch-1"])]
-            if not per_round:
-                continue
-            med = [float(np.median([x[i] for x in per_round])) for i in range(3)]
-            print(f"{spec.name}: closed loop, {mode} / batch-1, median of {len(per_round)} rounds: QPS {med[0]:.2f}x, "
-                  f"p99 {med[1]:.2f}x, CPU per request {med[2]:.2f}x")
+        sweep.rows += _overload(pipe, spec, jpegs, args, 1.5 * max(capacity, sustained["batch-1"]), slo_ms)
+    clients = _closed_loop_rounds(pipe, spec, jpegs, args, deadline) if args.clients and not sweep.errors else []
     return {
         "model": spec.name, "device": str(args.torch_device), "slo_ms": slo_ms, "capacity_estimate": capacity,
-        "headline": headline, "peak_qps": peak, "stopped": stopped, "skipped": skipped, "errors": errors,
-        "rows": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in rows],
-        "sustained": sustained,
-        "clients": [{k: v for k, v in asdict(r).items() if k != "latencies_s"} for r in clients],
+        "headline": headline, "peak_qps": peak, "stopped": sweep.stopped, "skipped": sweep.skipped,
+        "errors": sweep.errors, "rows": _plain(sweep.rows), "sustained": sustained, "clients": _plain(clients),
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option, its default (CPU and cuda) told in its help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu",
                    help="cpu, or cuda[:N]: the model (and ImageBatcher's batches) on that GPU; its defaults "
@@ -714,7 +756,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="closed-loop rounds (the modes alternate in each)")
     p.add_argument("--no-overload", dest="overload", action="store_false", help="skip the 1.5x overload point")
     p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     args.started = time.perf_counter()
     problem = serve_device.resolve(args)
     if problem:

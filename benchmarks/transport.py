@@ -56,7 +56,8 @@ def check_batches(name: str, factory: Callable[[], Iterable[Any]], batch_size: i
         del it, loader
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option and its default."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=150, help="batches per round (default 150)")
     p.add_argument("--rounds", type=int, default=5, help="counted rounds per loader (default 5)")
@@ -74,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument("--candidate", default="gpufeed:FastLoader", help="loader under test, module:Name")
     p.add_argument("--baseline", default="torch.utils.data:DataLoader", help="reference loader, module:Name")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     try:
         candidate_cls = load_class(args.candidate)
