@@ -21,7 +21,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufeed import __version__
 from gpufeed.cli import bench as cli_bench
@@ -32,6 +32,10 @@ from gpufeed.decode import backends
 from gpufeed.errors import GpufeedError
 from gpufeed.sources import pack
 
+if TYPE_CHECKING:
+    from gpufeed.sources._pack import PackResult
+    from gpufeed.sources.tar_writer import TarPackResult
+
 Command = Callable[[argparse.Namespace], int]
 
 #: What the image check costs a pack, as measured by benchmarks/pack_verify.py (its docstring).
@@ -39,43 +43,42 @@ VERIFY_COST = ("packs about 2.5x faster: the check adds ~0.4 ms of CPU per ~400x
                "the rest of such a pack (measured on 2 cores: benchmarks/pack_verify.py)")
 
 
-def _pack(args: argparse.Namespace) -> int:
-    if args.format == "tar":
-        return _pack_tar(args)
-    result = pack(args.src, args.dst, max_side=args.max_side, quality=args.quality,
-                  progress=not args.no_progress, workers=args.workers,
-                  verify=not args.no_verify, on_error=args.on_error)
-    resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
+def _pack_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``pack`` and ``write_shards`` share, from the command line."""
+    return dict(max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+                workers=args.workers, verify=not args.no_verify, on_error=args.on_error)
+
+
+def _write_packed(result: PackResult | TarPackResult, into: str, resumed: str, skipped_where: str = "") -> None:
+    """Report a pack's result (an LMDB's or tar shards'): counts, sizes, time, the files skipped."""
     checked = "" if result.verified else ", not checked: --no-verify"
-    write(f"packed {result.count} images in {len(result.classes)} classes into {result.path} "
+    write(f"packed {result.count} images {into} "
           f"({result.bytes_read / 1e6:.1f} MB -> {result.bytes_written / 1e6:.1f} MB, "
           f"{result.reencoded} re-encoded, {result.seconds:.1f} s{resumed}{checked})")
     if result.skipped:
         n = len(result.skipped)
         shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
         write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
-              f"(--on-error skip): {shown}; the LMDB's metadata lists them all (\"skipped\")")
+              f"(--on-error skip): {shown}{skipped_where}")
+
+
+def _pack(args: argparse.Namespace) -> int:
+    if args.format == "tar":
+        return _pack_tar(args)
+    result = pack(args.src, args.dst, **_pack_options(args))
+    resumed = f", resumed at sample {result.resumed_from}" if result.resumed_from else ""
+    _write_packed(result, f"in {len(result.classes)} classes into {result.path}", resumed,
+                  "; the LMDB's metadata lists them all (\"skipped\")")
     return 0
 
 
 def _pack_tar(args: argparse.Namespace) -> int:
     from gpufeed.sources.tar_writer import write_shards
 
-    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20,
-                          max_side=args.max_side, quality=args.quality,
-                          progress=not args.no_progress, workers=args.workers,
-                          verify=not args.no_verify, on_error=args.on_error)
+    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20, **_pack_options(args))
     resumed = (f", resumed after {result.resumed_from_shard} shards"
                if result.resumed_from_shard else "")
-    checked = "" if result.verified else ", not checked: --no-verify"
-    write(f"packed {result.count} images into {len(result.shards)} tar shards in {args.dst} "
-          f"({result.bytes_read / 1e6:.1f} MB -> {result.bytes_written / 1e6:.1f} MB, "
-          f"{result.reencoded} re-encoded, {result.seconds:.1f} s{resumed}{checked})")
-    if result.skipped:
-        n = len(result.skipped)
-        shown = ", ".join(result.skipped[:5]) + (", ..." if n > 5 else "")
-        write(f"skipped {n} {'file that does' if n == 1 else 'files that do'} not decode "
-              f"(--on-error skip): {shown}")
+    _write_packed(result, f"into {len(result.shards)} tar shards in {args.dst}", resumed)
     return 0
 
 
