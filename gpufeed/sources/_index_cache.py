@@ -45,19 +45,17 @@ reader sees the old file or the new one, never half of one. A file that is not a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 import time
 import warnings
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpufeed.sources._base import describe_callable
+from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
 from gpufeed.sources._paths import PathTable, labels_array
 from gpufeed.sources._scan import (
     DEFAULT_SCAN_THREADS,
@@ -136,13 +134,7 @@ def _load(path: str, meta: dict[str, Any], root: str) -> tuple[PathTable, Shared
     if not os.path.exists(path):
         return None
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        found = json.loads(arrays["meta"].tobytes().decode("utf-8"))
-        if not isinstance(found, dict) or found.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} file")
-        if found.get("version") != VERSION:
-            raise ValueError(f"version {found.get('version')!r}, this gpufeed reads {VERSION}")
+        arrays, found = read_npz(path, FORMAT, VERSION)
         written_ns = found.pop("written_ns", None)
         if found != meta:
             changed = sorted(k for k in meta if found.get(k) != meta[k])
@@ -160,7 +152,7 @@ def _load(path: str, meta: dict[str, Any], root: str) -> tuple[PathTable, Shared
         labels = arrays["labels"]
         if labels.dtype != np.int64 or labels.shape != (len(table),):
             raise ValueError(f"labels {labels.dtype}{labels.shape} for {len(table)} paths")
-    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
+    except READ_ERRORS as exc:
         warnings.warn(f"index cache {path!r} is not a valid {FORMAT} v{VERSION} file "
                       f"({type(exc).__name__}: {str(exc)[:200]}); ignoring it, rescanning and "
                       f"rewriting it", IndexCacheWarning, stacklevel=4)
@@ -201,29 +193,8 @@ def _directories_unchanged(root: str, dirs: PathTable, mtimes: np.ndarray, diges
 
 
 def _save(path: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Write the index atomically (temporary file beside ``path``, then ``os.replace``); a
-    failure is logged, not raised: the dataset works without its cache."""
-    directory = os.path.dirname(os.path.abspath(path))
-    written = {**meta, "written_ns": time.time_ns()}
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
-        with os.fdopen(fd, "wb") as f:
-            out = {k: np.asarray(v) for k, v in arrays.items()}
-            out["meta"] = np.frombuffer(json.dumps(written).encode("utf-8"), np.uint8)
-            savez: Any = np.savez  # (its keyword allow_pickle confuses a ** argument's type)
-            savez(f, **out)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        logger.warning("could not write the index cache %s (%s); the next run scans again",
-                       path, exc)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    """Write the index atomically; a failure is logged, not raised: the dataset works without
+    its cache."""
+    out = {k: np.asarray(v) for k, v in arrays.items()}
+    out["meta"] = meta_array({**meta, "written_ns": time.time_ns()})
+    write_npz(path, out, "the index cache", "; the next run scans again")

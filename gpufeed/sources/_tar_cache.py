@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -33,10 +32,13 @@ from typing import Any
 import numpy as np
 
 from gpufeed.sources._index_cache import IndexCacheWarning
+from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
 from gpufeed.sources._tar_index import KEY_RULE, ShardIndex, index_shard
 from gpufeed.sources._tar_walk import Members, TarFormatError, local_reader, walk
 
 logger = logging.getLogger(__name__)
+
+_LOAD_ERRORS: tuple[type[Exception], ...] = (*READ_ERRORS, TypeError)  # a cache of other shapes
 
 CACHE_FORMAT = "gpufeed-tar-index"
 SIDECAR_FORMAT = "gpufeed-tar-members"
@@ -116,13 +118,7 @@ def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], Shar
     if not os.path.exists(path):
         return {}
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
-        if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"not a {CACHE_FORMAT} file")
-        if meta.get("version") != VERSION:
-            raise ValueError(f"version {meta.get('version')!r}, this gpufeed reads {VERSION}")
+        arrays, meta = read_npz(path, CACHE_FORMAT, VERSION)
         shards = meta.pop("shards")
         if meta != _meta(options):
             logger.info("tar index cache %s was built with other options: indexing again", path)
@@ -143,8 +139,7 @@ def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], Shar
                 arrays["labels"][start:end], dict(s["skipped"])))
             start = end
         return out
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError,
-            zipfile.BadZipFile) as exc:
+    except _LOAD_ERRORS as exc:
         warnings.warn(f"tar index cache {path!r} is not a valid {CACHE_FORMAT} v{VERSION} file "
                       f"({type(exc).__name__}: {str(exc)[:200]}); ignoring it, indexing again "
                       f"and rewriting it", IndexCacheWarning, stacklevel=5)
@@ -165,7 +160,7 @@ def _save(path: str, options: dict[str, Any], shards: list[str], signatures: lis
     meta["shards"] = [{"url": s, "signature": list(sig), "count": len(ix), "skipped": ix.skipped}
                       for s, sig, ix in zip(shards, signatures, indexes)]
     blob, offsets = key_table(indexes)
-    arrays = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8),
+    arrays = {"meta": meta_array(meta),
               "keys": blob, "key_offsets": offsets,
               "offsets": _cat([ix.offsets for ix in indexes], np.int64),
               "sizes": _cat([ix.sizes for ix in indexes], np.int64),
@@ -176,30 +171,6 @@ def _save(path: str, options: dict[str, Any], shards: list[str], signatures: lis
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
-
-
-def write_npz(path: str, arrays: dict[str, np.ndarray], what: str) -> None:
-    """Write ``arrays`` to ``path`` atomically; a failure is logged, not raised."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
-        with os.fdopen(fd, "wb") as f:
-            savez: Any = np.savez
-            savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        logger.warning("could not write %s %s (%s)", what, path, exc)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 # -- sidecars ------------------------------------------------------------------------------
@@ -218,7 +189,7 @@ def sidecar_arrays(members: Members, shard_bytes: int) -> dict[str, np.ndarray]:
             pos += len(data)
     meta = {"format": SIDECAR_FORMAT, "version": VERSION, "shard_bytes": int(shard_bytes)}
     offsets, sizes = members.as_arrays()
-    return {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+    return {"meta": meta_array(meta),
             "names": np.frombuffer(b"".join(names), np.uint8), "name_offsets": name_offsets,
             "offsets": offsets, "sizes": sizes,
             "small": np.frombuffer(b"".join(parts), np.uint8), "small_offsets": small_offsets}

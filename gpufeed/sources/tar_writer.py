@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import DecodeError, add_note, check_int, shorten
-from gpufeed.sources._tar_cache import SIDECAR_SUFFIX, read_sidecar, sidecar_arrays, write_npz
+from gpufeed.sources._npz import write_npz
+from gpufeed.sources._tar_cache import SIDECAR_SUFFIX, read_sidecar, sidecar_arrays
 from gpufeed.sources._tar_walk import local_reader, walk
 
 logger = logging.getLogger(__name__)
