@@ -252,3 +252,23 @@ class ImageSource(Dataset):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+class LabelArray:
+    """:meth:`ImageSource.label`, ``labels`` and ``targets`` of a source that keeps every label in
+    one int64 array, ``_labels`` (ImageFolder, TarShards)."""
+
+    _labels: np.ndarray
+
+    def label(self, index: int) -> int:
+        return int(self._labels[index])
+
+    @property
+    def labels(self) -> np.ndarray:
+        """All labels, int64 (read-only)."""
+        return self._labels
+
+    @property
+    def targets(self) -> list[int]:
+        """All labels as a list, as torchvision's ``targets``."""
+        return self._labels.tolist()

@@ -6,12 +6,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from gpufeed.sources._base import (
     DEFAULT_READ_BUDGET_BYTES,
     DEFAULT_READ_CONCURRENCY,
     ImageSource,
+    LabelArray,
 )
 from gpufeed.sources._index_cache import build_index
 from gpufeed.sources._paths import PathTable, labels_array
@@ -71,7 +70,7 @@ def scan(root: str, class_to_idx: dict[str, int],
     return paths, labels
 
 
-class ImageFolder(ImageSource):
+class ImageFolder(LabelArray, ImageSource):
     """Images in ``root/CLASS/.../FILE``, indexed exactly as ``torchvision.datasets.ImageFolder``.
 
     ``classes``, ``class_to_idx``, ``samples`` and ``targets`` match torchvision's; paths and
@@ -166,21 +165,8 @@ class ImageFolder(ImageSource):
             return self.loader(self.path(index)), self.label(index)
         return super().load_sample(index)
 
-    def label(self, index: int) -> int:
-        return int(self._labels[index])
-
     def describe(self, index: int) -> str:
         return self.path(index)
-
-    @property
-    def labels(self) -> np.ndarray:
-        """All labels, int64 (read-only)."""
-        return self._labels
-
-    @property
-    def targets(self) -> list[int]:
-        """All labels as a list, as torchvision's ``targets``."""
-        return self._labels.tolist()
 
     @property
     def samples(self) -> list[tuple[str, int]]:

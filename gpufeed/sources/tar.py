@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import ReadError, check_int
-from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
+from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource, LabelArray
 from gpufeed.sources._paths import PathTable, labels_array
 from gpufeed.sources._shared import share
 from gpufeed.sources._tar_cache import (
@@ -72,7 +72,7 @@ class TarIndexReport:
         return sum(self.skipped.values())
 
 
-class TarShards(ImageSource):
+class TarShards(LabelArray, ImageSource):
     """Images and labels in tar shards, one sample per WebDataset key, read by offset.
 
     ``urls``: a shard path or URL, a list of them, a brace pattern (``train-{0000..0127}.tar``)
@@ -209,19 +209,6 @@ class TarShards(ImageSource):
     def describe(self, index: int) -> str:
         return (f"{self.shards[self.shard_of(index)]}:{self.member(index)} (byte offset "
                 f"{int(self._offsets[index])})")
-
-    def label(self, index: int) -> int:
-        return int(self._labels[index])
-
-    @property
-    def labels(self) -> np.ndarray:
-        """All labels, int64 (read-only)."""
-        return self._labels
-
-    @property
-    def targets(self) -> list[int]:
-        """All labels as a list."""
-        return self._labels.tolist()
 
     def read(self, index: int) -> bytes:
         shard_no = self.shard_of(index)
