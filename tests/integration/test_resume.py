@@ -13,24 +13,13 @@ from torch.utils.data import IterableDataset
 
 from gpufeed import DistributedSampler, FastLoader, ImageFolder, RandomResizedCrop
 
+from ._batches import interrupted, same
 from ._datasets import IndexDataset
 
 pytestmark = pytest.mark.timeout(60)
 
 N = 23
 BATCH = 4  # 6 batches, the last of 3
-
-
-def flat(batches: list[Any]) -> list[torch.Tensor]:
-    out = []
-    for b in batches:
-        out.extend(b if isinstance(b, (list, tuple)) else [b])
-    return out
-
-
-def same(a: list[Any], b: list[Any]) -> bool:
-    fa, fb = flat(a), flat(b)
-    return len(a) == len(b) and len(fa) == len(fb) and all(torch.equal(x, y) for x, y in zip(fa, fb))
 
 
 def generic(num_workers: int, **kw: Any) -> FastLoader:
@@ -46,17 +35,6 @@ def image_root(image_folder) -> Path:
 def image(root: Path, num_workers: int) -> FastLoader:
     return FastLoader(ImageFolder(root, transform=RandomResizedCrop(48)), batch_size=4, shuffle=True,
                       num_workers=num_workers, seed=7, generator=torch.Generator().manual_seed(5))
-
-
-def interrupted(loader: FastLoader, k: int) -> tuple[list[Any], dict[str, Any]]:
-    """The first ``k`` batches of an epoch and the state after them (through JSON)."""
-    head = []
-    for i, batch in enumerate(loader):
-        head.append(batch)
-        if i + 1 == k:
-            state = loader.state_dict()
-            break
-    return head, json.loads(json.dumps(state))
 
 
 @pytest.mark.parametrize(("before", "after"), [(0, 0), (2, 2), (2, 0), (0, 2)])

@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gpufeed import FastLoader
 
+from ._batches import same
 from ._datasets import IndexDataset, RandomDataset
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This DataLoader will create")]
@@ -30,24 +31,6 @@ def drawing(num_workers: int, seed: int = 3, **kw: Any) -> FastLoader:
     """Every sample draws from torch, random and numpy in its worker."""
     return FastLoader(RandomDataset(N), batch_size=BATCH, shuffle=True, num_workers=num_workers,
                       generator=torch.Generator().manual_seed(seed), **kw)
-
-
-def leaves(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, dict):
-        return [torch.as_tensor(batch[k]) for k in sorted(batch)]
-    if isinstance(batch, (list, tuple)):
-        return [t for part in batch for t in leaves(part)]
-    return [torch.as_tensor(batch)]
-
-
-def same(a: list[Any], b: list[Any]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        lx, ly = leaves(x), leaves(y)
-        if len(lx) != len(ly) or not all(torch.equal(p, q) for p, q in zip(lx, ly)):
-            return False
-    return True
 
 
 def take(loader: FastLoader, k: int) -> tuple[list[Any], dict[str, Any]]:

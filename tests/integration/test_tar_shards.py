@@ -28,6 +28,8 @@ from gpufeed.sources.tar_writer import write_shards
 from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer
 
+from ._batches import interrupted, same
+
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.filterwarnings("ignore:This DataLoader will create")]
 
@@ -38,11 +40,6 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     make_image_folder(root / "src", num_classes=3, per_class=9, size=(90, 120), seed=6)
     result = write_shards(root / "src", root / "shards", shard_bytes=30000, progress=False)
     return root, list(result.shards)
-
-
-def same(a: list[Any], b: list[Any]) -> bool:
-    return len(a) == len(b) and all(
-        len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y)) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("transform", [ResizeCenterCrop(40), RandomResizedCrop(40, seed=3)])
@@ -56,16 +53,6 @@ def test_batches_equal_imagefolder_on_the_fast_path(packed: tuple[Path, list[str
                         generator=torch.Generator().manual_seed(1))
     assert same(list(ours), list(theirs))
     assert ours.stats()["images"] == len(ours.dataset)  # the image fast path decoded them
-
-
-def interrupted(loader: FastLoader, k: int) -> tuple[list[Any], dict[str, Any]]:
-    head = []
-    for i, batch in enumerate(loader):
-        head.append(batch)
-        if i + 1 == k:
-            state = loader.state_dict()
-            break
-    return head, json.loads(json.dumps(state))
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2)])
