@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._image.augment._checks import check_fill, check_number
+from gpufeed._image.augment._checks import check_number
 from gpufeed._image.augment.base import RowOp
-from gpufeed._image.augment.timm_rand import TIMM_KNOWN, apply_timm_op, draw_timm_op, pil_interp
+from gpufeed._image.augment.timm_rand import TIMM_KNOWN, apply_timm_op, check_timm_hparams, draw_timm_op, pil_interp
 from gpufeed.errors import shorten
 
 __all__ = ["TIMM_AUTO_POLICIES", "TimmAutoAugment"]
@@ -141,18 +141,7 @@ class TimmAutoAugment(RowOp):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", _check_policy(self.policy))
-        std = self.magnitude_std
-        if isinstance(std, bool) or not (isinstance(std, (int, float)) and std >= 0):
-            raise ValueError(f"`magnitude_std` must be >= 0 (inf: uniform). Found: {shorten(std)}.")
-        object.__setattr__(self, "magnitude_std", float(std))
-        if self.magnitude_max is not None:
-            check_number(self.magnitude_max, "magnitude_max", 0)
-        check_number(self.translate_pct, "translate_pct", 0)
-        check_number(self.translate_const, "translate_const", 0)
-        object.__setattr__(self, "fill", check_fill(self.fill))
-        if self.interpolation not in ("random", "nearest", "bilinear", "bicubic"):
-            raise ValueError(f"`interpolation` must be 'random', 'nearest', 'bilinear' or "
-                             f"'bicubic'. Found: {shorten(self.interpolation)}.")
+        check_timm_hparams(self)
 
     @classmethod
     def from_config(cls, config: str, *, fill: Any = (128, 128, 128),

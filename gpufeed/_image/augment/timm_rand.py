@@ -138,6 +138,23 @@ def apply_timm_op(row: np.ndarray, name: str, args: tuple[float, ...], interpola
     raise ValueError(f"unknown timm RandAugment op {shorten(name)}; known: {sorted(_KNOWN)}.")
 
 
+def check_timm_hparams(policy: Any) -> None:
+    """Check the settings timm's RandAugment and AutoAugment share, on the frozen dataclass
+    ``policy`` (``magnitude_std`` becomes a float, ``fill`` an RGB tuple); ValueError otherwise."""
+    std = policy.magnitude_std
+    if isinstance(std, bool) or not (isinstance(std, (int, float)) and std >= 0):
+        raise ValueError(f"`magnitude_std` must be >= 0 (inf: uniform). Found: {shorten(std)}.")
+    object.__setattr__(policy, "magnitude_std", float(std))
+    if policy.magnitude_max is not None:
+        check_number(policy.magnitude_max, "magnitude_max", 0)
+    check_number(policy.translate_pct, "translate_pct", 0)
+    check_number(policy.translate_const, "translate_const", 0)
+    object.__setattr__(policy, "fill", check_fill(policy.fill))
+    if policy.interpolation not in ("random", "nearest", "bilinear", "bicubic"):
+        raise ValueError(f"`interpolation` must be 'random', 'nearest', 'bilinear' or "
+                         f"'bicubic'. Found: {shorten(policy.interpolation)}.")
+
+
 @dataclass(frozen=True)
 class TimmRandAugment(RowOp):
     """timm's ``rand_augment_transform``: build it from a config string with
@@ -168,17 +185,7 @@ class TimmRandAugment(RowOp):
         check_int(self.num_layers, "num_layers", 0)
         object.__setattr__(self, "magnitude", check_number(self.magnitude, "magnitude", 0))
         object.__setattr__(self, "prob", check_p(self.prob, "prob"))
-        std = self.magnitude_std
-        if not (isinstance(std, (int, float)) and (std >= 0)):
-            raise ValueError(f"`magnitude_std` must be >= 0 (inf: uniform). Found: {shorten(std)}.")
-        if self.magnitude_max is not None:
-            check_number(self.magnitude_max, "magnitude_max", 0)
-        check_number(self.translate_pct, "translate_pct", 0)
-        check_number(self.translate_const, "translate_const", 0)
-        object.__setattr__(self, "fill", check_fill(self.fill))
-        if self.interpolation not in ("random", "nearest", "bilinear", "bicubic"):
-            raise ValueError(f"`interpolation` must be 'random', 'nearest', 'bilinear' or "
-                             f"'bicubic'. Found: {shorten(self.interpolation)}.")
+        check_timm_hparams(self)
 
     @classmethod
     def from_config(cls, config: str, *, fill: Any = (128, 128, 128),
