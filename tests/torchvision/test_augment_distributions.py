@@ -173,13 +173,11 @@ def test_timm_random_erasing():
         assert_same_continuous([b[k] for b in mine], [t[k] for t in theirs], which)
 
 
-def recorded_timm(config: str, n: int = N) -> list:
-    """timm's draws: what each applied op's aug_fn receives (its level args; the interpolation
-    it would choose, drawn as timm's _check_args_tf draws it)."""
-    ra = timm_aa.rand_augment_transform(config, {"translate_const": 100, "img_mean": (124, 116, 104)})
-    calls: list = []
-    current: list = []
-    for op in ra.ops:
+def record_into(ops: list, current: list) -> None:
+    """Make each timm op's aug_fn append what it receives to ``current`` (its name, level args and
+    the interpolation it would choose, drawn as timm's _check_args_tf draws it) and return the
+    image unchanged."""
+    for op in ops:
         def record(img, *args, _name=op.name, **kwargs):
             interp = "random"
             if _name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
@@ -187,10 +185,19 @@ def recorded_timm(config: str, n: int = N) -> list:
             current.append((_name, tuple(args), interp))
             return img
         op.aug_fn = record
+
+
+def recorded_timm(config: str, n: int = N) -> list:
+    """timm's draws: what each applied op's aug_fn receives (its level args; the interpolation
+    it would choose, drawn as timm's _check_args_tf draws it)."""
+    ra = timm_aa.rand_augment_transform(config, {"translate_const": 100, "img_mean": (124, 116, 104)})
+    calls: list = []
+    current: list = []
+    record_into(ra.ops, current)
     random.seed(0)
     np.random.seed(0)
     for _ in range(n):
-        current = []
+        current.clear()
         ra(_PIL)
         calls.append(tuple(current))
     return calls
@@ -236,19 +243,11 @@ def recorded_timm_auto(config: str, n: int = N) -> tuple[list, list]:
     chosen: list = []
     calls: list = []
     current: list = []
-    for sub in aa.policy:
-        for op in sub:
-            def record(img, *args, _name=op.name, **kwargs):
-                interp = "random"
-                if _name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
-                    interp = {2: "bilinear", 3: "bicubic"}[int(timm_aa._interpolation(kwargs))]
-                current.append((_name, tuple(args), interp))
-                return img
-            op.aug_fn = record
+    record_into([op for sub in aa.policy for op in sub], current)
     aa.policy = [_Tagged(sub, i, chosen) for i, sub in enumerate(aa.policy)]
     random.seed(0)
     for _ in range(n):
-        current = []
+        current.clear()
         aa(_PIL)
         calls.append(tuple(current))
     return chosen, calls

@@ -240,12 +240,11 @@ def test_timm_warps(name, args, interpolation):
             assert mean_abs(got, want) <= GEOMETRY
 
 
-@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "rand-m7-n3-p1"])
-def test_timm_rand_augment_given_its_params(config):
-    op = A.TimmRandAugment.from_config(config)
+def _assert_timm_ops_match(op, seed: int) -> None:
+    """``op`` (a timm policy) applies the ops it draws as timm's own op functions do, on PIL."""
     for k in range(24):
         row = ROWS[k % len(ROWS)]
-        params = op.draw(A.row_rng(6, 0, k), *row.shape[:2])
+        params = op.draw(A.row_rng(seed, 0, k), *row.shape[:2])
         want = _pil(row)
         for name, args, interp in params:
             kwargs = {"fillcolor": op.fill}
@@ -254,6 +253,11 @@ def test_timm_rand_augment_given_its_params(config):
             want = timm_aa.NAME_TO_OP[name](want, *args, **kwargs)
         got = op.apply(row.copy(), params)
         assert mean_abs(got, np.asarray(want)) <= GEOMETRY, params
+
+
+@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "rand-m7-n3-p1"])
+def test_timm_rand_augment_given_its_params(config):
+    _assert_timm_ops_match(A.TimmRandAugment.from_config(config), seed=6)
 
 
 def test_random_erasing_given_its_params():
@@ -309,18 +313,7 @@ def test_policy_ops_match_v2_on_uint8_tensors(op, magnitude):
 
 @pytest.mark.parametrize("config", ["original-mstd0.5", "v0r-mstd0.5"])
 def test_timm_auto_augment_given_its_params(config):
-    op = A.TimmAutoAugment.from_config(config)
-    for k in range(24):
-        row = ROWS[k % len(ROWS)]
-        params = op.draw(A.row_rng(8, 0, k), *row.shape[:2])
-        want = _pil(row)
-        for name, args, interp in params:
-            kwargs = {"fillcolor": op.fill}
-            if interp in _PIL_FILTERS:
-                kwargs["resample"] = _PIL_FILTERS[interp]
-            want = timm_aa.NAME_TO_OP[name](want, *args, **kwargs)
-        got = op.apply(row.copy(), params)
-        assert mean_abs(got, np.asarray(want)) <= GEOMETRY, params
+    _assert_timm_ops_match(A.TimmAutoAugment.from_config(config), seed=8)
 
 
 @pytest.mark.parametrize("config", ["original-mstd0.5", "originalr", "v0", "v0r-mstd1"])
