@@ -101,7 +101,8 @@ def test_auto_warns_and_keeps_a_cache_of_its_own_when_the_host_cache_cannot_be_r
     monkeypatch.setenv("GPUFEED_CACHE_JOB", key)
     monkeypatch.setattr(shared_module, "ATTACH_TIMEOUT_S", 0.3)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as squatter:
-        squatter.bind(f"\0{socket_prefix(job_info().key or '')}-create")  # the lock, taken by a creator that never serves
+        # the creation lock, taken by a creator that never serves
+        squatter.bind(f"\0{socket_prefix(job_info().key or '')}-create")
         loader = FastLoader(dataset, batch_size=4, cache_bytes="1MB")
         with caplog.at_level(logging.WARNING, logger="gpufeed"):
             epochs = [[x.clone() for x, _ in loader] for _ in range(2)]
