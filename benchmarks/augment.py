@@ -2,7 +2,7 @@
 ``FastLoader`` against ``torchvision.datasets.ImageFolder(root, transform=recipe)`` in
 ``DataLoader``, the same recipe object, in one run, alternating rounds (see benchmarks/README.md).
 
-    PYTHONPATH=$PWD python benchmarks/augment.py [ROOT] [--images 2000] [--workers 2]
+    PYTHONPATH=$PWD python -m benchmarks.augment [ROOT] [--images 2000] [--workers 2]
         [--batch-size 64] [--batches 12] [--rounds 3] [--recipes rrc_flip,timm,...] [--json OUT]
 
 Recipes (``--recipes``, default all):
@@ -20,6 +20,9 @@ image, or the tensor it gets) against what gpufeed runs for it on a 224x224 row
 (``gpufeed.explain`` says which), one thread, median of many calls. Needs torchvision and timm
 (the ``.venv-tv`` environment). Without ROOT, ./demo-augment (photo-like JPEGs of ~400x350,
 ``gpufeed.synth``) is made once and reused.
+
+Private import: ``gpufeed._image.augment.base.row_rng``, the per-row draw whose cost it
+measures apart.
 """
 
 from __future__ import annotations

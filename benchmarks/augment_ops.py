@@ -1,10 +1,12 @@
 """Per-op cost of gpufeed's augmentations on a 224 x 224 uint8 row against the same op of
 torchvision/PIL on a PIL image (one thread, alternating, median of rounds; ratios in one run).
 
-    python benchmarks/augment_ops.py [--rounds 7] [--reps 200]
+    python -m benchmarks.augment_ops [--rounds 7] [--reps 200]
 
 Needs torchvision and timm (the .venv-tv environment). The policies' rows include their draws
 (gpufeed: ``row_rng`` + ``draw``; torchvision/timm: their forward on PIL).
+
+Private imports: ``gpufeed._image.augment`` (``_warp``, ``functional``), the row ops it measures.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _recipes():
     import itertools
 
     import torchvision.transforms as T
-    from timm.data.auto_augment import rand_augment_transform
+    from timm.data.auto_augment import auto_augment_transform, rand_augment_transform
 
     from gpufeed import augment as A
 
@@ -70,6 +72,14 @@ def _recipes():
         ("AutoAugment(imagenet)", ours(A.AutoAugment()), T.AutoAugment()),
         ("timm rand-m9-mstd0.5-inc1", ours(A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")),
          rand_augment_transform("rand-m9-mstd0.5-inc1", {})),
+        ("timm original-mstd0.5", ours(A.TimmAutoAugment.from_config("original-mstd0.5")),
+         auto_augment_transform("original-mstd0.5", {})),
+        ("RandomAffine(15, (0.1, 0.1), (0.9, 1.1), 10)",
+         ours(A.RandomAffine(15, (0.1, 0.1), (0.9, 1.1), 10)),
+         T.RandomAffine(15, (0.1, 0.1), (0.9, 1.1), 10)),
+        ("RandomApply([ColorJitter(0.4, 0.4, 0.4, 0.1)], 0.8)",
+         ours(A.RandomApply((A.ColorJitter(0.4, 0.4, 0.4, 0.1),), 0.8)),
+         T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], 0.8)),
     ]
 
 

@@ -1,6 +1,6 @@
 """Cached epochs under default settings: a cold epoch against fully cached ones.
 
-    PYTHONPATH=CHECKOUT python benchmarks/cache_epochs.py [ROOT] [--images 1500] [--size 96 128]
+    PYTHONPATH=CHECKOUT python -m benchmarks.cache_epochs [ROOT] [--images 1500] [--size 96 128]
         [--epochs 3] [--workers 2] [--batch-size 64] [--outputs uint8 float32] [--hold]
 
 ``cache_bytes`` holds the whole set and ``persistent_workers`` is left False (the default), so

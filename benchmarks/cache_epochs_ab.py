@@ -1,6 +1,6 @@
 """A/B of cached epochs between checkouts, interleaved epoch by epoch.
 
-    python benchmarks/cache_epochs_ab.py ROOT CHECKOUT_A CHECKOUT_B [--rounds 30] [--hold]
+    python -m benchmarks.cache_epochs_ab ROOT CHECKOUT_A CHECKOUT_B [--rounds 30] [--hold]
         [--outputs uint8]
 
 On a shared host the load drifts within seconds, so whole runs of ``cache_epochs.py`` one after
@@ -19,16 +19,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the benchmarks package lies
 
 
 def child(root: str, hold: bool, output: str, memcpy_bytes: int) -> None:
     """One checkout's side: a cold epoch, then one cached epoch per "go" line on stdin."""
-    sys.path.insert(0, HERE)
-    from cache_epochs import OUTPUTS, memcpy_bytes_per_s, run_epoch
-
     import gpufeed
+    from benchmarks.cache_epochs import OUTPUTS, memcpy_bytes_per_s, run_epoch
     from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 
     dataset = ImageFolder(root, transform=ResizeCenterCrop(224, 256))
@@ -59,11 +58,18 @@ def main() -> None:
         child(args.root, args.hold, args.outputs, args.memcpy_mb << 20)
         return
     procs = []
+    empty_dir = tempfile.TemporaryDirectory(prefix="gpufeed-ab-")
+    empty = empty_dir.name
     for checkout in args.checkouts:
-        cmd = [sys.executable, os.path.abspath(__file__), args.root, *args.checkouts, "--child",
-               "--outputs", args.outputs, "--memcpy-mb", str(args.memcpy_mb)] + (["--hold"] if args.hold else [])
-        proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=checkout), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        cmd = [sys.executable, "-m", "benchmarks.cache_epochs_ab", os.path.abspath(args.root),
+               *args.checkouts, "--child", "--outputs", args.outputs, "--memcpy-mb", str(args.memcpy_mb),
+               ] + (["--hold"] if args.hold else [])
+        # gpufeed from the checkout (first on the path), the benchmarks package from the
+        # checkout too if it has one, else from here; the child runs in an empty directory so
+        # that the working directory's gpufeed does not come first.
+        path = os.pathsep.join([os.path.abspath(checkout), REPO])
+        proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=path), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, cwd=empty)
         assert proc.stdin is not None and proc.stdout is not None
         sys.stdout.write(f"{checkout}: {proc.stdout.readline().strip()}\n")
         procs.append(proc)
@@ -82,6 +88,7 @@ def main() -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=60)
+    empty_dir.cleanup()
     mode = "held" if args.hold else "released"
     for k, checkout in enumerate(args.checkouts):
         q = statistics.quantiles(shares[k], n=4)

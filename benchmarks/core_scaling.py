@@ -1,6 +1,6 @@
 """Core scaling of the image path: images/s at 1, 2, 4, 8, 16 workers.
 
-    python benchmarks/core_scaling.py [--workers 1,2,4,8,16] [--images 512] [--batch-size 64]
+    python -m benchmarks.core_scaling [--workers 1,2,4,8,16] [--images 512] [--batch-size 64]
                                       [--seconds 2.5] [--rounds 3] [--budget-s 110] [--dir DIR]
                                       [--size 224 --resize 256] [--json OUT]
 
@@ -38,14 +38,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 from torch.utils.data import Sampler
 
+from benchmarks._common import cpu_s_by_pid
 from gpufeed import FastLoader, ImageFolder
-from gpufeed.observe.probe import usable_core_count
 from gpufeed.bench.environment import describe_environment
 from gpufeed.cli.bench import prepare_demo_data
 from gpufeed.transforms import ResizeCenterCrop
+from gpufeed.tune import usable_cores
 
 GOAL = 0.85  # efficiency at usable cores - 1 workers
 DEFAULT_COUNTS = (1, 2, 4, 8, 16)
@@ -81,7 +81,7 @@ def topology(root: str = "/sys/devices/system/cpu") -> dict[str, Any]:
     per_core = [len(_cpu_list(s)) for s in siblings]
     out: dict[str, Any] = {
         "logical_cpus": len(cpus),
-        "usable_cores": usable_core_count(),
+        "usable_cores": usable_cores(),
         "physical_cores": len(siblings) if not unread else None,
         "threads_per_core": max(per_core) if per_core and not unread else None,
         "hyperthreads": (max(per_core) > 1) if per_core and not unread else None,
@@ -145,7 +145,7 @@ def measure(root: Path, workers: int, args: argparse.Namespace, num_images: int)
             now = time.perf_counter()
             if received == workers:  # every worker has delivered a batch: the clock starts
                 t0, cpu0 = now, time.process_time()
-                workers0 = _cpu_by_pid(loader.worker_pids())
+                workers0 = cpu_s_by_pid(loader.worker_pids())
                 continue
             if received > workers:
                 images += len(labels)
@@ -156,7 +156,7 @@ def measure(root: Path, workers: int, args: argparse.Namespace, num_images: int)
                                    "no steady window; the machine is overloaded or the loader stalled")
         wall = time.perf_counter() - t0
         parent_s = time.process_time() - cpu0
-        workers1 = _cpu_by_pid(loader.worker_pids())
+        workers1 = cpu_s_by_pid(loader.worker_pids())
     finally:
         iterator.close()  # type: ignore[attr-defined]
         loader.close()
@@ -166,17 +166,6 @@ def measure(root: Path, workers: int, args: argparse.Namespace, num_images: int)
         "parent_cores": parent_s / wall, "worker_cores": worker_s / wall,
         "worker_busy": worker_s / wall / workers,
     }
-
-
-def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
-    out = {}
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        out[pid] = t.user + t.system
-    return out
 
 
 def summarize(rounds: list[list[dict[str, float]]], counts: list[int], goal_k: int) -> dict[str, Any]:

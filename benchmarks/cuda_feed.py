@@ -1,7 +1,7 @@
 """CUDA feed benchmark: a real training step fed three ways, and a feed-only mode.
 
-    python benchmarks/cuda_feed.py [--mode train,feed] [--batch-size 256] [--workers N] [--json OUT]
-    python benchmarks/cuda_feed.py --cpu-dry-run      # the same code paths on CPU, tiny sizes
+    python -m benchmarks.cuda_feed [--mode train,feed] [--batch-size 256] [--workers N] [--json OUT]
+    python -m benchmarks.cuda_feed --cpu-dry-run      # the same code paths on CPU, tiny sizes
 
 Three feeds, the same images in the same order, the same normalize and layout (float32,
 channels_last, ImageNet mean/std):
@@ -89,7 +89,7 @@ class HostMark:
 
 
 @dataclass(frozen=True)
-class Clock:
+class StepTimer:
     """Where timings come from: CUDA events on ``device``, else host marks (a labelled stand-in)."""
 
     device: torch.device
@@ -210,7 +210,7 @@ def profile_trace(fn: Callable[[], None], on_gpu: bool) -> list[dict]:
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
 
 
-def profiled_overlap(fn: Callable[[], None], clock: Clock) -> dict[str, Any]:
+def profiled_overlap(fn: Callable[[], None], clock: StepTimer) -> dict[str, Any]:
     """:func:`overlap_report` of ``fn`` run under the profiler; ``{"error": ...}`` if profiling failed."""
     try:
         events = profile_trace(fn, clock.on_gpu)
@@ -376,7 +376,7 @@ def open_feed(name: str, dataset: Any, sampler: list[int], setup: Setup, images:
 
 
 def run_train_feed(
-    name: str, dataset: Any, setup: Setup, step: Callable[..., None], clock: Clock, *,
+    name: str, dataset: Any, setup: Setup, step: Callable[..., None], clock: StepTimer, *,
     steps: int, warmup: int, profile_steps: int,
 ) -> dict[str, Any]:
     """Warm-up steps, timed steps (marks around each batch fetch and step), profiled steps."""
@@ -435,7 +435,7 @@ def run_train_feed(
     }
 
 
-def compute_only(step: Callable[..., None], setup: Setup, size: int, clock: Clock, steps: int) -> float:
+def compute_only(step: Callable[..., None], setup: Setup, size: int, clock: StepTimer, steps: int) -> float:
     """Median step time (ms) with one batch already resident: the floor no feed can beat."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (setup.batch_size, 3, size, size), dtype=torch.uint8, generator=g)
@@ -464,7 +464,7 @@ def prepare_images(root: Path, count: int, size: int) -> tuple[Path, int, bool]:
     return root, made.num_images, False
 
 
-def train_mode(args: argparse.Namespace, setup: Setup, clock: Clock, log: Callable[[str], None]) -> dict[str, Any]:
+def train_mode(args: argparse.Namespace, setup: Setup, clock: StepTimer, log: Callable[[str], None]) -> dict[str, Any]:
     t = time.perf_counter()
     root, count, reused = prepare_images(Path(args.data_dir), args.images, args.image_size)
     log(f"images: {'reused' if reused else 'made'} {count} JPEGs of {args.image_size}x{args.image_size} "
@@ -528,7 +528,7 @@ def train_mode(args: argparse.Namespace, setup: Setup, clock: Clock, log: Callab
 # --------------------------------------------------------------------------------------------
 
 
-def pinned_bandwidth(nbytes: int, setup: Setup, clock: Clock, reps: int) -> dict[str, Any]:
+def pinned_bandwidth(nbytes: int, setup: Setup, clock: StepTimer, reps: int) -> dict[str, Any]:
     """One page-locked tensor copied like the feed copies (``.to(non_blocking=True)`` on a side
     stream), each copy between CUDA events; on CPU a host memcpy (a stand-in)."""
     if not clock.on_gpu:
@@ -557,7 +557,7 @@ def pinned_bandwidth(nbytes: int, setup: Setup, clock: Clock, reps: int) -> dict
     return {"bytes": nbytes, "gbps": nbytes / (ms * 1e6), "source": "pinned tensor, CUDA events"}
 
 
-def run_feed_only(name: str, setup: Setup, clock: Clock, shape: tuple[int, ...], *,
+def run_feed_only(name: str, setup: Setup, clock: StepTimer, shape: tuple[int, ...], *,
                   batches: int, warmup: int, profile_batches: int) -> dict[str, Any]:
     """Iterate ``batches`` synthetic batches (no model); time the steady state, profile a few."""
     dataset = SyntheticImageDataset(batches * setup.batch_size, shape)
@@ -600,7 +600,7 @@ def run_feed_only(name: str, setup: Setup, clock: Clock, shape: tuple[int, ...],
     }
 
 
-def feed_mode(args: argparse.Namespace, setup: Setup, clock: Clock, log: Callable[[str], None]) -> dict[str, Any]:
+def feed_mode(args: argparse.Namespace, setup: Setup, clock: StepTimer, log: Callable[[str], None]) -> dict[str, Any]:
     shape = (3, args.image_size, args.image_size)
     batch_bytes = setup.batch_size * args.image_size * args.image_size * 3
     large_bytes = max(batch_bytes, 256 << 20) if clock.on_gpu else 4 * batch_bytes
@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cuda_feed: no CUDA (torch {torch.__version__}, CUDA {torch.version.cuda}, "
               f"torch.cuda.is_available() is False); use --cpu-dry-run to exercise the script on CPU")
         return 2
-    clock = Clock(device)
+    clock = StepTimer(device)
     setup = Setup(device, args.batch_size, args.workers, args.prefetch_factor, args.cache_bytes)
     started = time.perf_counter()
 

@@ -1,7 +1,7 @@
 """Large photos, one image at a time in one thread: what bounds FastLoader against
 DataLoader+OpenCV ``IMREAD_REDUCED_*`` (the large-photo goal: >= 1.1x OpenCV reduced).
 
-    python benchmarks/decode_large.py [ROOT] [--images 8] [--rounds 7] [--size 224 --resize 256]
+    python -m benchmarks.decode_large [ROOT] [--images 8] [--rounds 7] [--size 224 --resize 256]
 
 Per image, median over ``--rounds`` rounds that alternate the pipelines (milliseconds):
 

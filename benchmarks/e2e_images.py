@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from gpufeed.cli.bench import prepare_demo_data, write
 from gpufeed.cli import main as gpufeed_main
+from gpufeed.cli.bench import prepare_demo_data, write
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Million-sample indexes: indexing seconds, bytes per sample, worker memory growth.
 
-    python benchmarks/index_scale.py [--tree-files 100000] [--classes 1000] [--list 1000000]
+    python -m benchmarks.index_scale [--tree-files 100000] [--classes 1000] [--list 1000000]
                                      [--rounds 3] [--tmp-dir DIR] [--skip-tree] [--skip-list]
 
 Tree part: builds a synthetic ImageFolder tree of ``--tree-files`` empty ``.JPEG`` files (up to
@@ -22,6 +22,8 @@ FastLoader over ``ImageDataset(pairs)``.
 Pack part (``--pack N``): ``gpufeed pack`` of N real JPEGs with 1 thread and
 ``--pack-workers`` threads, storing the bytes or re-encoding them, and random-order reads of
 every sample from the folder and from the packed LMDB.
+
+Private import: ``gpufeed.sources._scan.scan_parallel``, the parallel scan it times.
 """
 
 from __future__ import annotations

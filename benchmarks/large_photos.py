@@ -1,7 +1,7 @@
 """Large photos: FastLoader against DataLoader+PIL (without and with ``Image.draft``) and
 DataLoader+OpenCV (``IMREAD_REDUCED_*``) on phone-sized JPEGs, alternating rounds, one run.
 
-    python benchmarks/large_photos.py [ROOT] [--transform eval|train] [--images 200]
+    python -m benchmarks.large_photos [ROOT] [--transform eval|train] [--images 200]
         [--workers 2] [--batch-size 16] [--batches N] [--rounds 3] [--warmup 1] [--json OUT]
 
 Without ROOT, a folder of ``--images`` phone-sized photo-like JPEGs (3000x2250 to 4000x3000,

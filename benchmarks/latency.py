@@ -11,7 +11,7 @@ at 0 ms, the ratio to the local-disk rate (median of the per-round ratios, and e
 shared host's load swings cancel out), and peak PSS relative to the first loader (its growth with
 concurrency stays within ``read_budget_bytes`` per worker).
 
-    python benchmarks/latency.py [--latency-ms 0 30] [--concurrency 1 16] [--workers 2]
+    python -m benchmarks.latency [--latency-ms 0 30] [--concurrency 1 16] [--workers 2]
                                  [--batches 8] [--rounds 3] [--budget-mib 64] [--no-dataloader]
                                  [--prefetch-factor 2]
 

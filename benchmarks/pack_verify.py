@@ -1,7 +1,7 @@
 """What the image check costs ``gpufeed pack``: packing with the check (the default) against
 ``--no-verify``, alternating, in one run on the same folder.
 
-    PYTHONPATH=CHECKOUT python benchmarks/pack_verify.py [ROOT] [--images 600] [--rounds 3]
+    PYTHONPATH=CHECKOUT python -m benchmarks.pack_verify [ROOT] [--images 600] [--rounds 3]
         [--workers N]
 
 Without ROOT, a folder of ``--images`` photo-like JPEGs (~400x350, quality 90: the demo's
@@ -10,7 +10,7 @@ folder twice into fresh LMDBs in the same temporary directory (page cache warm a
 round), once with ``verify=True`` and once with ``verify=False``, in alternating order; the
 report gives the median images/s of each and the median of the per-round ratios.
 
-Measured (``PYTHONPATH=. python benchmarks/pack_verify.py --images 600 --rounds 5``; 2 CPU
+Measured (``PYTHONPATH=. python -m benchmarks.pack_verify --images 600 --rounds 5``; 2 CPU
 cores shared with other work, load average 13-15; PyTurboJPEG 1.8.3 on libjpeg-turbo 2.1.5,
 OpenCV 5.1.0, default workers = 2): with the check 420 images/s (368-589) and 0.59 ms of CPU
 per image, ``--no-verify`` 1173 images/s (967-4154) and 0.16 ms; per-round ratio with /
@@ -27,14 +27,11 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gpufeed.sources import pack  # noqa: E402
-from gpufeed.synth import make_image_folder  # noqa: E402
+from gpufeed.sources import pack
+from gpufeed.synth import make_image_folder
 
 
 def _one(root: str, work: str, verify: bool, workers: int | None) -> tuple[float, float]:

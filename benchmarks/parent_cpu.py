@@ -1,6 +1,6 @@
 """Parent CPU per batch: can the main process feed many workers?
 
-    python benchmarks/parent_cpu.py [ROOT] [--images 1000] [--rounds 3] [--workers 2]
+    python -m benchmarks.parent_cpu [ROOT] [--images 1000] [--rounds 3] [--workers 2]
                                     [--batch-size 64] [--size 224 --resize 256] [--json OUT]
 
 On a big machine the main process (dispatch, cache copies, reassembly of batches) must not become
@@ -30,6 +30,8 @@ within a round.
 
 Without ROOT, the demo folder (./demo-data, made once with ``gpufeed.synth``, as
 ``e2e_images.py``) is used.
+
+Private import: ``gpufeed._engine.arena.Arena``, whose ``_empty`` it times (``TrimClock``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks._common import cpu_s_by_pid
 from gpufeed import FastLoader, ImageFolder
 from gpufeed._engine.arena import Arena
 from gpufeed.bench.environment import describe_environment
@@ -162,12 +165,8 @@ def _faults_of(pid: int) -> int:
 
 def _cpu_of(pids: Iterable[int], seen: dict[int, float], faults: dict[int, int] | None = None) -> None:
     """Record each live pid's user+system CPU seconds, and page faults (the last reading wins)."""
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        seen[pid] = t.user + t.system
+    for pid, cpu_s in cpu_s_by_pid(pids).items():
+        seen[pid] = cpu_s
         if faults is not None:
             faults[pid] = _faults_of(pid)
 

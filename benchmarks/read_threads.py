@@ -8,7 +8,10 @@ CPU of the whole process, of the decoding thread, and of the rest (the read thre
 same without reads (``--latency-ms 0``, read inline) in the same alternating rounds, so the
 read-ahead's cost is the difference (median of rounds).
 
-    python benchmarks/read_threads.py [--latency-ms 30] [--concurrency 64] [--rounds 5]
+    python -m benchmarks.read_threads [--latency-ms 30] [--concurrency 64] [--rounds 5]
+
+Private imports: ``gpufeed._image.reads`` (``BatchReads``, ``ReadAhead``: what it measures) and
+``gpufeed._engine.threads.shutdown_pools`` (stops their threads between rounds, as a worker does).
 """
 
 from __future__ import annotations
@@ -21,11 +24,9 @@ import time
 import cv2
 import numpy as np
 
+from benchmarks.latency import photo_jpegs
 from gpufeed._engine.threads import shutdown_pools
 from gpufeed._image.reads import BatchReads, ReadAhead
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from latency import photo_jpegs  # noqa: E402 (benchmarks/ is not a package)
 
 
 def run(items: list[bytes], latency_s: float, concurrency: int, tasks: int, batch: int,

@@ -14,7 +14,7 @@ the read threads change how much CPU a worker's decode gets (its main thread wai
 is woken with the scheduler's sleeper credit): there, local disk with 16 read threads ran up to
 2x local disk with one, so "HTTP vs local disk" is only fair at the same concurrency.
 
-    python benchmarks/remote.py [--delay-ms 30] [--concurrency 1 4 16] [--local-concurrency 1 16]
+    python -m benchmarks.remote [--delay-ms 30] [--concurrency 1 4 16] [--local-concurrency 1 16]
                                 [--workers 2] [--batches 8] [--rounds 3] [--images 512]
 
 Needs ``pip install gpufeed[remote]`` (fsspec, aiohttp). The server runs in this process, so
@@ -33,9 +33,7 @@ import torch
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
 from gpufeed.bench import compare, format_bytes
 from gpufeed.synth import make_image_folder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests._http_server
-from tests._http_server import FileServer  # noqa: E402
+from tests._http_server import FileServer  # the repository's test HTTP server (run from its root)
 
 
 def main(argv: list[str] | None = None) -> int:

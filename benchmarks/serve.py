@@ -34,7 +34,7 @@ the host with ``.cpu()``, and the defaults change (ResNet-18 only, max_batch_siz
 model threads and decode workers, rates up to 16x batch-1's, a time budget): see serve_device.py.
 Goal there: batched >= 5x batch-1's sustained rate for ResNet-18.
 
-    python benchmarks/serve.py [--device cpu|cuda] [--budget-s S] [--stop-after-fails N]
+    python -m benchmarks.serve [--device cpu|cuda] [--budget-s S] [--stop-after-fails N]
                                [--models resnet18 smallcnn] [--rates 0.5 0.7 0.85 1 1.2 1.4]
                                [--duration 4] [--cores 2] [--slo-ms-resnet18 250]
                                [--slo-ms-smallcnn 50] [--modes batch-1 batcher images]
@@ -68,13 +68,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import serve_device  # --device: its defaults, CUDA check and GPU helpers
+from benchmarks._common import tree_cpu_s
+from benchmarks.serve_models import SPECS, ModelSpec  # models and their settings; serve_threads uses serve.SPECS
 from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
 from gpufeed.synth import make_image_folder
 from gpufeed.transforms import ResizeCenterCrop
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_device  # noqa: E402  (--device: its defaults, CUDA check and GPU helpers)
-from serve_models import SPECS, ModelSpec  # noqa: E402  (models and their settings; serve_threads uses serve.SPECS)
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # 0-1 scale, as ImageBatcher/FastLoader take it
 MEAN = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1) * 255
@@ -481,21 +480,6 @@ def _ratios(r: Result, base: Result | None) -> tuple[float, float, float]:
         return (math.nan, math.nan, math.nan)
     return (r.achieved_qps / base.achieved_qps, r.p99_ms / base.p99_ms,
             r.cpu_ms_per_request / base.cpu_ms_per_request)
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and its live children (the decode workers)."""
-    import psutil
-
-    total = 0.0
-    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 def summarize(mode: str, rate: float, offered: int, lat: list[float], refused: int, failed: int,

@@ -10,7 +10,10 @@ the parent reading the worker's (tiny) answer, two ways:
 
 The worker only counts the bytes it got (decoding them costs the same either way).
 
-    python benchmarks/serve_bytes.py [--reps 200]
+    python -m benchmarks.serve_bytes [--reps 200]
+
+Private imports: ``gpufeed._engine.arena.Arena``, ``gpufeed._engine.messages.Task`` and
+``gpufeed._engine.pool._grow_pipe``: the slot, the task and the pipe it measures.
 """
 
 from __future__ import annotations

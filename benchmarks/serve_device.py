@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gpufeed.observe.probe import usable_core_count
+from gpufeed.tune import usable_cores
 
 # Goal of the highest sustained rate against batch-1's, per (device type, model); None: no goal.
 GOALS = {("cpu", "smallcnn"): 1.2, ("cpu", "resnet18"): 1.0, ("cuda", "resnet18"): 5.0}
@@ -42,7 +42,7 @@ def cpu_defaults() -> dict[str, Any]:
 
 def cuda_defaults() -> dict[str, Any]:
     """Defaults with ``--device cuda`` (see the module docstring)."""
-    cores = usable_core_count()
+    cores = usable_cores()
     threads = max(2, cores - 4)
     return {"models": ["resnet18"], "rates": [0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0], "duration": 1.5,
             "max_requests": 40000, "cores": cores, "clients": 0, "image_workers": threads,

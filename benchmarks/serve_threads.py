@@ -7,7 +7,7 @@ plus the busy cores of this process and of the whole host (another program takin
 as host > ours). ``--trivial`` replaces decode + model by the identity: what is left is the
 batcher's own cost (submit, future, scheduling, hand-off, results) and the generator's.
 
-    python benchmarks/serve_threads.py [--rate 1000] [--duration 3] [--reps 2]
+    python -m benchmarks.serve_threads [--rate 1000] [--duration 3] [--reps 2]
                                        [--modes batch-1 batcher] [--trivial] [--max-queue N]
 
 Threads: ``MainThread`` is the load generator (and ``submit`` for the batcher),
@@ -26,9 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve  # noqa: E402  (the sibling benchmark: its services and generator)
-
+from benchmarks import serve  # the sibling benchmark: its services and generator
 from gpufeed.synth import make_image_folder  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Steady images/s of FastLoader alone on an image folder: for A/B runs of two checkouts.
 
-    PYTHONPATH=CHECKOUT python benchmarks/steady_rate.py ROOT [--epochs 8] [--read-concurrency N]
+    PYTHONPATH=CHECKOUT python -m benchmarks.steady_rate ROOT [--epochs 8] [--read-concurrency N]
 
 Each epoch builds a fresh loader (workers started again, as with persistent_workers=False),
 excludes the first batch (start-up) and times the rest; prints the median over epochs and every

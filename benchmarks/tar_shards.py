@@ -23,9 +23,9 @@ headers, 16x16 JPEG image members, a ``.cls`` each), then reports the index buil
 cached load time and the index bytes per sample, and the PSS of a 2-worker loader's workers
 against the parent's (flat: the tables are shared, not copied).
 
-    python benchmarks/tar_shards.py [--images 2000] [--shards 8] [--workers 2] [--batches 12]
+    python -m benchmarks.tar_shards [--images 2000] [--shards 8] [--workers 2] [--batches 12]
                                     [--rounds 3] [--transform eval train] [--latency-ms 30]
-    python benchmarks/tar_shards.py --index-scale 1000000 [--dir DIR]
+    python -m benchmarks.tar_shards --index-scale 1000000 [--dir DIR]
 
 Goals (2 cores, 2 workers, batch 64): TarShards >= 0.95x ImageFolder (eval and train),
 >= 2.5x wds+cv2; at 30 ms per read, rc=64, >= 0.8x its own local rate; 1M samples in 1,000

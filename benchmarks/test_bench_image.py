@@ -6,6 +6,9 @@ transforms end to end, and normalizing a uint8 batch to float32.
 Images are synthetic and photo-like (gpufeed.synth), JPEG quality 90, 4:2:0: 500x375 is the
 typical ImageNet training image; 1200x900 a larger photo. Single thread (cv2.setNumThreads(1)),
 as in a worker. Compare rows within a group; each row's extra_info names the backend.
+
+Private import: ``gpufeed._image.normalize`` (``affine``, ``convert_``, ``scale_shift``), the
+normalize step it measures.
 """
 
 from __future__ import annotations

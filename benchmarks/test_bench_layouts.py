@@ -7,6 +7,9 @@ normalize, per (layout, dtype), one thread, as in a worker. ``fill-16x500x375-ev
 worker does for a batch (decode 16 photo-like 500x375 JPEGs, Resize(256)+CenterCrop(224) into
 the rows, convert) per (layout, dtype), uint8 included. The goal: every combination
 within 5% of NCHW float32; compare rows within a group.
+
+Private imports: ``gpufeed._image.fill`` (``ImagePlan``, ``ImageTask``, ``fill_batch``: a worker's
+batch fill) and ``gpufeed._image.normalize``, the steps it measures.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Run: ``pytest benchmarks/test_bench_stats.py --benchmark-only``. Read the ratio of the two means
 (bookkeeping per batch / transport per batch), not the lone timings.
+
+Private import: ``gpufeed._image.fill.FillReport``, the report the bookkeeping it measures reads.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ per loader (DataLoader, FastLoader), worker start-up included.
 
 pytest-benchmark runs one loader's rounds, then the other's: compare the two rows of the group
 (the ``(x.xx)`` factors), never a lone time. For the alternating, one-run ratio quoted in
-results, use ``python benchmarks/transport.py``.
+results, use ``python -m benchmarks.transport``.
 """
 
 from __future__ import annotations

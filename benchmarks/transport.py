@@ -6,7 +6,7 @@ and arguments (batch 64, num_workers=2 by default). Reported: median steady-stat
 loader, the ratio FastLoader / DataLoader, and peak PSS summed over the main process and its
 workers. Goal: ratio >= 1.5 at equal or lower peak PSS.
 
-    python benchmarks/transport.py [--batches N] [--rounds R] [--workers 2] [--batch-size 64] [--json OUT]
+    python -m benchmarks.transport [--batches N] [--rounds R] [--workers 2] [--batch-size 64] [--json OUT]
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in env.items():
         print(f"  {key}: {value}")
     if args.json:
-        payload = {"benchmark": "transport", "args": vars(args), "goal_met": ok, "goal_met_by_footprint": fast and footprint <= 1.0, **result.to_dict()}
+        payload = {"benchmark": "transport", "args": vars(args), "goal_met": ok,
+                   "goal_met_by_footprint": fast and footprint <= 1.0, **result.to_dict()}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2)
         print(f"\nwrote {args.json}")

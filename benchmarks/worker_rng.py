@@ -1,6 +1,6 @@
 """Worker CPU per batch of generic datasets, with and without random draws (docs/design/resume.md).
 
-    python benchmarks/worker_rng.py [--epochs 5] [--samples 20000] [--json OUT]
+    python -m benchmarks.worker_rng [--epochs 5] [--samples 20000] [--json OUT]
 
 Workers capture their random states after every batch (for exact mid-epoch resume). This
 measures what the workers spend per batch on two generic datasets, 64 small samples per batch,
@@ -20,10 +20,10 @@ import statistics
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from torch.utils.data import Dataset
 
+from benchmarks._common import cpu_s_by_pid
 from gpufeed import FastLoader
 
 
@@ -48,7 +48,7 @@ class Drawing(Quiet):
 
 
 def worker_cpu_s(pids: list[int]) -> float:
-    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+    return sum(cpu_s_by_pid(pids).values())
 
 
 def measure(dataset: Dataset, epochs: int) -> list[float]:

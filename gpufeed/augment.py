@@ -8,11 +8,13 @@ torchvision and timm compute them on PIL images (docs/design/augment.md).
 """
 
 from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, row_rng
+from gpufeed._image.augment.compose import RandomApply, RandomChoice, RandomOrder
 from gpufeed._image.augment.erasing import RandomErasing, TimmRandomErasing
 from gpufeed._image.augment.ops import (
     ColorJitter,
     GaussianBlur,
     RandomAdjustSharpness,
+    RandomAffine,
     RandomAutocontrast,
     RandomEqualize,
     RandomGrayscale,
@@ -24,6 +26,7 @@ from gpufeed._image.augment.ops import (
     RandomVerticalFlip,
 )
 from gpufeed._image.augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from gpufeed._image.augment.timm_auto import TimmAutoAugment
 from gpufeed._image.augment.timm_rand import TimmRandAugment
 
 __all__ = [
@@ -33,18 +36,23 @@ __all__ = [
     "GaussianBlur",
     "RandAugment",
     "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomApply",
     "RandomAutocontrast",
+    "RandomChoice",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomOrder",
     "RandomPosterize",
     "RandomRotation",
     "RandomSolarize",
     "RandomVerticalFlip",
     "RowOp",
     "RowOps",
+    "TimmAutoAugment",
     "TimmRandAugment",
     "TimmRandomErasing",
     "TrivialAugmentWide",

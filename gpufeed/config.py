@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufeed.errors import shorten
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int. Found: {shorten(value)} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}. Found: {value}.")
+from gpufeed.errors import check_int, shorten
 
 
 def _check_seconds(name: str, value: object, minimum: float) -> None:
@@ -39,7 +32,7 @@ class EngineConfig:
     liveness_interval_s: float = 0.25
 
     def __post_init__(self) -> None:
-        _check_int("max_worker_restarts", self.max_worker_restarts, 0)
-        _check_int("max_batch_bytes", self.max_batch_bytes, 1 << 16)
+        check_int("max_worker_restarts", self.max_worker_restarts, 0, typed=True)
+        check_int("max_batch_bytes", self.max_batch_bytes, 1 << 16, typed=True)
         _check_seconds("shutdown_timeout_s", self.shutdown_timeout_s, 0.0)
         _check_seconds("liveness_interval_s", self.liveness_interval_s, 0.001)

@@ -19,6 +19,7 @@ gpufeed only adds a note naming the worker, pid and sample indices.
 from __future__ import annotations
 
 import reprlib
+from typing import TypeGuard
 
 
 class GpufeedError(RuntimeError):
@@ -83,3 +84,34 @@ def shorten(value: object) -> str:
     """``repr(value)`` cut to a readable length (``reprlib``), for messages that show a user's
     value: a sample holding a whole JPEG must not print the JPEG."""
     return _REPR.repr(value)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int and not a bool (``True`` is an int to Python, never a count to gpufeed)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None, *,
+              rule: str | None = None, kind: str = "an int", subject: str = "", typed: bool = False) -> int:
+    """``value``, checked to be an int (not a bool) in ``[minimum, maximum]``, for an argument ``name``.
+
+    Otherwise a ``ValueError``: "`name` must be an int >= minimum. Found: value." (``rule``
+    replaces ">= minimum", e.g. "in 0-65535 (0: any free port)"; ``kind`` replaces "an int",
+    e.g. "None or an int"; ``subject`` comes first, e.g. "the dataset's "). With ``typed``, a
+    value that is no int is a ``TypeError`` ("`name` must be an int. Found: value (type).") and
+    one out of range a ``ValueError`` ("`name` must be >= minimum. Found: value.").
+    """
+    low = minimum is not None and is_int(value) and value < minimum
+    high = maximum is not None and is_int(value) and value > maximum
+    if typed:
+        if not is_int(value):
+            raise TypeError(f"{subject}`{name}` must be {kind}. Found: {shorten(value)} ({type(value).__name__}).")
+        if low or high:
+            bound = f">= {minimum}" if low else f"<= {maximum}"
+            raise ValueError(f"{subject}`{name}` must be {rule or bound}. Found: {value}.")
+        return value
+    if not is_int(value) or low or high:
+        if rule is None:
+            rule = f">= {minimum}" if maximum is None else f"in {minimum}-{maximum}"
+        raise ValueError(f"{subject}`{name}` must be {kind} {rule}. Found: {shorten(value)}.")
+    return value

@@ -26,7 +26,7 @@ from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
-from gpufeed.errors import GpufeedWarning, shorten
+from gpufeed.errors import GpufeedWarning, check_int, shorten
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -150,14 +150,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         if cache_scope not in SCOPES:
             raise ValueError(f"`cache_scope` must be one of {', '.join(map(repr, SCOPES))}. "
                              f"Found: {shorten(cache_scope)}.")
-        if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 1:
-            raise ValueError(f"`prefetch_batches` must be an int >= 1. Found: {shorten(prefetch_batches)}.")
-        if metrics_port is not None and (
-            isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or not 0 <= metrics_port <= 65535
-        ):
-            raise ValueError(
-                f"`metrics_port` must be an int in 0-65535 (0: any free port). Found: {shorten(metrics_port)}."
-            )
+        check_int("prefetch_batches", prefetch_batches, 1)
+        if metrics_port is not None:
+            check_int("metrics_port", metrics_port, 0, 65535, rule="in 0-65535 (0: any free port)")
         resolve_device(device)
         check_local_ranks(local_ranks)
         # Every option is an attribute under its parameter name, holding the value given (decision
@@ -365,8 +360,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         Augmentation epochs are counted automatically; sampler epochs are not (as with
         DataLoader): call this before each epoch, as with a ``DistributedSampler``.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"`epoch` must be an int >= 0. Found: {shorten(epoch)}.")
+        check_int("epoch", epoch, 0)
         self._epoch = epoch
         for sampler in self._epoch_samplers():
             sampler.set_epoch(epoch)

@@ -14,9 +14,10 @@ parameters of its ops, and :func:`from_torchvision` does the same on request. Tr
   scale=True)`` / ``ConvertImageDtype`` and ``Normalize`` -> the batch's ``dtype`` and
   ``normalize``, applied once per batch (on the GPU with ``FastLoader(device=...)``);
 - augmentations gpufeed has (``gpufeed.augment``: flips with any ``p``, ``ColorJitter``,
-  ``RandomGrayscale``, ``GaussianBlur``, the point ops, ``RandomRotation``,
-  ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, timm's ``rand-m*`` RandAugment,
-  torchvision's and timm's ``RandomErasing``) -> that op with the same parameters, on the uint8
+  ``RandomGrayscale``, ``GaussianBlur``, the point ops, ``RandomRotation``, ``RandomAffine``,
+  ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, timm's ``rand-m*`` RandAugment and
+  AutoAugment, torchvision's and timm's ``RandomErasing``, and ``RandomApply`` /
+  ``RandomChoice`` / ``RandomOrder`` of these) -> that op with the same parameters, on the uint8
   rows in the workers (``RandomErasing``: on the normalized float rows);
 - any other op that accepts tensors (a torchvision op, or a user's callable or
   ``torch.nn.Module`` placed after the conversion to tensor) -> run as given on each row as a

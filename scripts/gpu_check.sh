@@ -121,16 +121,16 @@ fi
 json() { [ -n "${OUT:-}" ] && echo "--json $OUT/$1"; }
 CHECKS=(
   "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
-  "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py $(json cuda_feed.json)"
-  "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cuda --budget-s 120 $(json serve_gpu.json)"
-  "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --budget-s 100 $(json core_scaling.json)"
+  "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY -m benchmarks.cuda_feed $(json cuda_feed.json)"
+  "benchmarks/serve.py|$SERVE_LIMIT_S|$PY -m benchmarks.serve --device cuda --budget-s 120 $(json serve_gpu.json)"
+  "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY -m benchmarks.core_scaling --budget-s 100 $(json core_scaling.json)"
 )
 if [ -n "$DRY" ]; then  # the same checks in their CPU form, tiny
   CHECKS=(
     "pytest tests/gpu|$TEST_LIMIT_S|$PY -m pytest tests/gpu -q -p no:cacheprovider"
-    "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY benchmarks/cuda_feed.py --cpu-dry-run --data-dir $WORK/cuda-feed-dry $(json cuda_feed.json)"
-    "benchmarks/serve.py|$SERVE_LIMIT_S|$PY benchmarks/serve.py --device cpu --models resnet18 --rates 0.5 1 --duration 0.5 --calibrate-s 0.5 --images 8 --max-batch-size 8 --clients 0 --budget-s 60 --stop-after-fails 2 $(json serve_gpu.json)"
-    "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY benchmarks/core_scaling.py --workers 1,2 --images 24 --dir $WORK/scaling-dry --batch-size 8 --size 64 --resize 72 --seconds 0.5 --rounds 1 $(json core_scaling.json)"
+    "benchmarks/cuda_feed.py|$BENCH_LIMIT_S|$PY -m benchmarks.cuda_feed --cpu-dry-run --data-dir $WORK/cuda-feed-dry $(json cuda_feed.json)"
+    "benchmarks/serve.py|$SERVE_LIMIT_S|$PY -m benchmarks.serve --device cpu --models resnet18 --rates 0.5 1 --duration 0.5 --calibrate-s 0.5 --images 8 --max-batch-size 8 --clients 0 --budget-s 60 --stop-after-fails 2 $(json serve_gpu.json)"
+    "benchmarks/core_scaling.py|$SCALING_LIMIT_S|$PY -m benchmarks.core_scaling --workers 1,2 --images 24 --dir $WORK/scaling-dry --batch-size 8 --size 64 --resize 72 --seconds 0.5 --rounds 1 $(json core_scaling.json)"
   )
 fi
 started=$(date +%s)

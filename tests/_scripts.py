@@ -1,13 +1,10 @@
-"""Running the repository's scripts (benchmarks/, examples/) from tests: their environment, and
-loading one as a module to test its functions."""
+"""Running the repository's scripts (benchmarks/, examples/) from tests: their environment (the
+benchmarks are a package, run as ``python -m benchmarks.NAME`` and imported as modules)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,14 +16,3 @@ def script_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("OUT", None)
     return env
-
-
-def load_script(path: Path, name: str) -> ModuleType:
-    """The script at ``path`` imported as module ``name`` (registered in ``sys.modules``, where
-    dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests._concurrent import call_all
+from tests._folders import ImageFolders
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,3 +70,11 @@ def side_by_side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 def _bound(run: Callable[[pytest.TempPathFactory], Any], factory: pytest.TempPathFactory) -> Callable[[], Any]:
     return lambda: run(factory)
 
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> ImageFolders:
+    """Factory of synthetic image folders: ``image_folder(num_classes=2, per_class=6,
+    size=((60, 90), (70, 100)), seed=3) -> root``, written once per spec per test run (see
+    tests/_folders.py; ``private=True`` for a folder the caller may change)."""
+    return ImageFolders(tmp_path_factory)

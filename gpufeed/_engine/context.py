@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 import weakref
@@ -55,7 +56,7 @@ class EngineContext:
         engines: the live engines (for worker pids and usage).
         registrar: page-locks arena slots for CUDA (created with the arena when wanted).
         skeletons: the packed skeletons of batches the plug-in completed, by their layout
-            (``CompletingPlugin.complete``), reused by every engine of the loader.
+            (``FillPlugin.complete``), reused by every engine of the loader.
 
     ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda.CudaFeed.registrar``, given
     by the loader), used only for ``cuda_output`` and when CUDA is available. Arena memory is
@@ -151,3 +152,43 @@ class EngineContext:
         arena, self._arena, self.registrar = self._arena, None, None
         if arena is not None:
             arena.close()
+
+
+_CGROUP = "/sys/fs/cgroup"  # the cgroup v2 root of this process (a test points it elsewhere)
+
+
+def cgroup_path(name: str, cgroup_dir: str | None = None) -> str:
+    """The path of the cgroup v2 file ``name`` (in ``cgroup_dir``, default ``/sys/fs/cgroup``)."""
+    return os.path.join(cgroup_dir or _CGROUP, name)
+
+
+def usable_cpus() -> list[int]:
+    """CPU numbers this process may run on (all CPUs where affinity is unsupported)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cgroup_quota_cores(cgroup_dir: str | None = None) -> float | None:
+    """The cgroup v2 CPU quota in cores (``cpu.max``; possibly fractional), or None without one."""
+    try:
+        with open(cgroup_path("cpu.max", cgroup_dir)) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        cores = int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return cores if cores > 0 else None
+
+
+def usable_cores(cgroup_dir: str | None = None) -> int:
+    """Whole cores this process may keep busy, i.e. how many processes can run at once: the CPUs
+    of its affinity mask, capped by the cgroup CPU quota rounded up (``min(affinity CPUs,
+    ceil(quota))``, at least 1)."""
+    cpus = len(usable_cpus())
+    quota = cgroup_quota_cores(cgroup_dir)
+    return max(1, cpus if quota is None else min(cpus, math.ceil(quota)))

@@ -6,7 +6,7 @@ takes in their replies (``poll`` / ``wait``), in arrival order; the engine does 
 * starts the workers (``WorkerPool``; with ``lazy_workers``, each at its first task) and sends
   each task, with a cold fallback slot from the ``SlotLedger`` (or a slot the plug-in wrote
   into, when it binds slots);
-* lets the plug-in complete a task in the parent (``CompletingPlugin.look_up`` at submission,
+* lets the plug-in complete a task in the parent (``FillPlugin.look_up`` at submission,
   ``complete`` when it is handed out, in the slot freed last: no worker involved); its reply is
   queued and comes out of ``poll``/``wait`` first, like any other;
 * reads the typed replies: claims of warm slots go to the ledger, replies of an abandoned pass
@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
-from typing import Any, cast
+from typing import Any
 
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext
@@ -53,7 +53,7 @@ from gpufeed._engine.messages import (
     Task,
     WorkerException,
 )
-from gpufeed._engine.plugin import CompletingPlugin, LookUp
+from gpufeed._engine.plugin import LookUp
 from gpufeed._engine.pool import WorkerPool, describe_exit
 from gpufeed._engine.transport import pack_views, unpack
 from gpufeed._engine.worker import WorkerSpec
@@ -152,7 +152,8 @@ class Engine:
     always re-sent. None (FastIter): always re-sent, every sample exactly once.
     ``lazy_workers``: start each worker at its first task instead of now (a driver whose plug-in
     may complete every task in the parent, so that a pass that needs no worker starts none; a
-    latency-bound driver keeps them eager).
+    latency-bound driver keeps them eager). ``clock``: monotonic seconds, for the waits' deadlines
+    and the restart window (a test passes a manual clock, e.g. ``gpufeed.serve.clock.ManualClock.now``).
     """
 
     def __init__(
@@ -166,12 +167,14 @@ class Engine:
         max_task_retries: int | None = None,
         lazy_workers: bool = False,
         restart_window_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"`num_workers` must be >= 1 for the engine. Found: {num_workers}.")
         if restart_window_s is not None and not restart_window_s > 0:
             raise ValueError(f"`restart_window_s` must be > 0 seconds or None. Found: {restart_window_s}.")
         self._context = context
+        self._clock = clock
         self._stats = context.stats
         self._config = context.config
         self._plugin = context.plugin
@@ -296,18 +299,20 @@ class Engine:
         try:
             record.extra = self._prepare(record, count=True, found=None if found is None else found.extra)
         except BaseException:
-            self._ledger.answered(key, worker_id)
-            self._records.pop(key, None)
-            self._ledger.release(key)
+            self._forget(key, worker_id)
             raise
         self._send(record)
         return record
 
     def _look_up(self, tag: Any, index: Any) -> LookUp | None:
-        """The plug-in's look-up at submission (``CompletingPlugin.look_up``), or None."""
-        # Optional in a plug-in (one written before it existed never completes tasks).
-        look_up = getattr(self._plugin, "look_up", None)
-        return None if look_up is None else look_up(tag, index, True)
+        """The plug-in's look-up at submission (``FillPlugin.look_up``), or None without a plug-in."""
+        return None if self._plugin is None else self._plugin.look_up(tag, index, True)
+
+    def _forget(self, key: TaskKey, worker_id: int) -> None:
+        """The task is owed no more (a reply that still comes is ignored) and its slot is freed."""
+        self._ledger.answered(key, worker_id)
+        self._records.pop(key, None)
+        self._ledger.release(key)
 
     def _make_here(self, record: TaskRecord) -> tuple[Done, Any]:
         """Make a task the plug-in completes in the parent: bind a slot now (the one freed last:
@@ -318,13 +323,14 @@ class Engine:
         slot = self._ledger.bind(key)
         try:
             slot_view = self._arena.slot_tensor(slot)
-            made = cast(CompletingPlugin, self._plugin).complete(record.index, record.extra, slot_view)
-            data, report = made[0], made[1]
-            layout = made[2] if len(made) > 2 else None
+            if self._plugin is None:  # a record is NO_SLOT only when a plug-in's look-up said so
+                raise RuntimeError("gpufeed: a task to complete in the parent, without a plug-in")
+            made = self._plugin.complete(record.index, record.extra, slot_view)
+            report, layout = made.report, made.layout
             t1 = time.perf_counter()
             packed = None if layout is None else self._skeletons.get(layout)
             if packed is None:
-                packed = pack_views(data, slot_view)
+                packed = pack_views(made.batch, slot_view)
                 if layout is not None and packed[2] == 0:  # nothing went inline: the same for every batch
                     if len(self._skeletons) >= MAX_SKELETONS:
                         self._skeletons.clear()
@@ -371,7 +377,7 @@ class Engine:
         slot_view = self._arena.slot_tensor(record.slot)
         if found is None:
             return self._plugin.prepare(record.tag, record.index, slot_view, count)
-        return cast(CompletingPlugin, self._plugin).prepare(record.tag, record.index, slot_view, count, found)
+        return self._plugin.prepare(record.tag, record.index, slot_view, count, found)
 
     def _send(self, record: TaskRecord) -> None:
         task = Task(epoch=record.epoch, idx=record.idx, slot=record.slot, index=record.index,
@@ -421,13 +427,13 @@ class Engine:
         batches (never before the first reply, nor when the plug-in binds slots; see
         docs/design/engine-lifecycle.md, "Trimming").
         """
-        now = time.monotonic()
+        now = self._clock()
         deadline = None if timeout_s is None else now + timeout_s
         trim_at = None
         if not self.parent_binds and self.task_s is not None:
             trim_at = now + max(IDLE_TRIM_MIN_S, IDLE_TRIM_TASKS * self.task_s)
         while True:
-            now = time.monotonic()
+            now = self._clock()
             wait_s = self._config.liveness_interval_s
             if trim_at is not None:
                 wait_s = min(wait_s, max(0.0, trim_at - now))
@@ -439,7 +445,7 @@ class Engine:
             arrived = self.poll(wait_s, on_death)
             if arrived:
                 return arrived
-            if trim_at is not None and time.monotonic() >= trim_at:
+            if trim_at is not None and self._clock() >= trim_at:
                 self._arena.trim_waiting()  # stalled: the slots waiting are not needed soon
                 trim_at = None
 
@@ -513,10 +519,7 @@ class Engine:
         """The driver will not read this task: it is owed no more (a reply that still comes is
         ignored) and its slot is freed. Only for a task that was answered, or whose worker will
         never answer it (it ended its epoch): a worker may still be writing an unanswered one."""
-        key = record.key
-        self._ledger.answered(key, record.worker_id)
-        self._records.pop(key, None)
-        self._ledger.release(key)
+        self._forget(record.key, record.worker_id)
 
     # -- faults -----------------------------------------------------------------------------
     def _on_death(self, worker_id: int, on_death: DeathPolicy | None) -> list[Arrival]:
@@ -526,15 +529,13 @@ class Engine:
         owed = self._ledger.unanswered[worker_id]
         current = sorted(idx for (ep, idx) in owed if ep == self.epoch)
         for key in [k for k in owed if k[0] != self.epoch]:  # stale epochs: nobody waits for them
-            self._ledger.answered(key, worker_id)
-            self._records.pop(key, None)
-            self._ledger.release(key)
+            self._forget(key, worker_id)
         death = WorkerDeath(worker_id, pid, f"gpufeed worker {worker_id} (pid {pid}) {describe_exit(exitcode)}",
                             [self._records[(self.epoch, idx)] for idx in current])
         if on_death is not None:
             on_death(death)
         limit = self._config.max_worker_restarts
-        now = time.monotonic()
+        now = self._clock()
         window = self.restart_window_s
         while window is not None and self._restart_times and self._restart_times[0] <= now - window:
             self._restart_times.popleft()

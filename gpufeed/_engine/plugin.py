@@ -15,14 +15,14 @@ A plug-in has two halves:
   after its worker died) and may write into the task's slot first (cache hits); what it returns
   travels as ``Task.extra``. ``absorb()`` runs when the batch is handed out, with the slot
   still readable (to fill a cache). ``look_up()`` runs first at submission, before a slot is
-  bound (optional, ``CompletingPlugin``): it may say that the plug-in makes the whole batch
-  itself (the image path, when the cache holds every row); then no worker is involved, and
-  ``complete()`` builds the batch when it is handed out (``Engine.result``), in a slot bound
-  then: the one freed last, whose pages are warm and often still in the CPU caches. A plug-in
-  without them never completes a task; ``FastIter`` starts workers lazily, each at its first
-  task. ``parent_binds`` says whether ``prepare`` writes slots: a task's slot is then bound at
-  submission and workers do not swap it for a warm one, unless its look-up says that
-  ``prepare`` writes nothing (``LookUp.writes``: a batch of misses, as in a cold epoch).
+  bound: it may say that the plug-in makes the whole batch itself (the image path, when the
+  cache holds every row); then no worker is involved, and ``complete()`` builds the batch when
+  it is handed out (``Engine.result``), in a slot bound then: the one freed last, whose pages
+  are warm and often still in the CPU caches. A plug-in that subclasses ``FillPlugin`` and
+  keeps its default ``look_up`` never completes a task; ``FastIter`` starts workers lazily, each
+  at its first task. ``parent_binds`` says whether ``prepare`` writes slots: a task's slot is
+  then bound at submission and workers do not swap it for a warm one, unless its look-up says
+  that ``prepare`` writes nothing (``LookUp.writes``: a batch of misses, as in a cold epoch).
 
 The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
 the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
@@ -54,13 +54,23 @@ class FillReport(Protocol):
         """Samples in the batch as filled (the ones a filler left out are not counted)."""
 
 
-# What ``CompletingPlugin.complete`` returns: (batch, report) or (batch, report, layout).
-Completed = tuple[Any, FillReport] | tuple[Any, FillReport, Hashable]
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """What ``FillPlugin.complete`` made: the batch (its tensors views of the slot) and its report.
+
+    ``layout``: a hashable that fixes the batch's structure, dtypes, shapes and places in the
+    slot (the image path: the batch size), or None. The engine packs the first batch of each
+    layout and reuses its skeleton for the next ones.
+    """
+
+    batch: Any
+    report: FillReport
+    layout: Hashable | None = None
 
 
 @dataclass(frozen=True)
 class LookUp:
-    """What ``CompletingPlugin.look_up`` found for a task at submission.
+    """What ``FillPlugin.look_up`` found for a task at submission.
 
     ``report`` set: the plug-in makes the whole batch in the parent; ``extra`` is then what its
     ``complete`` gets when the batch is handed out, and ``report`` (the batch's report, which a
@@ -106,44 +116,36 @@ class BatchFiller(Protocol):
 
 
 class FillPlugin(Protocol):
-    """Parent half of a plug-in."""
+    """Parent half of a plug-in. A plug-in subclasses it for the defaults of ``look_up`` (found
+    nothing: the task goes to a worker) and ``complete`` (never called then)."""
 
-    @property
-    def filler(self) -> BatchFiller:
-        """The worker half."""
+    filler: BatchFiller  # the worker half
 
     @property
     def parent_binds(self) -> bool:
         """``prepare`` writes into task slots (so a slot is bound when its task is submitted)."""
 
-    def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, /) -> Any:
+    def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, found: Any = None, /) -> Any:
         """Per-task data for the worker (``Task.extra``), possibly written into ``slot`` (the
         whole slot as uint8). ``tag``: the value the driver submitted the task with (FastIter:
         the augmentation epoch). ``count`` is False when a task is prepared again for a
-        replacement worker."""
+        replacement worker. ``found``: the ``LookUp.extra`` of the task's look-up at submission
+        (None when it found nothing, or the task is prepared again after a death; the engine
+        then passes only the first four arguments)."""
 
     def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
         """A batch is handed out; ``slot`` holds what the worker wrote."""
 
-
-class CompletingPlugin(FillPlugin, Protocol):
-    """A ``FillPlugin`` that may also complete tasks in the parent (``look_up`` and ``complete``
-    are optional: the engine looks them up, and a plug-in without them never completes a task)."""
-
-    def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, found: Any = None, /) -> Any:
-        """As ``FillPlugin.prepare``; ``found``: the ``LookUp.extra`` of the task's look-up at
-        submission (None when it is prepared again after a death)."""
-
     def look_up(self, tag: Any, index: Any, count: bool, /) -> LookUp:
         """At submission, before any slot is bound: whether the plug-in will make the whole
         batch of ``index`` itself (``LookUp.report`` set), and what it found for ``prepare``
-        otherwise."""
+        otherwise. By default nothing: the task goes to a worker."""
+        return LookUp(None)
 
     def complete(self, index: Any, extra: Any, slot: torch.Tensor, /) -> Completed:
         """Make the batch of a task whose look-up said so (``extra``: ``LookUp.extra``) in
-        ``slot`` (the whole slot as uint8, bound when the batch is handed out): (batch, report),
-        the batch's tensors being views of ``slot``; the engine packs them as a worker's reply.
-
-        Or (batch, report, layout): ``layout`` is a hashable that fixes the batch's structure,
-        dtypes, shapes and places in the slot (the image path: the batch size). The engine
-        packs the first batch of each layout and reuses its skeleton for the next ones."""
+        ``slot`` (the whole slot as uint8, bound when the batch is handed out), the batch's
+        tensors being views of ``slot``; the engine packs them as a worker's reply. Called only
+        for a task whose ``look_up`` set ``LookUp.report``."""
+        raise RuntimeError(
+            f"gpufeed: {type(self).__name__}.look_up said it completes a batch, but it has no complete()")

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed.errors import shorten
+from gpufeed.errors import is_int, shorten
 
 __all__ = ["LocalRanks", "check_local_ranks", "cpu_share", "cpu_shares", "find_local_ranks", "fitting_workers"]
 
@@ -39,7 +39,7 @@ def check_local_ranks(value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
     ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value)
+        is_int(v) for v in value)
     if not ok or not 0 <= value[0] < value[1]:
         raise ValueError(
             "`local_ranks` must be None or (local rank, number of local ranks) with "

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from gpufeed._engine.signals import ignore_sigint
 from gpufeed._engine.threads import settle, shutdown_pools, thread_pool
 from gpufeed._engine.transport import pack
 from gpufeed._resume.rng import RngTracker
-from gpufeed.errors import add_note
+from gpufeed.errors import add_note, check_int
 
 if TYPE_CHECKING:
     from gpufeed._engine.plugin import BatchFiller, FillReport, Prefetched
@@ -99,9 +99,7 @@ def fetch_threads_of(dataset: Any) -> int:
     value = getattr(dataset, "fetch_threads", 0)
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"the dataset's `fetch_threads` must be an int >= 0. Found: {value!r:.60}.")
-    return value
+    return check_int("fetch_threads", value, 0, subject="the dataset's ")
 
 
 class _MapFetcher:
@@ -287,76 +285,108 @@ def _make_fetcher(spec: WorkerSpec) -> _Fetcher:
     return _IterableFetcher(spec) if spec.is_iterable else _MapFetcher(spec)
 
 
-def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Connection,
-          tracker: RngTracker | None = None) -> None:
-    w = _writer
-    assert w is not None and spec.arena is not None
-    warm_fd = spec.arena.warm_fd
-    reported_end = False  # this epoch's end was sent: like torch, later tasks get no reply
+@dataclass(slots=True)
+class _LoopState:
+    """What a worker's task loop keeps between messages (one per worker process)."""
+
+    spec: WorkerSpec
+    tasks: Connection
+    results: Connection
+    writer: SlotWriter
+    warm_fd: int  # the arena's pipe of warm slots
+    fetcher: _Fetcher
+    tracker: RngTracker | None = None
+    reported_end: bool = False  # this epoch's end was sent: like torch, later tasks get no reply
     failed_restore: Exception | None = None  # a Restore's error, the reply of the next task
-    last_task_s = 0.0  # how long the previous task took, reply included (s)
+    last_task_s: float = 0.0  # how long the previous task took, reply included (s)
     # Messages taken from the pipe ahead of their turn, with what the filler's prefetch started
     # for them; handled in pipe order, so only the prefetch happens early.
-    queued: deque[tuple[ToWorker, Prefetched | None]] = deque()
+    queued: deque[tuple[ToWorker, Prefetched | None]] = field(default_factory=deque)
 
-    def more() -> None:
+    def next_message(self) -> tuple[ToWorker, Prefetched | None]:
+        """The next message in pipe order (one taken ahead first), with its prefetch if any."""
+        return self.queued.popleft() if self.queued else (self.tasks.recv(), None)
+
+    def more(self) -> None:
         """The filler's way to begin the tasks that arrive while it fills one."""
         try:
-            _take_queued(spec, tasks, queued)
+            _take_queued(self.spec, self.tasks, self.queued)
         except (EOFError, OSError):
             pass  # the parent went away: the loop's own recv meets it
 
+    def reset(self) -> None:
+        """A new pass: a fresh iterator of the dataset."""
+        self.fetcher = _make_fetcher(self.spec)
+        self.reported_end = False
+
+    def restore(self, msg: Restore) -> None:
+        """Apply a resumed pass's states; an error becomes the reply of the next task."""
+        self.failed_restore = _restore(self.spec, self.tracker, msg)
+        if msg.dataset_state is not None:
+            self.reset()  # its iterator starts where the loaded state says
+
+    def run(self, msg: Task, ahead: Prefetched | None) -> None:
+        """Fill ``msg``'s slot and send its reply (skipped when stopping or past the epoch's end)."""
+        spec, w = self.spec, self.writer
+        if self.reported_end or _stopping(spec):
+            _close(ahead)  # shutting down (as torch's done_event): queued tasks are skipped, not run
+            return
+        if spec.filler is not None:
+            if ahead is None:
+                ahead = _prefetch(spec, msg)
+            _take_queued(spec, self.tasks, self.queued)
+        if msg.swap:
+            wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * self.last_task_s)
+            w.begin_late(functools.partial(_pick_slot, self.warm_fd, self.results, msg.epoch, msg.idx,
+                                           msg.slot, wait_s))
+        else:
+            w.begin(msg.slot)
+        t0 = time.perf_counter()
+        reply: Done | Failed | End
+        try:
+            if self.failed_restore is not None:
+                error, self.failed_restore = self.failed_restore, None
+                raise error
+            reply = _run(spec, self.fetcher, msg, w, ahead, self.tracker, self.more)
+        except StopIteration as exc:
+            if isinstance(self.fetcher, _IterableFetcher):
+                self.reported_end = True
+                reply = End(epoch=msg.epoch, idx=msg.idx)
+            else:
+                reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
+        except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
+            reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
+        finally:
+            w.end()
+            _close(ahead)
+        self.results.send(reply)
+        del reply
+        self.last_task_s = time.perf_counter() - t0
+
+    def close_queued(self) -> None:
+        """Release what the prefetch started for messages never handled."""
+        for _, ahead in self.queued:
+            _close(ahead)
+
+
+def _loop(spec: WorkerSpec, fetcher: _Fetcher, tasks: Connection, results: Connection,
+          tracker: RngTracker | None = None) -> None:
+    assert _writer is not None and spec.arena is not None
+    state = _LoopState(spec, tasks, results, _writer, spec.arena.warm_fd, fetcher, tracker)
     try:
         while True:
-            msg, ahead = queued.popleft() if queued else (tasks.recv(), None)
-            if isinstance(msg, Exit):
-                return
-            if isinstance(msg, Reset):
-                fetcher = _make_fetcher(spec)
-                reported_end = False
-                continue
-            if isinstance(msg, Restore):
-                failed_restore = _restore(spec, tracker, msg)
-                if msg.dataset_state is not None:
-                    fetcher = _make_fetcher(spec)  # its iterator starts where the loaded state says
-                    reported_end = False
-                continue
-            if reported_end or _stopping(spec):
-                _close(ahead)  # shutting down (as torch's done_event): queued tasks are skipped, not run
-                continue
-            if spec.filler is not None:
-                if ahead is None:
-                    ahead = _prefetch(spec, msg)
-                _take_queued(spec, tasks, queued)
-            if msg.swap:
-                wait_s = min(MAX_WARM_WAIT_S, WARM_WAIT_FRACTION * last_task_s)
-                w.begin_late(functools.partial(_pick_slot, warm_fd, results, msg.epoch, msg.idx, msg.slot, wait_s))
-            else:
-                w.begin(msg.slot)
-            t0 = time.perf_counter()
-            reply: Done | Failed | End
-            try:
-                if failed_restore is not None:
-                    error, failed_restore = failed_restore, None
-                    raise error
-                reply = _run(spec, fetcher, msg, w, ahead, tracker, more)
-            except StopIteration as exc:
-                if isinstance(fetcher, _IterableFetcher):
-                    reported_end = True
-                    reply = End(epoch=msg.epoch, idx=msg.idx)
-                else:
-                    reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
-            except Exception as exc:  # noqa: BLE001 (user code: the parent re-raises it)
-                reply = Failed(epoch=msg.epoch, idx=msg.idx, error=WorkerException.capture(exc))
-            finally:
-                w.end()
-                _close(ahead)
-            results.send(reply)
-            del reply
-            last_task_s = time.perf_counter() - t0
+            msg, ahead = state.next_message()
+            match msg:
+                case Exit():
+                    return
+                case Reset():
+                    state.reset()
+                case Restore():
+                    state.restore(msg)
+                case Task():
+                    state.run(msg, ahead)
     finally:
-        for _, ahead in queued:
-            _close(ahead)
+        state.close_queued()
 
 
 def _stopping(spec: WorkerSpec) -> bool:

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
-from gpufeed._engine.plugin import LookUp
+from gpufeed._engine.plugin import Completed, FillPlugin, LookUp
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.torchvision import is_torchvision
@@ -226,7 +226,7 @@ class ParentBatch:
     rows: list[Any]  # the cached rows, in batch order
 
 
-class ImageFeed:
+class ImageFeed(FillPlugin):
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
 
@@ -311,8 +311,7 @@ class ImageFeed:
             start += row_bytes
         return tuple(done)
 
-    def complete(self, indices: list[int], task: ParentBatch, buf: torch.Tensor,
-                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport, tuple[str, int]]:
+    def complete(self, indices: list[int], task: ParentBatch, buf: torch.Tensor) -> Completed:
         """Make a batch ``look_up`` found whole in the cache, in ``buf`` (the slot, bound as the
         batch is handed out): the rows, then the labels, written as a worker writes them, so the
         bytes are the same."""
@@ -335,7 +334,7 @@ class ImageFeed:
         report = FillReport(kept=list(range(n)), post_s=time.perf_counter() - t0)
         # The layout (where the rows and labels lie, their shapes) depends on n alone: the
         # engine packs the skeleton once per batch size.
-        return (images, labels), report, ("rows", n)
+        return Completed((images, labels), report, layout=("rows", n))
 
     def absorb(self, indices: list[int], task: ImageTask | ParentBatch, report: FillReport, buf: torch.Tensor) -> None:
         """Count the batch; add what the worker produced to the cache; log skips once per file."""

@@ -185,7 +185,6 @@ def _fill(
     reads: _Sequential | BatchReads,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
     n = len(indices)
-    off_labels, off_floats, _ = plan.offsets(n)
     report = FillReport()
     done = set(task.done)
     given = {pos: (off, nbytes) for pos, off, nbytes in task.given}
@@ -244,6 +243,17 @@ def _fill(
     t2 = time.perf_counter()
     if buf is None:  # every sample failed
         buf = bind()
+    batch = _finish(plan, indices, task, report, label_values, buf)
+    report.post_s = time.perf_counter() - t2
+    return batch, report
+
+
+def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillReport, label_values: list[int],
+            buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's end, once per batch: write the labels, move the kept rows up (in order), convert
+    to the output dtype and layout, run the float ops; returns (images, labels) of the kept rows."""
+    n = len(indices)
+    off_labels, off_floats, _ = plan.offsets(n)
     rows_t = plan.rows(buf, n)
     rows = rows_t.numpy()
     labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
@@ -267,8 +277,7 @@ def _fill(
             result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
             if result is not row:
                 row.copy_(torch.as_tensor(result))
-    report.post_s = time.perf_counter() - t2
-    return (images, labels[:k]), report
+    return images, labels[:k]
 
 
 def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:

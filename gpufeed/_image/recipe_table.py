@@ -106,6 +106,18 @@ def _rotation(op: Any, domain: str) -> Made:
                  interpolation=_interp(op.interpolation), fill=_fill(op.fill))
 
 
+def _floats(value: Any) -> Any:
+    return None if value is None else tuple(float(v) for v in value)
+
+
+def _affine(op: Any, domain: str) -> Made:
+    if getattr(op, "center", None) is not None:
+        return "RandomAffine with a center other than the image's"
+    return _make("RandomAffine", degrees=_floats(op.degrees), translate=_floats(op.translate),
+                 scale=_floats(op.scale), shear=_floats(op.shear),
+                 interpolation=_interp(op.interpolation), fill=_fill(op.fill))
+
+
 def _policy(cls_name: str, *names: str) -> Callable[[Any, str], Made]:
     def build(op: Any, domain: str) -> Made:
         kwargs = {n: getattr(op, n) for n in names}
@@ -138,7 +150,41 @@ def _timm_policy(cls_name: str) -> Callable[[Any, str], Made]:
     return build
 
 
+def _inner(op: Any, domain: str) -> Made:
+    """gpufeed's ops for the ops of container ``op`` (a tuple of RowOps), or why not / None."""
+    made = []
+    for inner in op.transforms:
+        got = gpufeed_op(inner, domain)
+        if got is None or isinstance(got, str):
+            return got
+        if not isinstance(got, _augment().RowOp):
+            return f"{type(inner).__name__} inside {type(op).__name__} runs on the float rows"
+        made.append(got)
+    return tuple(made)
+
+
+def _random_apply(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    return inner if not isinstance(inner, tuple) else _make("RandomApply", transforms=inner,
+                                                             p=float(op.p))
+
+
+def _random_choice(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    weights = getattr(op, "p", None)
+    return inner if not isinstance(inner, tuple) else _make(
+        "RandomChoice", transforms=inner, p=None if weights is None else tuple(weights))
+
+
+def _random_order(op: Any, domain: str) -> Made:
+    inner = _inner(op, domain)
+    return inner if not isinstance(inner, tuple) else _make("RandomOrder", transforms=inner)
+
+
 _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
+    "RandomApply": _random_apply,
+    "RandomChoice": _random_choice,
+    "RandomOrder": _random_order,
     "ColorJitter": _color_jitter,
     "RandomGrayscale": _simple("RandomGrayscale", p="p"),
     "GaussianBlur": _simple("GaussianBlur", kernel_size="kernel_size", sigma="sigma"),
@@ -152,6 +198,7 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
     "RandomHorizontalFlip": _simple("RandomHorizontalFlip", p="p"),
     "RandomVerticalFlip": _simple("RandomVerticalFlip", p="p"),
     "RandomRotation": _rotation,
+    "RandomAffine": _affine,
     "TrivialAugmentWide": _policy("TrivialAugmentWide", "num_magnitude_bins"),
     "RandAugment": _policy("RandAugment", "num_ops", "magnitude", "num_magnitude_bins"),
     "AutoAugment": _policy("AutoAugment", "policy"),
@@ -159,6 +206,7 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
 }
 _TIMM: dict[str, Callable[[Any, str], Made]] = {
     "RandAugment": _timm_policy("TimmRandAugment"),
+    "AutoAugment": _timm_policy("TimmAutoAugment"),
     "RandomErasing": _timm_erasing,
 }
 

@@ -24,7 +24,7 @@ from gpufeed._image.transforms import (
     Resize,
     ResizeCenterCrop,
 )
-from gpufeed.errors import GpufeedWarning, shorten
+from gpufeed.errors import GpufeedWarning, is_int, shorten
 
 __all__ = ["TorchvisionPipeline", "explain", "from_torchvision", "is_torchvision"]
 
@@ -248,14 +248,14 @@ def _int_size(value: Any) -> int | None:
     """An int, or a one-element sequence of one (torchvision's Resize([s])), else None."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 1:
         value = value[0]
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if is_int(value) else None
 
 
 def _pair(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return (value, value)
     if isinstance(value, Sequence) and len(value) in (1, 2) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
+            is_int(v) for v in value):
         return (int(value[0]), int(value[-1]))
     return None
 

@@ -33,7 +33,7 @@ from gpufeed.decode import (
 from gpufeed.decode._backends import BACKENDS
 from gpufeed.decode._decode import jpeg_decoder
 from gpufeed.decode._header import Buffer, ImageHeader
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int, is_int, shorten
 
 Size = int | tuple[int, int]
 _INTERPOLATIONS = ("auto", "area", "linear", "bicubic", "random")
@@ -218,8 +218,7 @@ class ResizeCenterCrop(ImageTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _check_size(self.size))
         _set_ops(self)
-        if not isinstance(self.resize, int) or isinstance(self.resize, bool) or self.resize <= 0:
-            raise ValueError(f"`resize` must be an int > 0. Found: {shorten(self.resize)}.")
+        check_int("resize", self.resize, 1, rule="> 0")
         if self.resize < max(self.output_size):
             raise ValueError(f"`resize` must be >= the crop size so the crop fits. Found: "
                              f"resize={self.resize}, size={self.size}; fix: raise `resize` "
@@ -375,10 +374,10 @@ def _set_ops(transform: ImageTransform) -> None:
 
 
 def _check_size(size: Size) -> tuple[int, int]:
-    if isinstance(size, int) and not isinstance(size, bool):
+    if is_int(size):
         pair = (size, size)
     elif isinstance(size, (tuple, list)) and len(size) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in size):
+            is_int(v) for v in size):
         pair = (int(size[0]), int(size[1]))
     else:
         raise ValueError(f"`size` must be an int or a (height, width) pair of ints. "

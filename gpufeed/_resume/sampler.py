@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
+from gpufeed.errors import check_int
+
 __all__ = ["DistributedSampler"]
 
 _MODES = ("train", "eval")
@@ -65,11 +67,11 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             )
         num_replicas = _world_size() if num_replicas is None else num_replicas
         rank = _rank() if rank is None else rank
-        _check_int("num_replicas", num_replicas, minimum=1)
-        _check_int("rank", rank, minimum=0)
+        check_int("num_replicas", num_replicas, 1, typed=True)
+        check_int("rank", rank, 0, typed=True)
         if rank >= num_replicas:
             raise ValueError(f"`rank` must be in [0, num_replicas - 1] = [0, {num_replicas - 1}]. Found: {rank}.")
-        _check_int("seed", seed)
+        check_int("seed", seed, typed=True)
         if mode not in _MODES:
             raise ValueError(f'`mode` must be "train" or "eval". Found: {mode!r}.')
         if mode == "eval" and drop_last:
@@ -153,7 +155,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         epoch starts there, as every iteration of an epoch gives the same order); any other
         epoch starts at its beginning.
         """
-        _check_int("epoch", epoch, minimum=0)
+        check_int("epoch", epoch, 0, typed=True)
         if epoch != self.epoch:
             self._start = 0
             self._yielded = 0
@@ -165,7 +167,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     def global_position(self, samples_per_rank: int) -> int:
         """Position in the global order once every rank has taken ``samples_per_rank`` samples
         of the current iteration: ``start + num_replicas * samples_per_rank``, capped at ``N``."""
-        _check_int("samples_per_rank", samples_per_rank, minimum=0)
+        check_int("samples_per_rank", samples_per_rank, 0, typed=True)
         position = self._start + self.num_replicas * samples_per_rank
         return min(position, self._len())
 
@@ -197,10 +199,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                     f"Build the sampler with the {key} of the checkpointed run."
                 )
         position = state["position"]
-        _check_int("position", position, minimum=0)
+        check_int("position", position, 0, typed=True)
         if position > n:
             raise ValueError(f"`position` must be <= len(dataset) = {n}. Found: {position}.")
-        _check_int("epoch", state["epoch"], minimum=0)
+        check_int("epoch", state["epoch"], 0, typed=True)
         self.epoch = state["epoch"]
         self._start = position
         self._yielded = 0
@@ -211,13 +213,6 @@ def _per_rank(remaining: int, num_replicas: int, drop_last: bool) -> int:
     if drop_last:
         return remaining // num_replicas
     return math.ceil(remaining / num_replicas)
-
-
-def _check_int(name: str, value: object, *, minimum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int. Found: {value!r} ({type(value).__name__}).")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}. Found: {value}.")
 
 
 def _require_process_group(argument: str) -> None:

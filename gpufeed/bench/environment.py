@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 
-from gpufeed.observe.probe import usable_core_count
+from gpufeed._engine.context import usable_cores
 
 __all__ = ["cpu_model", "decode_backend", "describe_environment", "package_version"]
 
@@ -80,7 +80,7 @@ def describe_environment(num_workers: int | None = None) -> dict[str, object]:
         "executable": sys.executable,
         "cpu_model": cpu_model(),
         "logical_cores": os.cpu_count() or 0,
-        "usable_cores": usable_core_count(),  # affinity, cgroup quota
+        "usable_cores": usable_cores(),  # affinity, cgroup quota
         "decode_backend": decode_backend(),
         "num_workers": num_workers,
     }

@@ -19,13 +19,13 @@ import argparse
 import json
 from typing import Any
 
+from gpufeed._engine.context import usable_cores
 from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative_int
 from gpufeed.cli._util import positive_int as _positive
 from gpufeed.loader import FastLoader
 from gpufeed.observe.doctor import diagnose
-from gpufeed.observe.probe import usable_core_count
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 
@@ -38,7 +38,7 @@ def _milliseconds(value: str) -> float:
 
 
 def _default_workers() -> int:
-    return min(8, usable_core_count())
+    return min(8, usable_cores())
 
 
 def add_doctor_parser(sub: Any) -> None:

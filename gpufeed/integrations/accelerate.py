@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "`pip install 'gpufeed[accelerate]'`."
     ) from exc
 
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int, shorten
 from gpufeed.loader import FastLoader
 
 __all__ = ["AcceleratedFastLoader", "AccelerateSetup", "prepare", "skip_first_batches"]
@@ -336,8 +336,7 @@ def skip_first_batches(loader: AcceleratedFastLoader[T_co], num_batches: int) ->
         raise TypeError(
             f"`loader` must come from gpufeed.integrations.accelerate.prepare(). Found: {type(loader).__name__}."
         )
-    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
-        raise ValueError(f"`num_batches` must be an int >= 0. Found: {shorten(num_batches)}.")
+    check_int("num_batches", num_batches, 0)
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is not None:
         raise NotImplementedError(
             "skip_first_batches() needs a map-style dataset prepared with a batch sampler; resume this "

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpufeed._progress import ProgressBar
 from gpufeed.decode import read_header
-from gpufeed.errors import DecodeError, shorten
+from gpufeed.errors import DecodeError, check_int, is_int, shorten
 from gpufeed.observe.evidence import Evidence
 from gpufeed.observe.host_load import HostLoad
 from gpufeed.observe.probe import ProbeResult, TreeProbe
@@ -175,7 +175,7 @@ def _evidence(loader: Any, before: dict[str, Any], after: dict[str, Any], probe:
 
 def _int_attr(obj: Any, name: str) -> int:
     value = getattr(obj, name, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if is_int(value) else 0
 
 
 def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
@@ -243,8 +243,7 @@ def diagnose(
     when it is a terminal.
     """
     for name, value, low in (("batches", batches, 1), ("replay_batches", replay_batches, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
+        check_int(name, value, low)
     if step is not None and step_ms is not None:
         raise ValueError("pass either `step` (your training step) or `step_ms` (a simulated step), not both.")
     if step_ms is not None and not step_ms >= 0:
@@ -252,8 +251,8 @@ def diagnose(
     if warmup_batches is None:
         workers = int(getattr(loader, "num_workers", 0) or 0)
         warmup_batches = (getattr(loader, "prefetch_factor", None) or 0) * workers + 1
-    elif isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
-        raise ValueError(f"`warmup_batches` must be an int >= 0. Found: {shorten(warmup_batches)}.")
+    else:
+        check_int("warmup_batches", warmup_batches, 0)
     run_step = _make_step(step, step_ms, sync)
     if step is None and not step_ms:
         replay_batches = 0  # nothing to replay: the simulated step does nothing

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpufeed.cache._job import host_metrics_exporter
-from gpufeed.errors import BackendUnavailableError, shorten
+from gpufeed.errors import BackendUnavailableError, check_int, shorten
 from gpufeed.stats import STAGES
 
 __all__ = ["HOST_METRIC_NAMES", "METRIC_NAMES", "MetricsServer", "serve"]
@@ -103,8 +103,7 @@ def serve(port: int, addr: str = "127.0.0.1") -> MetricsServer:
         BackendUnavailableError: prometheus-client (the ``metrics`` extra) is not installed.
         OSError: the port cannot be bound (already in use by another program).
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"`port` must be an int in 0-65535 (0: any free port). Found: {shorten(port)}.")
+    check_int("port", port, 0, 65535, rule="in 0-65535 (0: any free port)")
     if not isinstance(addr, str) or not addr:
         raise ValueError(f"`addr` must be a non-empty host address string. Found: {shorten(addr)}.")
     with _servers_lock:

@@ -17,7 +17,6 @@ handed over by the caller's thread (``set_workers``), so the sampler never touch
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-_CGROUP = "/sys/fs/cgroup"
+from gpufeed._engine.context import cgroup_path, cgroup_quota_cores, usable_cpus
 
 
 @dataclass
@@ -49,47 +48,18 @@ class ProbeResult:
     dstate_samples: int = 0  # ... with any thread in D (uninterruptible, usually disk I/O)
 
 
-def usable_cpus() -> list[int]:
-    """CPU numbers this process may run on (all CPUs where affinity is unsupported)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(psutil.cpu_count() or 1))
-
-
-def cgroup_quota_cores(cgroup_dir: str | None = None) -> float | None:
-    """The cgroup v2 CPU quota in cores (``cpu.max`` in ``cgroup_dir``, default
-    ``/sys/fs/cgroup``), or None without one."""
-    try:
-        with open(os.path.join(cgroup_dir or _CGROUP, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    try:
-        cores = int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-    return cores if cores > 0 else None
-
-
-def usable_cores(cgroup_dir: str | None = None) -> float:
-    """Cores this process may keep busy: the CPUs of its affinity mask, capped by the cgroup CPU
-    quota (so possibly fractional: a 1.5-core quota on 8 CPUs gives 1.5)."""
+def _core_capacity() -> float:
+    """Cores of CPU time this process may use per second: its affinity CPUs, capped by the cgroup
+    CPU quota (so possibly fractional: a 1.5-core quota on 8 CPUs gives 1.5; whole cores are
+    :func:`gpufeed._engine.context.usable_cores`)."""
     cpus = float(len(usable_cpus()))
-    quota = cgroup_quota_cores(cgroup_dir)
+    quota = cgroup_quota_cores()
     return cpus if quota is None else min(cpus, quota)
-
-
-def usable_core_count(cgroup_dir: str | None = None) -> int:
-    """:func:`usable_cores` in whole cores, rounded up, at least 1: how many processes can run
-    at once (``min(affinity CPUs, ceil(quota))``)."""
-    return max(1, math.ceil(usable_cores(cgroup_dir)))
 
 
 def _cgroup_usage_s() -> float | None:
     try:
-        with open(os.path.join(_CGROUP, "cpu.stat")) as f:
+        with open(cgroup_path("cpu.stat")) as f:
             for line in f:
                 key, value = line.split()
                 if key == "usage_usec":
@@ -206,7 +176,7 @@ class TreeProbe:
         workers = {pid: deltas.get(pid, 0.0) for pid in self._seen_workers}
         return ProbeResult(
             wall_s=wall,
-            usable_cores=usable_cores(),
+            usable_cores=_core_capacity(),
             main_cpu_s=main,
             tree_cpu_s=main + sum(d for pid, d in deltas.items() if pid != self._main.pid),
             worker_cpu_s=workers,

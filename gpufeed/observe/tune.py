@@ -13,12 +13,12 @@ from typing import Any
 
 import psutil
 
+from gpufeed._engine.context import usable_cores
 from gpufeed._progress import ProgressBar
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int, is_int, shorten
 from gpufeed.loader import FastLoader
 from gpufeed.observe.batches import batch_size_of, doublings
 from gpufeed.observe.memory import PeakPSS, format_bytes, process_pss_bytes
-from gpufeed.observe.probe import usable_core_count
 from gpufeed.observe.tune_plot import save_tune_plot
 from gpufeed.observe.tune_reads import (
     prefetch_for_reads,
@@ -181,8 +181,7 @@ def measure(
     """
     for name, value, low in (("num_workers", num_workers, 0), ("batches", batches, 1),
                              ("warmup_batches", warmup_batches, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}. Found: {shorten(value)}.")
+        check_int(name, value, low)
     with PeakPSS(interval_s=sample_interval_s) as mem:
         loader = make_loader(num_workers, pin_workers)
         try:
@@ -353,12 +352,6 @@ def _finite_row(d: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- rules
 
-def usable_cores() -> int:
-    """Whole cores this process may keep busy: the CPUs of its affinity mask, capped by the
-    cgroup CPU quota rounded up (``min(affinity CPUs, ceil(quota))``, at least 1)."""
-    return usable_core_count()
-
-
 def worker_counts(max_workers: int) -> list[int]:
     """1, 2, 4, ... below ``max_workers``, then ``max_workers`` itself: e.g. 6 -> [1, 2, 4, 6]."""
     if max_workers < 1:
@@ -465,7 +458,7 @@ def _check_tune_args(make_loader: Any, dataset: Any, measure_fn: Any, loader_kwa
         raise ValueError(f"`memory_fraction` must be in (0, 1]. Found: {shorten(memory_fraction)}.")
     if not 0 <= min_gain < 10:
         raise ValueError(f"`min_gain` must be a fraction >= 0 (0.05 = 5%). Found: {shorten(min_gain)}.")
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in read_concurrencies):
+    if any(not is_int(c) or c < 1 for c in read_concurrencies):
         raise ValueError(f"`read_concurrencies` must be ints >= 1. Found: {shorten(read_concurrencies)}.")
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from gpufeed.errors import is_int
 from gpufeed.observe.tune_rules import (
     READ_CONCURRENCIES,
     reads_ahead,
@@ -64,7 +65,7 @@ def read_fraction(before: dict[str, float] | None, after: dict[str, float] | Non
 def read_concurrency_of(dataset: Any) -> int | None:
     """The dataset's ``read_concurrency`` (None: it has none)."""
     value = getattr(dataset, "read_concurrency", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if is_int(value) else None
 
 
 def read_options(dataset: Any) -> tuple[int | None, int] | None:

@@ -12,7 +12,7 @@ import psutil
 
 from gpufeed._engine.ranks import find_local_ranks, fitting_workers
 from gpufeed._progress import ProgressBar
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int
 from gpufeed.observe.memory import format_bytes
 from gpufeed.observe.tune_reads import read_options, tune_reads
 from gpufeed.observe.tune_rules import gain as relative_gain
@@ -43,8 +43,8 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
     if local_ranks is None:
         found = find_local_ranks()
         local_ranks = 1 if found is None else found.count
-    elif isinstance(local_ranks, bool) or not isinstance(local_ranks, int) or local_ranks < 1:
-        raise ValueError(f"`local_ranks` must be an int >= 1. Found: {shorten(local_ranks)}.")
+    else:
+        check_int("local_ranks", local_ranks, 1)
     per_rank = fitting_workers(cores, local_ranks)
     reasons: list[str] = []
     if local_ranks > 1:
@@ -55,8 +55,8 @@ def host_limits(cores: int, max_workers: int | None, local_ranks: int | None, me
                        f"and 1/{local_ranks} of the memory ceiling each.")
     if max_workers is None:
         max_workers = per_rank
-    elif isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"`max_workers` must be an int >= 1. Found: {shorten(max_workers)}.")
+    else:
+        check_int("max_workers", max_workers, 1)
     if max_workers > per_rank:
         reasons.append(f"max_workers={max_workers} is above the {cores_text(cores)} (explicit)."
                        if local_ranks == 1 else

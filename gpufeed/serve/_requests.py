@@ -27,6 +27,7 @@ import torch
 from gpufeed._engine.engine import Engine, TaskKey, TaskRecord
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, End, Failed
+from gpufeed._engine.plugin import FillPlugin
 from gpufeed._image.fill import ImageFiller, ImagePlan, ImageTask
 from gpufeed.errors import WorkerError
 
@@ -54,7 +55,7 @@ class RequestSource:
         raise RuntimeError(f"gpufeed.serve: request #{index} has no bytes in its slot (internal error)")
 
 
-class RequestFeed:
+class RequestFeed(FillPlugin):
     """The engine plug-in (``FillPlugin``) of the image batcher: bytes in at submission."""
 
     def __init__(self, plan: ImagePlan) -> None:
@@ -71,8 +72,9 @@ class RequestFeed:
         return self.plan.offsets(len(sizes))[2] + sum(align_up(s) for s in sizes)
 
     def prepare(self, payloads: Sequence[Any], indices: list[int], slot: torch.Tensor, count: bool = True,
-                ) -> ImageTask:
-        """Copy each request's encoded bytes into the slot's staging area; the task says where."""
+                found: Any = None) -> ImageTask:
+        """Copy each request's encoded bytes into the slot's staging area; the task says where
+        (``found``: always None, this plug-in's look-up finds nothing)."""
         cursor = start = self.plan.offsets(len(indices))[2]
         given = []
         for pos, data in enumerate(payloads):

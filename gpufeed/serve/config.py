@@ -5,13 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpufeed.errors import shorten
+from gpufeed.errors import check_int, is_int, shorten
 
 __all__ = ["BatcherConfig"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
@@ -54,8 +50,7 @@ class BatcherConfig:
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "max_queue", "max_concurrent_batches"):
             value = getattr(self, key)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"`{key}` must be an int >= 1. Found: {shorten(value)}.")
+            check_int(key, value, 1)
         if not _is_number(self.max_delay_ms) or self.max_delay_ms < 0:
             raise ValueError(
                 f"`max_delay_ms` must be a finite number >= 0 (milliseconds). Found: {shorten(self.max_delay_ms)}."
@@ -66,7 +61,7 @@ class BatcherConfig:
                 f"Found: {shorten(self.max_latency_ms)}."
             )
         sizes = self.preferred_batch_sizes
-        if not isinstance(sizes, tuple) or not all(_is_int(s) and 1 <= s <= self.max_batch_size for s in sizes):
+        if not isinstance(sizes, tuple) or not all(is_int(s) and 1 <= s <= self.max_batch_size for s in sizes):
             raise ValueError(
                 "`preferred_batch_sizes` must be a tuple of ints in 1..max_batch_size "
                 f"({self.max_batch_size}). Found: {shorten(sizes)}."

@@ -37,7 +37,7 @@ from gpufeed._image.gpu_transform import GpuTransform
 from gpufeed._image.transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.config import EngineConfig
 from gpufeed.cuda import CudaFeed, resolve_device
-from gpufeed.errors import DecodeError, shorten
+from gpufeed.errors import DecodeError, check_int, shorten
 from gpufeed.serve._requests import EngineDriver, RequestFeed, RequestSource
 from gpufeed.serve.batcher import DynamicBatcher
 from gpufeed.serve.clock import MAX_WAIT_S, Clock
@@ -148,6 +148,30 @@ class _Runner:
             return self.model(x)
 
 
+def _check_arguments(model: Any, transform: Any, num_workers: Any, max_request_bytes: Any, decode_timeout_s: Any,
+                     restart_window_s: Any, mp_context: Any) -> ImageTransform:
+    """``ImageBatcher``'s own arguments, checked before any process starts; returns the transform
+    (``ResizeCenterCrop(224, 256)`` for None)."""
+    if not callable(model):
+        raise TypeError(f"`model` must be callable (batch tensor -> outputs). Found: {shorten(model)}.")
+    transform = ResizeCenterCrop(224, 256) if transform is None else transform
+    if not isinstance(transform, ImageTransform):
+        raise TypeError(f"`transform` must be a gpufeed image transform (e.g. ResizeCenterCrop). "
+                        f"Found: {shorten(transform)}.")
+    check_int("num_workers", num_workers, 1)
+    check_int("max_request_bytes", max_request_bytes, 1)
+    if not isinstance(decode_timeout_s, (int, float)) or not decode_timeout_s > 0:
+        raise ValueError(f"`decode_timeout_s` must be a number > 0 (seconds). Found: {shorten(decode_timeout_s)}.")
+    if restart_window_s is not None and (
+            not isinstance(restart_window_s, (int, float)) or not restart_window_s > 0):
+        raise ValueError(f"`restart_window_s` must be a number > 0 (seconds) or None. "
+                         f"Found: {shorten(restart_window_s)}.")
+    if mp_context not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"`mp_context` must be one of {multiprocessing.get_all_start_methods()}. "
+                         f"Found: {shorten(mp_context)}.")
+    return transform
+
+
 class ImageBatcher:
     """Serves an image model from encoded bytes (JPEG, PNG, WebP), decoded in worker processes.
 
@@ -228,25 +252,8 @@ class ImageBatcher:
         name: str = "images",
         clock: Clock | None = None,
     ) -> None:
-        if not callable(model):
-            raise TypeError(f"`model` must be callable (batch tensor -> outputs). Found: {shorten(model)}.")
-        transform = ResizeCenterCrop(224, 256) if transform is None else transform
-        if not isinstance(transform, ImageTransform):
-            raise TypeError(f"`transform` must be a gpufeed image transform (e.g. ResizeCenterCrop). "
-                            f"Found: {shorten(transform)}.")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"`num_workers` must be an int >= 1. Found: {shorten(num_workers)}.")
-        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
-            raise ValueError(f"`max_request_bytes` must be an int >= 1. Found: {shorten(max_request_bytes)}.")
-        if not isinstance(decode_timeout_s, (int, float)) or not decode_timeout_s > 0:
-            raise ValueError(f"`decode_timeout_s` must be a number > 0 (seconds). Found: {shorten(decode_timeout_s)}.")
-        if restart_window_s is not None and (
-                not isinstance(restart_window_s, (int, float)) or not restart_window_s > 0):
-            raise ValueError(f"`restart_window_s` must be a number > 0 (seconds) or None. "
-                             f"Found: {shorten(restart_window_s)}.")
-        if mp_context not in multiprocessing.get_all_start_methods():
-            raise ValueError(f"`mp_context` must be one of {multiprocessing.get_all_start_methods()}. "
-                             f"Found: {shorten(mp_context)}.")
+        transform = _check_arguments(model, transform, num_workers, max_request_bytes, decode_timeout_s,
+                                     restart_window_s, mp_context)
         # The batch options, checked before any process starts (the DynamicBatcher checks them again).
         config = BatcherConfig(
             max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,

@@ -23,7 +23,7 @@ from gpufeed._image.torchvision import is_torchvision, translate_or_none, warn_f
 from gpufeed._image.transforms import ImageTransform, stored_orientation
 from gpufeed.decode import decode, read_header
 from gpufeed.decode._header import Buffer
-from gpufeed.errors import DecodeError, add_note
+from gpufeed.errors import DecodeError, add_note, check_int
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,7 @@ class ImageSource(Dataset):
                             ("read_budget_bytes", read_budget_bytes)):
             if name == "read_concurrency" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1. Found: {_short(value)}.")
+            check_int(name, value, 1)
         self.read_auto = read_concurrency is None
         self.read_concurrency = 1 if read_concurrency is None else read_concurrency
         self.read_budget_bytes = read_budget_bytes

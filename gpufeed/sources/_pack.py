@@ -31,7 +31,7 @@ import numpy as np
 
 from gpufeed._progress import ProgressBar
 from gpufeed.decode import decode, read_header
-from gpufeed.errors import DecodeError, GpufeedWarning, add_note, shorten
+from gpufeed.errors import DecodeError, GpufeedWarning, add_note, check_int, shorten
 from gpufeed.sources._verify import check_on_error, skip_or_raise, verify_image
 from gpufeed.sources.folder import ImageFolder
 from gpufeed.sources.packed import FORMAT, LABELS_KEY, META_KEY, PATHS_KEY, VERSION, sample_key
@@ -114,18 +114,15 @@ def pack(src_folder: str | os.PathLike, dst_lmdb: str | os.PathLike, *,
     """
     import lmdb
 
-    if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
-                                 or max_side <= 0):
-        raise ValueError(f"`max_side` must be None or an int > 0. Found: {shorten(max_side)}.")
-    if quality is not None and (isinstance(quality, bool) or not isinstance(quality, int)
-                                or not 1 <= quality <= 100):
-        raise ValueError(f"`quality` must be None or an int in 1..100. Found: {shorten(quality)}.")
+    if max_side is not None:
+        check_int("max_side", max_side, 1, kind="None or an int", rule="> 0")
+    if quality is not None:
+        check_int("quality", quality, 1, 100, kind="None or an int", rule="in 1..100")
     if txn_bytes <= 0:
         raise ValueError(f"`txn_bytes` must be > 0. Found: {shorten(txn_bytes)}.")
     if workers is None:
         workers = min(MAX_DEFAULT_PACK_WORKERS, os.cpu_count() or 1)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"`workers` must be an int >= 1. Found: {shorten(workers)}.")
+    check_int("workers", workers, 1)
     check_on_error(on_error)
     dst = os.fspath(dst_lmdb)
     if os.path.exists(dst):

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from gpufeed.errors import SKIP_HINT, ReadError, shorten
+from gpufeed.errors import SKIP_HINT, ReadError, check_int, is_int, shorten
 
 __all__ = ["REMOTE_HINT", "REMOTE_READ_CONCURRENCY", "TRANSIENT_STATUS", "RemoteOptions", "RemoteReader",
            "is_transient", "is_url"]
@@ -111,8 +111,7 @@ class RemoteOptions:
         if self.timeout_s is not None and not (_is_number(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"`timeout_s` must be a number of seconds > 0, or None. "
                              f"Found: {shorten(self.timeout_s)}.")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"`retries` must be an int >= 0. Found: {shorten(self.retries)}.")
+        check_int("retries", self.retries, 0)
         for name in ("backoff_s", "max_backoff_s"):
             value = getattr(self, name)
             if not (_is_number(value) and value >= 0):
@@ -135,7 +134,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
         return True
     status = getattr(exc, "status", None)
-    if isinstance(status, int) and not isinstance(status, bool):
+    if is_int(status):
         return status in TRANSIENT_STATUS
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
         return True

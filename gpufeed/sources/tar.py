@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import ReadError
+from gpufeed.errors import ReadError, check_int
 from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
 from gpufeed.sources._shared import share
@@ -290,8 +290,7 @@ def _check_options(label: Any, image_extensions: Any, on_error: Any, index_threa
         raise ValueError(f"`image_extensions` must name 1 to 255 extensions. Found: {exts!r:.80}.")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {on_error!r:.80}.")
-    if isinstance(index_threads, bool) or not isinstance(index_threads, int) or index_threads < 1:
-        raise ValueError(f"`index_threads` must be an int >= 1. Found: {index_threads!r:.80}.")
+    check_int("index_threads", index_threads, 1)
     if target_transform is not None and not callable(target_transform):
         raise TypeError(f"`target_transform` must be a callable or None. Found: "
                         f"{type(target_transform).__name__}.")

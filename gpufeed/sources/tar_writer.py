@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import DecodeError, add_note, shorten
+from gpufeed.errors import DecodeError, add_note, check_int, shorten
 from gpufeed.sources._tar_cache import SIDECAR_SUFFIX, read_sidecar, sidecar_arrays, write_npz
 from gpufeed.sources._tar_walk import local_reader, walk
 
@@ -91,17 +91,13 @@ def write_shards(src: Any, dst: str | os.PathLike, *, shard_bytes: int = DEFAULT
     from gpufeed.sources._verify import check_on_error
     from gpufeed.sources.folder import ImageFolder
 
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
-        raise ValueError(f"`shard_bytes` must be an int >= 1. Found: {shorten(shard_bytes)}.")
-    if max_samples is not None and (isinstance(max_samples, bool)
-                                    or not isinstance(max_samples, int) or max_samples < 1):
-        raise ValueError(f"`max_samples` must be None or an int >= 1. Found: "
-                         f"{shorten(max_samples)}.")
+    check_int("shard_bytes", shard_bytes, 1)
+    if max_samples is not None:
+        check_int("max_samples", max_samples, 1, kind="None or an int")
     if not isinstance(prefix, str) or not prefix or "/" in prefix:
         raise ValueError(f"`prefix` must be a non-empty file name prefix. Found: {shorten(prefix)}.")
     workers = min(MAX_DEFAULT_PACK_WORKERS, os.cpu_count() or 1) if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"`workers` must be an int >= 1. Found: {shorten(workers)}.")
+    check_int("workers", workers, 1)
     check_on_error(on_error)
     dataset = ImageFolder(src) if isinstance(src, (str, os.PathLike)) else src
     out_dir = os.fspath(dst)

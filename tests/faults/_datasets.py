@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 
-class Squares(Dataset):
+class SquareGrids(Dataset):
     """Deterministic samples: (i, i*i as a 3x4 float tensor)."""
 
     def __init__(self, n: int = 64) -> None:
@@ -24,7 +24,7 @@ class Squares(Dataset):
         return i, torch.full((3, 4), float(i * i))
 
 
-class DiesOnce(Squares):
+class DiesOnce(SquareGrids):
     """Kills its own worker with ``sig`` the first time it loads each index in ``at``.
 
     A marker file per index makes the death happen once, so the replacement succeeds.
@@ -44,7 +44,7 @@ class DiesOnce(Squares):
         return super().__getitem__(i)
 
 
-class AlwaysDies(Squares):
+class AlwaysDies(SquareGrids):
     def __getitem__(self, i: int):
         if i == 5:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -59,7 +59,7 @@ class StreamThatDies(IterableDataset):
             yield torch.tensor(i)
 
 
-class Slow(Squares):
+class Slow(SquareGrids):
     def __init__(self, n: int, delay_s: float) -> None:
         super().__init__(n)
         self.delay_s = delay_s
@@ -77,7 +77,7 @@ class BadSampleError(Exception):
         self.path, self.code = path, code
 
 
-class RaisesAt(Squares):
+class RaisesAt(SquareGrids):
     def __init__(self, n: int, at: int, exc: str = "key") -> None:
         super().__init__(n)
         self.at, self.exc = at, exc

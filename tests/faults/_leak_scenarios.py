@@ -5,7 +5,7 @@ descriptors and /dev/shm entries. Used by test_leaks.py.
 
 Each scenario runs in its own child forked from this fresh interpreter, which has imported torch,
 gpufeed and the test datasets and done nothing else (importing gpufeed starts nothing: see
-tests/unit/test_public_api.py), so every scenario starts from the state a fresh interpreter would
+tests/integration/test_fresh_imports.py), so every scenario starts from the state a fresh interpreter would
 have, without importing torch again (~2.5 s of CPU each). A scenario that does not end within
 ``SCENARIO_TIMEOUT_S`` is killed and reported as such. Prints one JSON line: scenario ->
 {"exit": the child's exit status (or "timeout"), "state": what it left, or null}.
@@ -27,7 +27,7 @@ import psutil
 import gpufeed._engine.pool
 from gpufeed import FastLoader
 from tests._procs import gpufeed_memfds
-from tests.faults._datasets import RaisesAt, Squares
+from tests.faults._datasets import RaisesAt, SquareGrids
 
 # Every process of this scenario, so /dev/shm entries made by other programs on the machine
 # (torch names its files torch_<pid>_...) are not blamed on gpufeed.
@@ -60,7 +60,7 @@ def _state() -> dict:
 def _loader(**kw) -> FastLoader:
     kw.setdefault("batch_size", 4)
     kw.setdefault("num_workers", 2)
-    return FastLoader(Squares(64), **kw)
+    return FastLoader(SquareGrids(64), **kw)
 
 
 def run(scenario: str) -> dict:
@@ -99,8 +99,11 @@ def run(scenario: str) -> dict:
     elif scenario == "close":
         loader = _loader(persistent_workers=True)
         batch = next(iter(loader))
+        indices, squares = batch[0].clone(), batch[1].clone()
         loader.close()
-        assert float(batch[1].sum()) >= 0  # a held batch stays readable after close
+        # a held batch stays readable after close, with the values it had before
+        assert batch[0].equal(indices) and batch[1].equal(squares)
+        assert indices.tolist() == [0, 1, 2, 3] and squares[:, 0, 0].tolist() == [0.0, 1.0, 4.0, 9.0]
         del batch
     elif scenario == "keyboard_interrupt":
         loader = _loader()

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from gpufeed import DecodeError, FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
-from gpufeed.synth import encode, make_image_folder, photo_like
+from gpufeed.synth import encode, photo_like
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,10 +32,9 @@ BAD = ("img_00002_truncated.jpg", "img_00004_empty.jpg", "img_00001_text.jpg")
 
 
 @pytest.fixture(scope="session")
-def root(tmp_path_factory) -> Path:
+def root(image_folder) -> Path:
     """class_00 and class_01 with 6 good JPEGs each, three bad files and three unusual good ones."""
-    root = tmp_path_factory.mktemp("bad_images")
-    make_image_folder(root, num_classes=2, per_class=6, size=((200, 240), (220, 300)), seed=2)
+    root = image_folder(num_classes=2, per_class=6, size=((200, 240), (220, 300)), seed=2, private=True)
     jpeg = encode(photo_like(210, 280, seed=7))
     (root / "class_00" / BAD[0]).write_bytes(jpeg[: len(jpeg) // 2])
     (root / "class_00" / BAD[1]).write_bytes(b"")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.connection as mpc
 import os
 import time
 
@@ -10,7 +11,7 @@ import torch
 
 from gpufeed import FastLoader
 from gpufeed.errors import LoaderTimeoutError
-from tests.faults._datasets import BadSampleError, RaisesAt, Slow, Squares
+from tests.faults._datasets import BadSampleError, RaisesAt, Slow, SquareGrids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +50,7 @@ def _bad_collate(batch):
 
 
 def test_collate_exception_reaches_user():
-    loader = FastLoader(Squares(8), batch_size=4, num_workers=1, collate_fn=_bad_collate)
+    loader = FastLoader(SquareGrids(8), batch_size=4, num_workers=1, collate_fn=_bad_collate)
     with pytest.raises(TypeError, match="collate cannot handle this") as info:
         next(iter(loader))
     assert "sample indices [0, 1, 2, 3]" in _notes(info.value)
@@ -60,7 +61,7 @@ def _bad_init(worker_id):
 
 
 def test_worker_init_fn_exception_reaches_user_and_stops_workers():
-    loader = FastLoader(Squares(8), batch_size=4, num_workers=2, worker_init_fn=_bad_init)
+    loader = FastLoader(SquareGrids(8), batch_size=4, num_workers=2, worker_init_fn=_bad_init)
     it = iter(loader)
     with pytest.raises(RuntimeError, match="init failed in") as info:
         next(it)
@@ -70,30 +71,42 @@ def test_worker_init_fn_exception_reaches_user_and_stops_workers():
 
 
 class _InitFailsOnceArmed:
-    """worker_init_fn: worker 0 fails, slowly, once ``marker`` exists (a later epoch's workers)."""
+    """worker_init_fn: worker 0 fails once ``marker`` exists (a later epoch's workers)."""
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
 
     def __call__(self, worker_id: int) -> None:
         if worker_id == 0 and os.path.exists(self.marker):
-            time.sleep(0.5)  # worker 1 meanwhile takes a warm slot and says so
             raise RuntimeError("init failed")
+
+
+def _until_both_wait(pool, arena, warm_before: int, timeout_s: float = 30.0) -> None:
+    """Return once worker 0 has exited (its failure is in its pipe) and worker 1 has taken a
+    warm slot and its result pipe is readable (a Claim is the first thing a worker sends after
+    taking a warm slot), while the parent has not yet looked at either."""
+    failed, claimer = pool._workers[0], pool._workers[1]
+    deadline = time.monotonic() + timeout_s
+    while not (mpc.wait([failed.process.sentinel], 0) and arena.warm_waiting() < warm_before
+               and mpc.wait([claimer.results], 0)):
+        assert time.monotonic() < deadline, f"premise: no failure and claim within {timeout_s} s"
+        time.sleep(0.01)  # polling with a deadline; what the test exercises is decided above
 
 
 def test_worker_init_fn_exception_strands_no_slot_another_worker_claimed(tmp_path):
     """The failure and another worker's claim of a warm slot arrive in one poll: the claim is
     still honoured (the slot is freed) although the failure is raised first."""
     marker = tmp_path / "armed"
-    loader = FastLoader(Squares(64), batch_size=4, num_workers=2, worker_init_fn=_InitFailsOnceArmed(str(marker)))
+    loader = FastLoader(SquareGrids(64), batch_size=4, num_workers=2, worker_init_fn=_InitFailsOnceArmed(str(marker)))
     for batch in loader:  # epoch 0 leaves warm slots in the pipe
         pass
     del batch
     arena = loader._arena
-    assert arena.warm_waiting() > 0
+    warm_before = arena.warm_waiting()
+    assert warm_before > 0
     marker.touch()
     it = iter(loader)
-    time.sleep(1.0)  # both messages wait when the parent first looks
+    _until_both_wait(it._engine._pool, arena, warm_before)  # both messages wait when the parent first looks
     with pytest.raises(RuntimeError, match="init failed"):
         next(it)
     assert it.worker_pids == []
@@ -110,7 +123,7 @@ def test_timeout_names_batch_worker_and_option():
 
 
 def test_batch_larger_than_slot_capacity_still_arrives():
-    loader = FastLoader(Squares(16), batch_size=8, num_workers=1, max_batch_bytes=1 << 16,
+    loader = FastLoader(SquareGrids(16), batch_size=8, num_workers=1, max_batch_bytes=1 << 16,
                         collate_fn=lambda b: torch.zeros(40_000))  # 160 kB > 64 kB slot
     loader.collate_fn = _big_collate
     batches = list(loader)

@@ -13,8 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result as run_result
+from tests._folders import ImageFolders
 
 # The property is "prompt" (it used to wait out a 30 s teardown timeout), not a speed figure:
 # the bound is generous so that a busy CI machine does not fail it.
@@ -39,8 +39,7 @@ def _decoder_loaded(pid: int) -> bool:
 
 def _interrupted_bench(workers: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Start ``gpufeed bench``, Ctrl-C it once a round is under way; what the test checks."""
-    root = tmp_path_factory.mktemp(f"interrupt-{workers}") / "folder"
-    make_image_folder(root, num_classes=2, per_class=16, size=(64, 80), seed=1)
+    root = ImageFolders(tmp_path_factory)(num_classes=2, per_class=16, size=(64, 80), seed=1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufeed", "bench", str(root), "--workers", workers, "--batch-size", "4",

@@ -49,8 +49,8 @@ SCENARIOS = ["epoch_end", "break", "exception_in_loop", "exception_in_worker", "
 LIVE_LOADER_AT_EXIT = textwrap.dedent("""
     import sys
     from gpufeed import FastLoader
-    from tests.faults._datasets import Squares
-    loader = FastLoader(Squares(64), batch_size=4, num_workers=2, persistent_workers=True)
+    from tests.faults._datasets import SquareGrids
+    loader = FastLoader(SquareGrids(64), batch_size=4, num_workers=2, persistent_workers=True)
     it = iter(loader); next(it)
     print(*it.worker_pids, flush=True)
     # exit with the loader, its iterator and its workers alive

@@ -11,13 +11,13 @@ from torch.utils.data import DataLoader
 
 from gpufeed import FastLoader
 from gpufeed.errors import WorkerError
-from tests.faults._datasets import AlwaysDies, DiesOnce, Squares, StreamThatDies
+from tests.faults._datasets import AlwaysDies, DiesOnce, SquareGrids, StreamThatDies
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _reference(n: int, **kw):
-    return list(DataLoader(Squares(n), **kw))
+    return list(DataLoader(SquareGrids(n), **kw))
 
 
 def _assert_same(got, want) -> None:
@@ -41,7 +41,7 @@ def test_several_deaths_in_one_epoch_exactly_once_in_order(tmp_path):
     loader = FastLoader(ds, batch_size=4, num_workers=2, shuffle=True,
                         generator=torch.Generator().manual_seed(3), max_worker_restarts=4)
     got = list(loader)
-    want = list(DataLoader(Squares(96), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)))
+    want = list(DataLoader(SquareGrids(96), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)))
     _assert_same(got, want)
     seen = torch.cat([i for i, _ in got]).tolist()
     assert sorted(seen) == list(range(96))  # nothing lost, nothing duplicated
@@ -49,7 +49,7 @@ def test_several_deaths_in_one_epoch_exactly_once_in_order(tmp_path):
 
 
 def test_worker_killed_from_outside_while_consumer_holds_batches():
-    loader = FastLoader(Squares(200), batch_size=5, num_workers=2, prefetch_factor=4)
+    loader = FastLoader(SquareGrids(200), batch_size=5, num_workers=2, prefetch_factor=4)
     it = iter(loader)
     got = []
     for k, batch in enumerate(it):

@@ -12,7 +12,6 @@ import torch
 
 from gpufeed import ResizeCenterCrop
 from gpufeed.serve import ImageBatcher
-from gpufeed.synth import make_image_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -31,9 +30,9 @@ class Recorder:
         return x.mean(dim=(1, 2, 3))
 
 
-def test_cuda_batches_equal_the_cpu_path_and_slots_are_page_locked(tmp_path):
-    make_image_folder(tmp_path, num_classes=2, per_class=8, seed=2)
-    data = [p.read_bytes() for p in sorted(tmp_path.rglob("*.jpg"))]
+def test_cuda_batches_equal_the_cpu_path_and_slots_are_page_locked(image_folder):
+    root = image_folder(num_classes=2, per_class=8, seed=2)
+    data = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
     results = {}
     for device in ("cpu", "cuda"):
         model = Recorder()

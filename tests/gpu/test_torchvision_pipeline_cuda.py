@@ -8,17 +8,16 @@ import pytest
 import torch
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, TorchvisionPipeline
-from gpufeed.synth import make_image_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def test_pipeline_normalize_runs_on_the_gpu_with_the_cpu_values(tmp_path):
-    make_image_folder(tmp_path, num_classes=2, per_class=8, size=((60, 90), (60, 90)), seed=2)
+def test_pipeline_normalize_runs_on_the_gpu_with_the_cpu_values(image_folder):
+    root = image_folder(num_classes=2, per_class=8, size=((60, 90), (60, 90)), seed=2)
     pipe = TorchvisionPipeline(RandomResizedCrop(48), output="float", dtype=torch.float32,
                                normalize=(MEAN, STD), routes=(), source="test")
-    ds = ImageFolder(tmp_path, transform=pipe)
+    ds = ImageFolder(root, transform=pipe)
     cpu = list(FastLoader(ds, batch_size=4, num_workers=2, seed=3))
     gpu = list(FastLoader(ds, batch_size=4, num_workers=2, seed=3, device="cuda"))
     assert len(cpu) == len(gpu) == 4

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result as run_result
+from tests._folders import ImageFolders
 
 from ._torchrun import result, torchrun
 
@@ -27,8 +27,7 @@ IMAGES = 14
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("accelerate-images")
-    make_image_folder(root, num_classes=2, per_class=IMAGES // 2, size=(40, 48), seed=1)
+    root = ImageFolders(tmp_path_factory)(num_classes=2, per_class=IMAGES // 2, size=(40, 48), seed=1)
     ckpt = tmp_path_factory.mktemp("accelerate-ckpt")
     report = result(torchrun(SCRIPT, str(root), str(ckpt)))
     assert [r["world"] for r in report] == [2, 2]

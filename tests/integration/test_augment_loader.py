@@ -11,14 +11,11 @@ import torch
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
 from gpufeed import augment as A
-from gpufeed.synth import make_image_folder
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("aug")
-    make_image_folder(root, num_classes=2, per_class=6, size=((120, 150), (140, 170)), seed=4)
-    return root
+def root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=6, size=((120, 150), (140, 170)), seed=4)
 
 
 def _epoch(root: Path, num_workers: int, channels_last: bool = False) -> list[torch.Tensor]:

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
-from gpufeed.synth import make_image_folder
 
 
 class LoggedFolder(ImageFolder):
@@ -85,17 +84,13 @@ def _same(a, b) -> None:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("auto") / "images"
-    make_image_folder(root, num_classes=2, per_class=32, size=((60, 80), (70, 90)), seed=2)
-    return root
+def root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=32, size=((60, 80), (70, 90)), seed=2)
 
 
 @pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("auto") / "photos"
-    make_image_folder(root, num_classes=2, per_class=32, size=((240, 320), (260, 340)), seed=4)
-    return root
+def photos(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=32, size=((240, 320), (260, 340)), seed=4)
 
 
 @pytest.mark.timeout(120)

@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result
 from tests._procs import live_children
+from tests._folders import ImageFolders
 
 from ._datasets import IndexDataset
 
@@ -322,9 +322,7 @@ _SHUTDOWN = textwrap.dedent("""
 
 
 def _make_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cache-epochs")
-    make_image_folder(root, num_classes=2, per_class=20, size=((90, 120), (100, 140)), seed=13)
-    return root
+    return ImageFolders(tmp_path_factory)(num_classes=2, per_class=20, size=((90, 120), (100, 140)), seed=13)
 
 
 def _shutdown_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from gpufeed import FastLoader, ImageDataset, ImageFolder, LMDBDataset, ResizeCenterCrop, pack
 from gpufeed.decode import decode
-from gpufeed.synth import encode, make_image_folder, photo_like
+from gpufeed.synth import encode, photo_like
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,10 +47,8 @@ def plus_hundred(label: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("callable")
-    make_image_folder(root, num_classes=2, per_class=5, size=((40, 60), (50, 70)), seed=3)
-    return root
+def root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=5, size=((40, 60), (50, 70)), seed=3)
 
 
 def expected(ds: ImageFolder, fn, index: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ script, which says in one line that there is no CUDA and exits 0."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -14,22 +15,22 @@ import pytest
 import torch
 
 from tests._concurrent import result as run_result
-from tests._scripts import load_script, script_env
+from tests._scripts import script_env
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "cuda_feed.py"
+BENCH = "benchmarks.cuda_feed"  # run as python -m, from the repository on PYTHONPATH
 pytestmark = pytest.mark.timeout(90)
 
 
 def _bench_module():
-    return load_script(BENCH, "cuda_feed_bench")
+    return importlib.import_module(BENCH)
 
 
 def _dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     tmp_path = tmp_path_factory.mktemp("cuda-feed-dry-run")
     out = tmp_path / "cuda_feed.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
+        [sys.executable, "-m", BENCH, "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
         cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=80,
     )
     return out, proc

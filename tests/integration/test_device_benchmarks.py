@@ -4,6 +4,7 @@ a clear one-line refusal without CUDA; its sweep bounds, --stop-after-fails and 
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -16,18 +17,18 @@ import pytest
 import torch
 
 from tests._concurrent import result as run_result
-from tests._scripts import load_script, script_env
+from tests._scripts import script_env
 
 ROOT = Path(__file__).resolve().parents[2]
-SCALING = ROOT / "benchmarks" / "core_scaling.py"
-SERVE = ROOT / "benchmarks" / "serve.py"
+SCALING = "benchmarks.core_scaling"  # run as python -m, from the repository on PYTHONPATH
+SERVE = "benchmarks.serve"
 
 
 def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     tmp_path = tmp_path_factory.mktemp("core-scaling")
     out = tmp_path / "core_scaling.json"
     proc = subprocess.run(
-        [sys.executable, str(SCALING), "--workers", "1,2", "--images", "24", "--dir", str(tmp_path / "images"),
+        [sys.executable, "-m", SCALING, "--workers", "1,2", "--images", "24", "--dir", str(tmp_path / "images"),
          "--batch-size", "4", "--size", "48", "--resize", "56", "--seconds", "0.25", "--rounds", "2",
          "--json", str(out)],
         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=110,
@@ -36,7 +37,7 @@ def _scaling_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
 
 
 def _cuda_refusal_run(_tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SERVE), "--device", "cuda"], cwd=ROOT, env=script_env(),
+    return subprocess.run([sys.executable, "-m", SERVE, "--device", "cuda"], cwd=ROOT, env=script_env(),
                           capture_output=True, text=True, timeout=50)
 
 
@@ -44,7 +45,7 @@ def _sweep_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subproce
     """The sweep with --stop-after-fails, then a budget too short for any point: (process, JSON) each."""
     tmp_path = tmp_path_factory.mktemp("serve-sweep")
     out = tmp_path / "serve.json"
-    common = [sys.executable, str(SERVE), "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
+    common = [sys.executable, "-m", SERVE, "--device", "cpu", "--models", "smallcnn", "--modes", "batch-1", "batcher",
               "--duration", "0.3", "--calibrate-s", "0.3", "--drain-s", "0.3", "--clients", "0", "--no-overload",
               "--images", "8", "--json", str(out)]
     runs = []
@@ -62,7 +63,7 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     tmp_path = tmp_path_factory.mktemp("serve-failing-mode")
     out = tmp_path / "serve.json"
     proc = subprocess.run(
-        [sys.executable, str(SERVE), "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
+        [sys.executable, "-m", SERVE, "--models", "smallcnn", "--modes", "batch-1", "images", "--rates", "0.5",
          "--duration", "0.3", "--calibrate-s", "0.3", "--clients", "0", "--no-overload", "--images", "8",
          "--mp-context", "no-such-method", "--json", str(out)],
         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=80)
@@ -72,7 +73,7 @@ def _failing_mode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
 def _threads_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     """benchmarks/serve_threads.py (per-thread CPU of the batcher) builds its services from serve.py's."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_threads.py"), "--trivial", "--rate", "300",
+        [sys.executable, "-m", "benchmarks.serve_threads", "--trivial", "--rate", "300",
          "--duration", "0.3", "--reps", "1", "--modes", "batch-1", "batcher", "--max-latency-ms", "40"],
         cwd=tmp_path_factory.mktemp("serve-threads"), env=script_env(), capture_output=True, text=True, timeout=80)
 
@@ -115,7 +116,7 @@ def test_core_scaling_tiny_run_writes_rates_efficiency_and_topology(side_by_side
 
 
 def test_core_scaling_counts_and_cpu_lists():
-    bench = load_script(SCALING, "core_scaling_bench")
+    bench = importlib.import_module(SCALING)
     assert bench.counts_to_run([1, 2, 4, 8, 16], 16) == ([1, 2, 4, 8, 15, 16], 15)
     assert bench.counts_to_run([1, 2, 4, 8, 16], 2) == ([1, 2], 1)
     assert bench.counts_to_run([2, 4], 4) == ([1, 2, 3, 4], 3)
@@ -123,7 +124,7 @@ def test_core_scaling_counts_and_cpu_lists():
 
 
 def test_core_scaling_topology_reads_sibling_lists(tmp_path):
-    bench = load_script(SCALING, "core_scaling_bench")
+    bench = importlib.import_module(SCALING)
     cpus = sorted(os.sched_getaffinity(0))
     for cpu in cpus:  # pairs (0,1), (2,3), ...: two threads per core
         folder = tmp_path / f"cpu{cpu}" / "topology"

@@ -35,7 +35,6 @@ from torch.utils.data import Dataset
 from gpufeed import FastLoader, ImageDataset, ImageFolder, ResizeCenterCrop
 from gpufeed.cli import main
 from gpufeed.doctor import decide, diagnose
-from gpufeed.synth import make_image_folder
 
 pytestmark = pytest.mark.timeout(60)  # each run takes 1-4 s
 
@@ -66,17 +65,13 @@ class SlowBytes(Dataset):
 
 
 @pytest.fixture(scope="module")
-def small_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("doctor-small")
-    make_image_folder(root, num_classes=2, per_class=24, size=(240, 320), seed=3)
-    return root
+def small_root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=24, size=(240, 320), seed=3)
 
 
 @pytest.fixture(scope="module")
-def big_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("doctor-big")
-    make_image_folder(root, num_classes=2, per_class=12, size=(1200, 1600), seed=4)
-    return root
+def big_root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=12, size=(1200, 1600), seed=4)
 
 
 def run(dataset, num_workers: int, *, batches: int = 10, step_ms: float = 0.0, batch_size: int = 4):

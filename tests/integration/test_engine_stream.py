@@ -19,6 +19,7 @@ from gpufeed._engine.engine import Engine, TaskRecord
 from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.config import EngineConfig
+from gpufeed.serve.clock import ManualClock
 from gpufeed.stats import Stats
 
 SAMPLE_S = 0.15  # per request: long enough for a killed worker to owe queued tasks
@@ -161,17 +162,19 @@ def test_a_task_that_kills_its_worker_is_retried_once_then_failed():
 @pytest.mark.parametrize("window_s", [None, 0.3])
 def test_max_worker_restarts_counts_deaths_within_the_restart_window(window_s):
     """A long-lived driver (a server) bounds crash loops, not deaths over its whole life: with
-    restart_window_s, replacements older than the window no longer count."""
+    restart_window_s, replacements older than the window no longer count (the engine's clock is
+    a manual one: the window passes exactly when the test says so)."""
     from gpufeed.errors import WorkerError
 
+    clock = ManualClock()
     context = EngineContext(EngineConfig(max_batch_bytes=1 << 16, max_worker_restarts=1), Stats())
     engine = Engine(context, WorkerSpec(dataset=Poison()), num_workers=1, max_task_retries=0,
-                    restart_window_s=window_s)
+                    restart_window_s=window_s, clock=clock.now)
     try:
         record = engine.submit([Poison.POISON])
         (got, reply), = engine.wait(timeout_s=30.0)
         assert got is record and isinstance(reply, Failed)  # one death: replaced, task given up
-        time.sleep(0.6)  # the first replacement is now older than a 0.3 s window
+        clock.advance(0.31)  # the first replacement is now older than a 0.3 s window
         engine.submit([Poison.POISON])
         if window_s is None:
             with pytest.raises(WorkerError, match="already replaced in this iterator"):

@@ -14,6 +14,7 @@ import torch
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Engine
 from gpufeed._engine.messages import Done
+from gpufeed._engine.plugin import FillPlugin
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed._image.fill import FillReport
 from gpufeed.config import EngineConfig
@@ -44,7 +45,7 @@ class MarkingFiller:
         return out, FillReport(kept=list(range(len(index))))
 
 
-class MarkingPlugin:
+class MarkingPlugin(FillPlugin):
     """The parent half: nothing written at submission, nothing kept after."""
 
     def __init__(self, marks: str) -> None:
@@ -61,7 +62,9 @@ class MarkingPlugin:
         pass
 
 
-class Squares(torch.utils.data.Dataset):
+class SquareInts(torch.utils.data.Dataset):
+    """100 samples: the plain int i*i."""
+
     def __len__(self) -> int:
         return 100
 
@@ -73,7 +76,7 @@ class Squares(torch.utils.data.Dataset):
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_each_worker_tears_its_filler_down_once_on_exit(tmp_path, method):
     context = EngineContext(EngineConfig(max_batch_bytes=1 << 16), Stats(), plugin=MarkingPlugin(str(tmp_path)))
-    engine = Engine(context, WorkerSpec(dataset=Squares()), num_workers=2,
+    engine = Engine(context, WorkerSpec(dataset=SquareInts()), num_workers=2,
                     mp_context=multiprocessing.get_context(method))
     pids = list(engine.pids)
     got: dict[int, list[int]] = {}

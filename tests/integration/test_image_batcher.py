@@ -23,10 +23,10 @@ import torch
 from gpufeed import FastLoader, ImageFolder
 from gpufeed.errors import DecodeError
 from gpufeed.serve import ImageBatcher, ManualClock, Overloaded
-from gpufeed.synth import make_image_folder
 from gpufeed.transforms import ResizeCenterCrop
 from tests._concurrent import result
 from tests._procs import gpufeed_memfds, live_children
+from tests._folders import ImageFolders
 
 TRANSFORM = ResizeCenterCrop(size=48, resize=56)
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -54,9 +54,7 @@ class Recorder:
 
 
 def _make_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    make_image_folder(root, num_classes=2, per_class=6, size=((60, 90), (70, 100)), seed=3)
-    return root
+    return ImageFolders(tmp_path_factory)(num_classes=2, per_class=6, size=((60, 90), (70, 100)), seed=3)
 
 
 @pytest.fixture(scope="module")

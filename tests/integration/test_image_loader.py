@@ -26,7 +26,6 @@ from gpufeed import (
     ResizeCenterCrop,
     pack,
 )
-from gpufeed.synth import make_image_folder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,10 +40,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @pytest.fixture(scope="session")
-def image_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    make_image_folder(root, num_classes=3, per_class=14, size=((230, 300), (250, 380)), seed=11)
-    return root
+def image_root(image_folder) -> Path:
+    return image_folder(num_classes=3, per_class=14, size=((230, 300), (250, 380)), seed=11)
 
 
 @pytest.fixture(scope="session")
@@ -55,11 +52,9 @@ def lmdb_path(image_root, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def big_root(tmp_path_factory) -> Path:
+def big_root(image_folder) -> Path:
     """512 images of 400x350: enough work that one uncached epoch is clearly measurable."""
-    root = tmp_path_factory.mktemp("big")
-    make_image_folder(root, num_classes=4, per_class=128, size=(350, 400), seed=5)
-    return root
+    return image_folder(num_classes=4, per_class=128, size=(350, 400), seed=5)
 
 
 def gen(seed: int) -> torch.Generator:

@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("lightning", reason="the `lightning` extra is not installed (pip install gpufeed[lightning])")
 
-from gpufeed.synth import make_image_folder  # noqa: E402
 from tests._concurrent import guarded, unwrap  # noqa: E402
 from tests._concurrent import result as run_result  # noqa: E402
+from tests._folders import ImageFolders  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("_lightning_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +33,7 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def _image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lightning-images")
-    make_image_folder(root, num_classes=2, per_class=N // 2, size=(48, 56), seed=2)
-    return root
+    return ImageFolders(tmp_path_factory)(num_classes=2, per_class=N // 2, size=(48, 56), seed=2)
 
 
 def _env() -> dict[str, str]:

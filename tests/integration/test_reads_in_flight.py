@@ -18,7 +18,6 @@ import torch
 from torch.utils.data import Dataset
 
 from gpufeed import FastLoader, ImageDataset, ImageFolder, RandomResizedCrop
-from gpufeed.synth import make_image_folder
 from tests._procs import live_children
 
 N = 48
@@ -120,9 +119,8 @@ def test_batches_do_not_depend_on_read_concurrency_or_workers(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_image_folder_reads_one_at_a_time_by_default_and_ahead_when_asked_with_the_same_batches(tmp_path):
-    root = tmp_path / "images"
-    make_image_folder(root, num_classes=2, per_class=12, size=((60, 80), (70, 90)), seed=2)
+def test_image_folder_reads_one_at_a_time_by_default_and_ahead_when_asked_with_the_same_batches(image_folder):
+    root = image_folder(num_classes=2, per_class=12, size=((60, 80), (70, 90)), seed=2)
     assert ImageFolder(root).read_concurrency == 1 and ImageFolder(root).read_auto  # auto: starts at 1
     a = _batches(_loader(ImageFolder(root, RandomResizedCrop(32))))
     b = _batches(_loader(ImageFolder(root, RandomResizedCrop(32), read_concurrency=16)))
@@ -304,7 +302,7 @@ def test_read_options_are_checked():
     assert ImageDataset([(b"x", 0)]).read_concurrency == 1  # user datasets: only when asked
 
 
-class Squares(Dataset):
+class ThreadLoggedSquares(Dataset):
     """Thread-safe: (i, i*i); logs the thread of each call."""
 
     fetch_threads = 4
@@ -324,7 +322,7 @@ class Squares(Dataset):
 
 @pytest.mark.timeout(60)
 def test_fetch_threads_keeps_order_and_calls_once(tmp_path):
-    ds = Squares(str(tmp_path))
+    ds = ThreadLoggedSquares(str(tmp_path))
     got = list(FastLoader(ds, batch_size=6, num_workers=2, shuffle=True,
                           generator=torch.Generator().manual_seed(1)))
     want = list(torch.utils.data.DataLoader(ds, batch_size=6, shuffle=True,
@@ -336,13 +334,13 @@ def test_fetch_threads_keeps_order_and_calls_once(tmp_path):
 
 
 class PlainSquares(Dataset):
-    """Squares without a ``fetch_threads`` attribute."""
+    """ThreadLoggedSquares without a ``fetch_threads`` attribute."""
 
     def __init__(self, log_dir: str) -> None:
         self.log_dir = log_dir
 
-    __len__ = Squares.__len__
-    __getitem__ = Squares.__getitem__
+    __len__ = ThreadLoggedSquares.__len__
+    __getitem__ = ThreadLoggedSquares.__getitem__
 
 
 @pytest.mark.timeout(60)
@@ -356,7 +354,7 @@ def test_fetch_threads_is_off_by_default(tmp_path):
 
 
 def test_bad_fetch_threads_raises_before_workers_start(tmp_path):
-    ds = Squares(str(tmp_path))
+    ds = ThreadLoggedSquares(str(tmp_path))
     ds.fetch_threads = -2
     with pytest.raises(ValueError, match="`fetch_threads` must be an int >= 0. Found: -2"):
         iter(FastLoader(ds, batch_size=4, num_workers=1))

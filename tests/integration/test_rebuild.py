@@ -12,7 +12,6 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, TensorDataset
 
 from gpufeed import FastLoader, GpufeedWarning, ImageFolder, ResizeCenterCrop
-from gpufeed.synth import make_image_folder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,10 +90,8 @@ def test_rebuild_with_a_batch_sampler():
 
 
 @pytest.fixture(scope="module")
-def image_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    make_image_folder(root, num_classes=2, per_class=8, size=(120, 140), seed=3)
-    return root
+def image_root(image_folder):
+    return image_folder(num_classes=2, per_class=8, size=(120, 140), seed=3)
 
 
 def test_image_rebuild_keeps_normalize_dtype_and_layout(image_root):

@@ -23,7 +23,6 @@ from gpufeed import FastLoader, ImageDataset, ImageFolder, ResizeCenterCrop
 from gpufeed.errors import ReadError
 from gpufeed.sources import RemoteOptions
 from gpufeed.sources.remote import RemoteReader, is_transient, is_url
-from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer
 
 pytest.importorskip("fsspec")
@@ -35,11 +34,10 @@ DELAY_S = 0.02
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
+def tree(image_folder) -> Path:
     """3 classes x 6 JPEGs, plus a nested folder with a space, an upper-case extension and a
     file that is not an image (left out by the extension filter)."""
-    root = tmp_path_factory.mktemp("remote") / "tree"
-    make_image_folder(root, num_classes=3, per_class=6, size=((48, 64), (56, 72)), seed=4)
+    root = image_folder(num_classes=3, per_class=6, size=((48, 64), (56, 72)), seed=4, private=True)
     nested = root / "class_01" / "sub dir"
     nested.mkdir()
     shutil.copy(root / "class_00" / "img_00000.jpg", nested / "Extra Image.JPG")

@@ -12,7 +12,6 @@ import torch
 from torch.utils.data import IterableDataset
 
 from gpufeed import DistributedSampler, FastLoader, ImageFolder, RandomResizedCrop
-from gpufeed.synth import make_image_folder
 
 from ._datasets import IndexDataset
 
@@ -40,10 +39,8 @@ def generic(num_workers: int, **kw: Any) -> FastLoader:
 
 
 @pytest.fixture(scope="module")
-def image_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("resume-images")
-    make_image_folder(root, num_classes=2, per_class=9, size=(120, 150), seed=4)
-    return root
+def image_root(image_folder) -> Path:
+    return image_folder(num_classes=2, per_class=9, size=(120, 150), seed=4)
 
 
 def image(root: Path, num_workers: int) -> FastLoader:

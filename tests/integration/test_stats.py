@@ -7,7 +7,6 @@ import time
 import pytest
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed.synth import make_image_folder
 from tests.faults._datasets import Slow
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,9 +38,8 @@ def test_queue_depth_shows_batches_waiting_for_a_slow_consumer():
     assert s["data_wait_fraction"] < 0.5
 
 
-def test_image_path_stage_split_and_counts(tmp_path):
-    make_image_folder(tmp_path, num_classes=2, per_class=24, seed=3)
-    ds = ImageFolder(tmp_path, transform=ResizeCenterCrop(64, 72))
+def test_image_path_stage_split_and_counts(image_folder):
+    ds = ImageFolder(image_folder(num_classes=2, per_class=24, seed=3), transform=ResizeCenterCrop(64, 72))
     workers = 2
     loader = FastLoader(ds, batch_size=16, num_workers=workers)
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ timm_aa = pytest.importorskip("timm.data.auto_augment", reason="timm is not inst
 import torch  # noqa: E402
 import torchvision.transforms as T  # noqa: E402
 import torchvision.transforms.autoaugment as tv_aa  # noqa: E402
+import torchvision.transforms.v2 as V  # noqa: E402
 from PIL import Image  # noqa: E402
 from timm.data import random_erasing as timm_re  # noqa: E402
 
@@ -110,6 +111,21 @@ def test_gaussian_blur_and_rotation():
     assert_same_continuous(ours(A.RandomRotation(30)), angles, "angle")
 
 
+def test_affine():
+    torch.manual_seed(0)
+    theirs = [T.RandomAffine.get_params([-30.0, 30.0], [0.2, 0.1], [0.7, 1.3], [-15.0, 15.0, -5.0, 5.0],
+                                        [W, H]) for _ in range(N)]
+    mine = ours(A.RandomAffine(30, (0.2, 0.1), (0.7, 1.3), (-15, 15, -5, 5)))
+    for k, which in enumerate(("angle", "dx", "dy", "scale", "shear x", "shear y")):
+        flat = [lambda p: p[0], lambda p: p[1][0], lambda p: p[1][1], lambda p: p[2],
+                lambda p: p[3][0], lambda p: p[3][1]][k]
+        a, b = [flat(p) for p in mine], [flat(p) for p in theirs]
+        if which in ("dx", "dy"):
+            assert_same_categories(a, b, which)
+        else:
+            assert_same_continuous(a, b, which)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
 def test_probabilities(p):
     """Flips, grayscale and the single ops apply with torchvision's probability."""
@@ -199,3 +215,125 @@ def test_timm_rand_augment(config):
         b = [c[1][0] for c in flat_t if c[0] == name]
         if a or b:
             assert_same_categories(a, b, f"{name} argument")
+
+
+class _Tagged(list):
+    """A timm sub-policy that records its index when timm's AutoAugment runs it."""
+
+    def __init__(self, ops, index, seen):
+        super().__init__(ops)
+        self.index, self.seen = index, seen
+
+    def __iter__(self):
+        self.seen.append(self.index)
+        return super().__iter__()
+
+
+def recorded_timm_auto(config: str, n: int = N) -> tuple[list, list]:
+    """timm's AutoAugment draws: the sub-policy it picks, and what each applied op's aug_fn
+    receives (as :func:`recorded_timm`)."""
+    aa = timm_aa.auto_augment_transform(config, {"translate_const": 100, "img_mean": (124, 116, 104)})
+    chosen: list = []
+    calls: list = []
+    current: list = []
+    for sub in aa.policy:
+        for op in sub:
+            def record(img, *args, _name=op.name, **kwargs):
+                interp = "random"
+                if _name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
+                    interp = {2: "bilinear", 3: "bicubic"}[int(timm_aa._interpolation(kwargs))]
+                current.append((_name, tuple(args), interp))
+                return img
+            op.aug_fn = record
+    aa.policy = [_Tagged(sub, i, chosen) for i, sub in enumerate(aa.policy)]
+    random.seed(0)
+    for _ in range(n):
+        current = []
+        aa(_PIL)
+        calls.append(tuple(current))
+    return chosen, calls
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r", "v0-mstd1"])
+def test_timm_auto_augment(config):
+    chosen, theirs = recorded_timm_auto(config)
+    op = A.TimmAutoAugment.from_config(config, fill=(124, 116, 104), translate_const=100)
+    # the sub-policy: the first draw of each row (what draw() picks first, read back the same way)
+    mine_chosen = [int(A.row_rng(11, 0, i).integers(len(op.policy))) for i in range(N)]
+    assert_same_categories(mine_chosen, chosen, "sub-policy")
+    mine = ours(op)
+    assert_same_categories([tuple(c[0] for c in p) for p in mine],
+                           [tuple(c[0] for c in p) for p in theirs], "ops applied")
+    flat_m = [c for p in mine for c in p]
+    flat_t = [c for p in theirs for c in p]
+    assert_same_categories([c[2] for c in flat_m], [c[2] for c in flat_t], "interpolation")
+    for name in ("Rotate", "ShearX", "ShearY", "Color", "Contrast", "TranslateYRel"):
+        a = [c[1][0] for c in flat_m if c[0] == name]
+        b = [c[1][0] for c in flat_t if c[0] == name]
+        if a or b:
+            assert_same_continuous(a, b, f"{name} argument")
+    for name in ("PosterizeOriginal", "PosterizeIncreasing", "Posterize", "Solarize", "SolarizeAdd"):
+        a = [c[1][0] for c in flat_m if c[0] == name]
+        b = [c[1][0] for c in flat_t if c[0] == name]
+        if a or b:
+            assert_same_categories(a, b, f"{name} argument")
+
+
+class _Mark:
+    """An op that records its index when torchvision's container runs it."""
+
+    def __init__(self, index, seen):
+        self.index, self.seen = index, seen
+
+    def __call__(self, img):
+        self.seen.append(self.index)
+        return img
+
+
+def _run_container(make, k: int, n: int = N) -> list:
+    """What torchvision's container ``make(ops)`` runs on each of ``n`` calls: the tuple of the
+    indices of its ``k`` recording ops, in the order run."""
+    seen: list = []
+    container = make([_Mark(i, seen) for i in range(k)])
+    out = []
+    random.seed(0)
+    torch.manual_seed(0)
+    for _ in range(n):
+        seen.clear()
+        container(torch.zeros(3, 2, 2))
+        out.append(tuple(seen))
+    return out
+
+
+def test_containers_choose_as_torchvision():
+    ops = (A.RandomInvert(1.0), A.RandomEqualize(1.0), A.RandomGrayscale(1.0))
+    weights = [1, 2, 3]
+    for theirs_make, mine in (
+            (lambda m: T.RandomChoice(m, p=weights), A.RandomChoice(ops, weights)),
+            (lambda m: V.RandomChoice(m, p=weights), A.RandomChoice(ops, weights)),
+            (lambda m: T.RandomChoice(m), A.RandomChoice(ops))):
+        theirs = [t[0] for t in _run_container(theirs_make, 3)]
+        assert_same_categories([p[0] for p in ours(mine)], theirs, "choice")
+    for theirs_make in (T.RandomOrder, V.RandomOrder):
+        theirs = _run_container(theirs_make, 3)
+        mine = [tuple(i for i, _ in p) for p in ours(A.RandomOrder(ops))]
+        assert_same_categories(mine, theirs, "order")
+    for theirs_make in (lambda m: T.RandomApply(m, p=0.3),
+                        lambda m: V.RandomApply(m, p=0.3)):
+        theirs = [bool(t) for t in _run_container(theirs_make, 2)]
+        assert_same_categories([p is not None for p in ours(A.RandomApply(ops[:2], 0.3))], theirs,
+                               "applied")
+
+
+def test_a_container_draws_its_ops_parameters_and_apply_draws_nothing():
+    op = A.RandomApply((A.RandomInvert(0.5), A.RandomRotation(30)), 0.7)
+    draws = ours(op)
+    applied = [p for p in draws if p is not None]
+    assert_same_categories([p[0] is not None for p in applied],
+                           [bool(b) for b in np.random.default_rng(3).random(len(applied)) < 0.5],
+                           "inner applied")
+    assert_same_continuous([p[1] for p in applied],
+                           list(np.random.default_rng(3).uniform(-30, 30, len(applied))), "angle")
+    row = np.random.default_rng(0).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    params = next(p for p in draws if p is not None)
+    assert np.array_equal(op.apply(row.copy(), params), op.apply(row.copy(), params))

@@ -6,6 +6,7 @@ tolerance between its PIL and tensor paths. Needs torchvision and timm (.venv-tv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -146,6 +147,28 @@ def test_rotation_nearest(fill):
         assert share_differing(op.apply(row.copy(), angle), want) <= NEAREST_SHARE, angle
 
 
+AFFINES = [A.RandomAffine(30, (0.2, 0.1), (0.7, 1.3), 15),
+           A.RandomAffine(0, shear=(-20, 20, -10, 10), fill=(10, 200, 30)),
+           A.RandomAffine(180, (0.3, 0.3), (0.5, 1.5), fill=(124, 116, 104))]
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("k", range(len(AFFINES)))
+def test_affine(k, interpolation):
+    op = dataclasses.replace(AFFINES[k], interpolation=interpolation)
+    mode = InterpolationMode(interpolation)
+    for j, row in enumerate(ROWS * 2):
+        params = op.draw(A.row_rng(4, 0, j), *row.shape[:2])
+        angle, shift, scale, shear = params
+        want = np.asarray(F.affine(_pil(row), angle, list(shift), scale, list(shear),
+                                   interpolation=mode, fill=list(op.fill)))
+        got = op.apply(row.copy(), params)
+        if interpolation == "nearest":
+            assert share_differing(got, want) <= NEAREST_SHARE, params
+        else:
+            assert mean_abs(got, want) <= GEOMETRY, params
+
+
 WARPS = [("ShearX", 0.3), ("ShearX", -0.99), ("ShearY", 0.5), ("TranslateX", -20.0),
          ("TranslateY", 31.0), ("TranslateX", 101.4), ("Rotate", 23.0), ("Rotate", -90.0),
          ("Rotate", 135.0), ("Rotate", 0.0)]
@@ -282,3 +305,28 @@ def test_policy_ops_match_v2_on_uint8_tensors(op, magnitude):
             assert share_differing(got, want_a) <= NEAREST_SHARE
         else:
             assert mean_abs(got, want_a) <= (COLOUR if op == "Color" else POINT)
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r-mstd0.5"])
+def test_timm_auto_augment_given_its_params(config):
+    op = A.TimmAutoAugment.from_config(config)
+    for k in range(24):
+        row = ROWS[k % len(ROWS)]
+        params = op.draw(A.row_rng(8, 0, k), *row.shape[:2])
+        want = _pil(row)
+        for name, args, interp in params:
+            kwargs = {"fillcolor": op.fill}
+            if interp in _PIL_FILTERS:
+                kwargs["resample"] = _PIL_FILTERS[interp]
+            want = timm_aa.NAME_TO_OP[name](want, *args, **kwargs)
+        got = op.apply(row.copy(), params)
+        assert mean_abs(got, np.asarray(want)) <= GEOMETRY, params
+
+
+@pytest.mark.parametrize("config", ["original-mstd0.5", "originalr", "v0", "v0r-mstd1"])
+def test_timm_auto_from_timm_object_matches_config(config):
+    hparams = {"translate_const": 100, "img_mean": (124, 116, 104)}
+    aa = timm_aa.auto_augment_transform(config, hparams)
+    ours = A.TimmAutoAugment.from_timm(aa)
+    assert ours == A.TimmAutoAugment.from_config(config, fill=(124, 116, 104), translate_const=100)
+    assert ours.policy == tuple(tuple((o.name, o.prob, o.magnitude) for o in sub) for sub in aa.policy)

@@ -127,7 +127,7 @@ def test_an_unknown_tensor_op_runs_as_given_on_the_row(root):
 
 
 def test_a_random_torchvision_op_draws_from_seed_epoch_index(root):
-    rotate = V.RandomAffine(degrees=30, translate=(0.1, 0.1))  # no gpufeed op: a tensor op
+    rotate = V.RandomPerspective(0.4, p=1.0)  # no gpufeed op: a tensor op
     plain = ImageFolder(root, transform=V.Compose([V.RandomResizedCrop(96), V.PILToTensor()]))
     ours = ImageFolder(root, transform=V.Compose([V.RandomResizedCrop(96), V.PILToTensor(), rotate]))
     assert _labels(gpufeed.explain(ours.transform))[2] == "tensor"
@@ -245,6 +245,10 @@ def _same_parameters():
         (V.RandomVerticalFlip(0.7), (), (V.PILToTensor(),), A.RandomVerticalFlip(0.7)),
         (T.RandomRotation(15, fill=[10, 20, 30]), (), (T.ToTensor(),),
          A.RandomRotation((-15.0, 15.0), "nearest", (10, 20, 30))),
+        (T.RandomAffine(20, (0.1, 0.2), (0.8, 1.2), 10, fill=[1, 2, 3]), (), (T.ToTensor(),),
+         A.RandomAffine((-20.0, 20.0), (0.1, 0.2), (0.8, 1.2), (-10.0, 10.0), "nearest", (1, 2, 3))),
+        (V.RandomAffine(5, shear=(1, 2, 3, 4), interpolation=BILINEAR), (), (V.PILToTensor(),),
+         A.RandomAffine(5, shear=(1, 2, 3, 4), interpolation="bilinear")),
         (T.TrivialAugmentWide(21), (), (T.ToTensor(),), A.TrivialAugmentWide(21)),
         (V.RandAugment(3, 7, 21, interpolation=BILINEAR, fill=[128, 128, 128]), (),
          (V.PILToTensor(),), A.RandAugment(3, 7, 21, "bilinear", (128, 128, 128))),
@@ -255,6 +259,25 @@ def _same_parameters():
         (timm_data.rand_augment_transform("rand-m7-n3-mstd0.5-inc1", {"translate_const": 100}),
          (), (T.ToTensor(),),
          A.TimmRandAugment.from_config("rand-m7-n3-mstd0.5-inc1", translate_const=100)),
+        (T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), (), (T.ToTensor(),),
+         A.RandomApply((A.ColorJitter(0.4, 0.4, 0.4, 0.1),), 0.8)),
+        (V.RandomApply([V.GaussianBlur(5), V.RandomGrayscale(1.0)], p=0.3), (V.PILToTensor(),), (),
+         A.RandomApply((A.GaussianBlur(5), A.RandomGrayscale(1.0)), 0.3)),
+        (T.RandomChoice([T.RandomSolarize(100, 1.0), T.RandomInvert(1.0)], p=[1, 3]), (),
+         (T.ToTensor(),), A.RandomChoice((A.RandomSolarize(100, 1.0), A.RandomInvert(1.0)), (1, 3))),
+        (T.RandomChoice([T.RandomEqualize(1.0), T.RandomInvert(1.0)]), (), (T.ToTensor(),),
+         A.RandomChoice((A.RandomEqualize(1.0), A.RandomInvert(1.0)))),
+        (V.RandomChoice([V.RandomEqualize(1.0), V.TrivialAugmentWide()]), (), (V.PILToTensor(),),
+         A.RandomChoice((A.RandomEqualize(1.0), A.TrivialAugmentWide()), (0.5, 0.5))),
+        (V.RandomOrder([V.RandomEqualize(0.5), V.ColorJitter(0.2), V.RandomInvert(0.1)]), (),
+         (V.PILToTensor(),),
+         A.RandomOrder((A.RandomEqualize(0.5), A.ColorJitter(0.2), A.RandomInvert(0.1)))),
+        (T.RandomApply([T.RandomOrder([T.RandomEqualize(0.5), T.RandomInvert(0.2)])], p=0.4), (),
+         (T.ToTensor(),),
+         A.RandomApply((A.RandomOrder((A.RandomEqualize(0.5), A.RandomInvert(0.2))),), 0.4)),
+        (timm_data.auto_augment_transform("original-mstd0.5", {"translate_const": 100}),
+         (), (T.ToTensor(),),
+         A.TimmAutoAugment.from_config("original-mstd0.5", translate_const=100)),
         (timm_data.random_erasing.RandomErasing(0.3, mode="pixel", max_count=3, device="cpu"),
          to_float, (), A.TimmRandomErasing(0.3, mode="pixel", max_count=3)),
     ]
@@ -269,6 +292,15 @@ _CASES = _same_parameters()
 def test_translation_keeps_the_parameters(op, before, after, want):
     got = _translated(op, before=before, after=after)
     assert got == want, (op, got, want)
+
+
+def test_a_container_of_an_op_gpufeed_does_not_know_runs_as_a_tensor_op():
+    from gpufeed._image.tensor_ops import TensorOp
+
+    container = V.RandomApply([V.RandomEqualize(1.0), Negate()], p=0.5)
+    pipe = gpufeed.from_torchvision(V.Compose([V.RandomResizedCrop(64), V.PILToTensor(), container]))
+    assert len(pipe.ops) == 1 and isinstance(pipe.ops[0], TensorOp) and pipe.ops[0].fn is container
+    assert gpufeed.explain(pipe).splitlines()[-1].split()[0] == "tensor"
 
 
 def test_explain_lists_the_ops_of_a_gpufeed_transform():

@@ -16,7 +16,12 @@ ALL_OPS = (A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.RandomGrayscale(0.3), A.Gaussian
            A.RandomSolarize(100), A.RandomPosterize(3), A.RandomEqualize(), A.RandomAutocontrast(),
            A.RandomInvert(), A.RandomAdjustSharpness(1.5), A.RandomRotation(20, fill=(1, 2, 3)),
            A.RandomHorizontalFlip(0.3), A.RandomVerticalFlip(0.7), A.TrivialAugmentWide(),
-           A.RandAugment(2, 9), A.AutoAugment(), A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1"))
+           A.RandAugment(2, 9), A.AutoAugment(), A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1"),
+           A.TimmAutoAugment.from_config("original-mstd0.5"), A.TimmAutoAugment("v0r"),
+           A.RandomAffine(20, (0.1, 0.2), (0.8, 1.2), 10, "bilinear", (1, 2, 3)),
+           A.RandomApply((A.ColorJitter(0.4, 0.4), A.RandomInvert(0.5)), 0.8),
+           A.RandomChoice((A.RandomSolarize(100, 1.0), A.RandomRotation(20)), (1, 3)),
+           A.RandomOrder((A.RandomEqualize(0.5), A.GaussianBlur(3), A.RandomGrayscale(0.5))))
 
 
 def test_row_rng_depends_on_its_inputs_only():
@@ -62,6 +67,15 @@ def test_row_ops_apply_in_order_from_one_stream():
     (lambda: A.TimmRandAugment.from_config("augmix-m5"), "starts with 'rand'"),
     (lambda: A.TimmRandAugment.from_config("rand-m9-tweights"), "weighted op sets"),
     (lambda: A.TimmRandAugment.from_config("rand-m9-q3"), "cannot read timm RandAugment config"),
+    (lambda: A.RandomAffine(10, translate=(0.1, 1.5)), "`translate` must be"),
+    (lambda: A.RandomAffine(10, shear=(5, 1)), "`shear` must be None or 2 or 4 numbers"),
+    (lambda: A.TimmAutoAugment("3a"), "`policy` must be one of"),
+    (lambda: A.TimmAutoAugment(((("Desaturate", 1.0, 10),),)), "not a timm op gpufeed has"),
+    (lambda: A.TimmAutoAugment.from_config("v0-m9"), "the only section is mstd"),
+    (lambda: A.TimmAutoAugment.from_config("rand-m9"), "starts with a policy name"),
+    (lambda: A.RandomApply((), 0.5), "at least one gpufeed RowOp"),
+    (lambda: A.RandomApply((A.RandomErasing(),)), "must hold gpufeed RowOps"),
+    (lambda: A.RandomChoice((A.RandomInvert(),), (1, 2)), "1 weights >= 0"),
     (lambda: RandomResizedCrop(64, ops=(A.RandomErasing(),)), "must hold gpufeed RowOps"),
     (lambda: RandomResizedCrop(64, ops=A.RandomInvert()), "must be a tuple"),
     (lambda: ResizeCenterCrop(64, 72, float_ops=(A.RandomInvert(),)), "FloatRowOps"),

@@ -7,7 +7,6 @@ import pytest
 from gpufeed import ImageDataset, ImageFolder, LMDBDataset, pack
 from gpufeed._image.auto_reads import MAX_CONCURRENCY, AutoReads, auto_concurrency
 from gpufeed.observe.tune_reads import read_options
-from gpufeed.synth import make_image_folder
 
 
 def test_page_cached_reads_stay_sequential():
@@ -57,9 +56,8 @@ def test_auto_concurrency_is_clamped(latency, work, want):
     assert auto_concurrency(latency, work) == want
 
 
-def test_defaults_auto_for_own_local_sources_only(tmp_path):
-    root = tmp_path / "images"
-    make_image_folder(root, num_classes=2, per_class=2, size=((20, 24), (20, 24)), seed=1)
+def test_defaults_auto_for_own_local_sources_only(image_folder, tmp_path):
+    root = image_folder(num_classes=2, per_class=2, size=((20, 24), (20, 24)), seed=1)
     folder = ImageFolder(root)
     assert folder.read_auto and folder.read_concurrency == 1
     assert read_options(folder) == (None, folder.read_budget_bytes)  # restored as auto by tune

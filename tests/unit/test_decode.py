@@ -26,9 +26,6 @@ from gpufeed.decode import _backends
 from gpufeed.decode._decode import FACTORS
 from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, DecodeError
 from gpufeed.synth import encode, photo_like, with_exif_orientation
-from tests._concurrent import result
-from tests._imports import FRESH_IMPORTS
-from tests._imports import facts as import_facts
 
 TURBO = backends()["turbojpeg"]["available"]
 requires_turbojpeg = pytest.mark.skipif(
@@ -302,15 +299,6 @@ def test_fallback_to_opencv_warns_once(without_turbojpeg):
 def test_unknown_backend_rejected():
     with pytest.raises(ValueError, match="`backend` must be None or one of"):
         decode(JPEGS["baseline420"], backend="pil")
-
-
-SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # a fresh interpreter (tests/_imports.py, tests/conftest.py)
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_import_loads_no_backend(side_by_side):
-    """Importing gpufeed.decode, transforms, sources and synth imports no decoder or LMDB."""
-    assert import_facts(result(side_by_side, "fresh-imports"), "decode") == {"backends": []}
 
 
 # --- planes ---------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import pytest
 
 import gpufeed.tune
 from gpufeed.observe.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
-from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states, usable_cpus
+from gpufeed._engine.context import usable_cpus
+from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states
 from gpufeed.stats import STAGES, Stats
 
 pytestmark = pytest.mark.timeout(60)
@@ -268,7 +269,7 @@ def test_probe_accounts_for_the_cores_and_joins_its_thread():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_probe_and_tune_count_cores_from_the_same_cgroup_quota(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed._engine.context._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
     (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
     probe = TreeProbe(interval_s=0.01)
@@ -290,8 +291,20 @@ def test_evidence_carries_every_stage_of_the_loader_stats():
 
 
 def test_thread_states_reads_this_process():
-    state, in_d = thread_states(os.getpid())
-    assert state == "R" and in_d >= 0
+    release = threading.Event()
+    waiter = threading.Thread(target=release.wait, args=(30,))
+    waiter.start()
+    try:
+        state, in_d = thread_states(os.getpid())
+        threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    finally:
+        release.set()
+        waiter.join()
+    # the main thread runs (R), the waiter sleeps interruptibly (S): neither counts as D
+    assert state == "R" and 0 <= in_d <= threads - 2
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_pid = int(f.read()) + 1
+    assert thread_states(no_such_pid) == (None, 0)
     assert thread_states(2**22 + 12345) == (None, 0)
 
 

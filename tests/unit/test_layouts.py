@@ -14,7 +14,6 @@ import torch
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from gpufeed._image.normalize import _CHUNK_BYTES, affine, convert_, work_dtype
-from gpufeed.synth import make_image_folder
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DTYPES = [torch.uint8, torch.float32, torch.float16, torch.bfloat16]
@@ -86,10 +85,8 @@ def test_conversion_refuses_a_mismatched_output():
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    path = tmp_path_factory.mktemp("layouts")
-    make_image_folder(path, num_classes=2, per_class=5, size=((120, 160), (130, 170)), seed=3)
-    return path
+def root(image_folder):
+    return image_folder(num_classes=2, per_class=5, size=((120, 160), (130, 170)), seed=3)
 
 
 def epoch(root, **kwargs) -> torch.Tensor:

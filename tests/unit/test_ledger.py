@@ -4,7 +4,6 @@ dispatched, claimed, answered, re-run after a worker death, handed out and dropp
 from __future__ import annotations
 
 import mmap
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,7 +15,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpufeed._engine.arena import Arena, SlotWriter, take_warm
 from gpufeed._engine.ledger import SlotLedger, SlotState
-from tests._procs import gpufeed_memfds
 
 PAGE = mmap.PAGESIZE
 SLOT = 4 * PAGE
@@ -65,41 +63,6 @@ def test_a_fallback_a_dead_worker_wrote_never_returns_cold_with_its_pages(arena,
         in_use = 0
     arena.trim_waiting()  # the parent waited for data: every free slot gives its pages back
     assert arena.resident_bytes() == in_use
-
-
-class _Squares(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 32
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.full((4,), float(i))
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open memfds in /proc/self/fd")
-def test_an_iterator_whose_worker_shutdown_raised_still_lets_go_of_the_arena(monkeypatch):
-    """A Ctrl-C that lands while the iterator joins its workers: the iterator must still detach
-    from the arena, or closing the loader leaves the memfd open for the life of the process."""
-    from gpufeed import FastLoader
-    from gpufeed._engine.pool import WorkerPool
-
-    before = set(gpufeed_memfds().items())
-    shutdown = WorkerPool.shutdown
-
-    def interrupted_shutdown(self: WorkerPool) -> object:
-        shutdown(self)
-        raise KeyboardInterrupt("Ctrl-C while the workers were joined")
-
-    loader = FastLoader(_Squares(), batch_size=4, num_workers=1)
-    it = iter(loader)
-    assert torch.equal(next(it)[0], torch.zeros(4))
-    assert set(gpufeed_memfds().items()) - before  # the loader's arena (and a descriptor per mapped chunk)
-    monkeypatch.setattr(WorkerPool, "shutdown", interrupted_shutdown)
-    with pytest.raises(KeyboardInterrupt):
-        it.close()
-    monkeypatch.undo()
-    loader.close()
-    assert set(gpufeed_memfds().items()) - before == set()
 
 
 # -- the state machine ----------------------------------------------------------------------

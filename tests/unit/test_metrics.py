@@ -20,12 +20,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import TensorDataset
 
-from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+from gpufeed import FastLoader
 from gpufeed.metrics import HOST_METRIC_NAMES, METRIC_NAMES, MetricsServer, serve
 from gpufeed.stats import STAGES as STAGE_KEYS
-from tests._concurrent import result
-from tests._imports import FRESH_IMPORTS
-from tests._imports import facts as import_facts
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 STAGES = tuple(key.removesuffix("_s") for key in STAGE_KEYS)  # the `stage` labels
@@ -100,66 +97,6 @@ class FakeLoader:
 
 
 # -- scrape == stats() -----------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(60)
-def test_scrape_of_a_real_loader_equals_its_stats(server):
-    loader = tensor_loader(num_workers=1, persistent_workers=True)
-    try:
-        assert sum(len(y) for _, y in loader) == 20
-        assert server.register(loader, name="train") == "train"
-        got = series_of(scrape(server), "train")
-        stats = loader.stats()
-        one = frozenset({("loader", "train")})
-        for metric, key in COUNTERS.items():
-            assert got[(metric, one)] == pytest.approx(stats[key]), metric
-        assert got[("gpufeed_batches_total", one)] == 5 and got[("gpufeed_samples_total", one)] == 20
-        for stage in STAGES:
-            labels = frozenset({("loader", "train"), ("stage", stage)})
-            assert got[("gpufeed_stage_seconds_total", labels)] == pytest.approx(stats[f"{stage}_s"])
-        fetch = frozenset({("loader", "train"), ("stage", "fetch")})
-        assert got[("gpufeed_stage_seconds_total", fetch)] > 0
-        assert got[("gpufeed_queue_depth", one)] == stats["queue_depth"]
-        assert got[("gpufeed_queue_depth_mean", one)] == pytest.approx(stats["queue_depth_mean"])
-        assert 0 < got[("gpufeed_data_wait_fraction", one)] <= 1  # lifetime ratio: decays while idle
-        assert got[("gpufeed_samples_per_second", one)] > 0
-        # the persistent worker: one per-worker series each, labelled by worker id
-        assert got[("gpufeed_workers", one)] == 1 == len(stats["workers"])
-        w0 = frozenset({("loader", "train"), ("worker", "0")})
-        assert got[("gpufeed_worker_rss_bytes", w0)] > 1 << 20
-        assert got[("gpufeed_worker_cpu_seconds_total", w0)] >= 0
-        # a generic (non-image) loader has no cache or skip keys, so those are not emitted
-        assert not IMAGE_ONLY & stats.keys()
-        assert not {n for n in names_of(got, "train") if "cache" in n or "skipped" in n}
-    finally:
-        loader.close()
-
-
-@pytest.mark.timeout(60)
-def test_image_loader_cache_and_skip_metrics_equal_its_stats(server, tmp_path):
-    from gpufeed.synth import make_image_folder
-
-    make_image_folder(tmp_path, num_classes=2, per_class=3, size=(40, 48), seed=3)
-    ds = ImageFolder(tmp_path, transform=ResizeCenterCrop(32, 32))
-    loader = FastLoader(ds, batch_size=3, num_workers=1, cache_bytes="16MB")
-    try:
-        for _ in range(2):
-            assert sum(len(y) for _, y in loader) == 6
-        server.register(loader, name="img")
-        got = series_of(scrape(server), "img")
-        stats = loader.stats()
-        one = frozenset({("loader", "img")})
-        assert (stats["cache_hits"], stats["cache_misses"]) == (6, 6)
-        assert got[("gpufeed_cache_hits_total", one)] == 6
-        assert got[("gpufeed_cache_misses_total", one)] == 6
-        assert got[("gpufeed_cache_bytes", one)] == stats["cache_bytes"] > 0
-        assert got[("gpufeed_cache_hit_ratio", one)] == pytest.approx(0.5)
-        assert got[("gpufeed_skipped_total", one)] == stats["skipped"] == 0
-        assert got[("gpufeed_samples_total", one)] == 12
-        decode = frozenset({("loader", "img"), ("stage", "decode")})
-        assert got[("gpufeed_stage_seconds_total", decode)] > 0
-    finally:
-        loader.close()
 
 
 def test_every_stats_key_maps_to_exactly_the_documented_metric_names(server):
@@ -282,26 +219,6 @@ def test_stop_joins_the_thread_frees_the_port_and_is_idempotent():
     assert not metrics_threads()
 
 
-@pytest.mark.timeout(60)
-def test_fastloader_metrics_port_serves_it_end_to_end():
-    loader = tensor_loader(num_workers=1, metrics_port=0)
-    srv = loader.metrics_server
-    try:
-        assert isinstance(srv, MetricsServer) and srv.port > 0
-        assert srv.names() == ["loader0"]
-        assert scrape(srv)[("gpufeed_batches_total", frozenset({("loader", "loader0")}))] == 0
-        list(loader)
-        got = scrape(srv)
-        assert got[("gpufeed_batches_total", frozenset({("loader", "loader0")}))] == 5
-        assert got[("gpufeed_samples_total", frozenset({("loader", "loader0")}))] == 20
-        second = tensor_loader(metrics_port=srv.port)  # same port: same server, next name
-        assert second.metrics_server is srv and srv.names() == ["loader0", "loader1"]
-    finally:
-        loader.close()
-        srv.stop()
-    assert not metrics_threads()
-
-
 def test_a_port_in_use_by_another_program_raises_oserror():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -316,26 +233,6 @@ def test_bad_port_is_a_value_error_before_anything_starts(port):
     with pytest.raises(ValueError, match="`port` must be an int in 0-65535"):
         serve(port)
     assert not metrics_threads()
-
-
-SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # a fresh interpreter (tests/_imports.py, tests/conftest.py)
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_missing_prometheus_client_is_a_clear_error(side_by_side):
-    """prometheus_client unimportable: ``serve(0)`` and ``FastLoader(..., metrics_port=0)`` each
-    raise BackendUnavailableError with the fix, and start no thread."""
-    facts = import_facts(result(side_by_side, "fresh-imports"), "missing_prometheus")
-    assert len(facts["errors"]) == 2, facts
-    for line in facts["errors"]:
-        assert "prometheus-client" in line and "pip install 'gpufeed[metrics]'" in line
-    assert facts["threads"] == ["MainThread"]
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_importing_gpufeed_metrics_has_no_side_effects(side_by_side):
-    facts = import_facts(result(side_by_side, "fresh-imports"), "metrics")
-    assert facts == {"threads": ["MainThread"], "prometheus_client": False, "registry_unchanged": True}
 
 
 # -- shipped alerts and dashboard -----------------------------------------------------------------

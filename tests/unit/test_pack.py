@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -19,7 +18,6 @@ from gpufeed.sources import ImageFolder, LMDBDataset, pack
 from gpufeed.sources._pack import _put_all
 from gpufeed.sources.packed import META_KEY, sample_key
 from gpufeed.synth import encode, make_image_folder, photo_like
-from tests._concurrent import python, result
 
 
 @pytest.fixture
@@ -125,20 +123,6 @@ def put_all_then_die(env, items, **kwargs):
 packed._put_all = put_all_then_die
 packed.pack(sys.argv[1], sys.argv[2], progress=False, txn_bytes=1, workers=3)
 """
-
-
-@pytest.mark.timeout(120)
-def test_a_pack_killed_midway_resumes_to_the_uninterrupted_result(src, tmp_path):
-    dst = tmp_path / "db.lmdb"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_COMMITS, str(src), str(dst)],
-                          env=env, timeout=100)
-    assert proc.returncode == -9 and not dst.exists()
-    result = pack(src, dst, progress=False, workers=2)
-    assert result.resumed_from == 4  # one sample per transaction: four were committed
-    pack(src, tmp_path / "fresh.lmdb", progress=False)
-    assert lmdb_content(dst) == lmdb_content(tmp_path / "fresh.lmdb")
-    assert LMDBDataset(dst).read(9) == (src / "class_01" / "img_00004.jpg").read_bytes()
 
 
 def test_a_partial_pack_of_other_options_is_replaced_and_two_packs_never_share_one(src,
@@ -346,13 +330,3 @@ def test_cli_requires_a_command(capsys):
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2
-
-
-SIDE_BY_SIDE = {"pack-python-m-gpufeed": (2.2, python("-m", "gpufeed", "backends"))}  # see tests/conftest.py
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_python_dash_m_gpufeed(side_by_side):
-    proc = result(side_by_side, "pack-python-m-gpufeed")
-    assert proc.returncode == 0, proc.stderr
-    assert "turbojpeg" in json.loads(proc.stdout)

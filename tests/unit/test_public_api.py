@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import inspect
 
-import pytest
 import torch
 from torch.utils.data import DataLoader
 
 import gpufeed
 from gpufeed import FastLoader
-from tests._concurrent import result
-from tests._imports import FRESH_IMPORTS
-from tests._imports import facts as import_facts
 
 
 def test_all_is_sorted_and_complete():
@@ -23,19 +19,6 @@ def test_all_is_sorted_and_complete():
 
 # The checks of a plain ``import gpufeed`` in a fresh interpreter (tests/_imports.py): what it
 # started, captured right after the import, then the lazily imported modules' first use.
-SIDE_BY_SIDE = {"fresh-imports": FRESH_IMPORTS}  # see tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def plain_import(side_by_side) -> dict:
-    return import_facts(result(side_by_side, "fresh-imports"), "plain")
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_import_starts_no_thread_process_or_decoder(plain_import):
-    assert plain_import["threads"] == ["MainThread"]
-    assert plain_import["children"] == 0
-    assert not plain_import["turbojpeg"]
 
 
 def test_fastloader_is_a_dataloader_with_its_signature_plus_keyword_options():
@@ -50,14 +33,6 @@ def test_fastloader_is_a_dataloader_with_its_signature_plus_keyword_options():
     extra = [p for n, p in ours.items() if n not in theirs]
     assert extra and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
     assert FastLoader[int] is not None  # stays generic for type checkers
-
-
-@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
-def test_tune_and_doctor_modules_work_after_a_plain_import(plain_import):
-    assert not plain_import["tune"]  # imported on first use, not by import gpufeed
-    assert plain_import["tune_callable"] and plain_import["diagnose"]
-    with pytest.raises(AttributeError, match="no_such_name"):
-        gpufeed.no_such_name  # noqa: B018
 
 
 def test_image_sources_are_exported_from_gpufeed_and_gpufeed_sources():

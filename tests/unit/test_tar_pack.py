@@ -15,13 +15,12 @@ from gpufeed.cli import main
 from gpufeed.errors import DecodeError
 from gpufeed.sources.tar_writer import JOB_FILE, write_shards
 from gpufeed.synth import make_image_folder
+from tests._folders import ImageFolders
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tar-pack-src")
-    make_image_folder(root, num_classes=3, per_class=6, size=(60, 80), seed=2)
-    return root
+def folder(image_folder: ImageFolders) -> Path:
+    return image_folder(num_classes=3, per_class=6, size=(60, 80), seed=2)
 
 
 def test_shards_hold_the_folder_in_order_near_the_target_size(folder: Path, tmp_path: Path) -> None:

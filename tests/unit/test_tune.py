@@ -19,7 +19,6 @@ from gpufeed.observe.tune_rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
-    measure,
     recommend_cache_bytes,
     recommend_prefetch_factor,
     search_read_concurrency,
@@ -123,7 +122,7 @@ def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_a_cgroup_quota_below_the_affinity_lowers_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU mask
-    monkeypatch.setattr("gpufeed.observe.probe._CGROUP", str(tmp_path))  # a fake cgroup v2 root
+    monkeypatch.setattr("gpufeed._engine.context._CGROUP", str(tmp_path))  # a fake cgroup v2 root
     (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
     assert usable_cores() == 4
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 cores
@@ -247,12 +246,8 @@ def test_bad_arguments_fail_before_measuring():
 # ------------------------------------------------------------------------------ real runs
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    from gpufeed.synth import make_image_folder
-
-    root = tmp_path_factory.mktemp("tune-images")
-    make_image_folder(root, num_classes=2, per_class=16)
-    return root
+def tiny_folder(image_folder):
+    return image_folder(num_classes=2, per_class=16)
 
 
 class SlowReadFolder(ImageFolder):
@@ -276,49 +271,6 @@ def _new_children_after(before: set[int], timeout_s: float = 10.0) -> set[int]:
     while (left := _child_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-@pytest.mark.timeout(60)
-def test_measure_and_tune_a_real_image_folder(tiny_folder):
-    from gpufeed import FastLoader, ResizeCenterCrop
-
-    dataset = ImageFolder(tiny_folder, transform=ResizeCenterCrop(224, 256))
-    before = _child_pids()
-    steps = []
-    row = measure(lambda n, p: FastLoader(dataset, batch_size=8, num_workers=n, pin_workers=p),
-                  1, batches=6, warmup_batches=1, step=steps.append)
-    assert len(steps) == 7 and tuple(steps[0][0].shape) == (8, 3, 224, 224)  # crosses an epoch
-    assert row.samples_per_s > 0 and row.cpu_percent > 0
-    assert row.peak_memory_bytes > row.memory_per_worker_bytes > 0
-    assert 0 <= row.data_wait_fraction <= 1
-
-    slow = SlowReadFolder(tiny_folder, transform=ResizeCenterCrop(224, 256))
-    result = tune(dataset=slow, batch_size=8, max_workers=2, batches=4, warmup_batches=1,
-                  available_memory_bytes=64 * GiB, progress=False, read_concurrencies=())
-    counts = [(r.num_workers, r.pin_workers) for r in result.rows]
-    assert counts == [(1, False), (2, False), (2, True)]
-    assert result.recommended_num_workers == 2, result.reasons  # ~+90% over one worker
-    assert any("max_workers limit" in r for r in result.reasons)
-    assert result.recommended_cache_bytes == 32 * 224 * 224 * 3  # tiny: the whole dataset fits
-    assert all(r.samples_per_s > 0 and r.peak_memory_bytes > 0 for r in result.rows)
-    left = _new_children_after(before)
-    assert left == set(), [psutil.Process(p).cmdline() for p in left]  # every loader was closed
-
-
-@pytest.mark.timeout(60)
-def test_cli_writes_json(tiny_folder, tmp_path, capsys):
-    from gpufeed.cli import main
-
-    out = tmp_path / "tune.json"
-    rc = main(["tune", str(tiny_folder), "--max-workers", "1", "--batch-size", "8",
-               "--batches", "3", "--warmup", "1", "--json", str(out), "--no-progress"])
-    assert rc == 0
-    data = json.loads(out.read_text())
-    assert data["recommended_num_workers"] == 1
-    assert [r["num_workers"] for r in data["rows"]] == [1, 1]
-    assert data["args"]["batch_size"] == 8 and data["environment"]["usable_cores"] >= 1
-    text = capsys.readouterr().out
-    assert "images/s" in text and "recommended: FastLoader(dataset, num_workers=1" in text
 
 
 def test_table_keeps_the_recommended_row_aligned():
@@ -368,27 +320,6 @@ class SleepyJpegs(Dataset):
         return self.items[i], i % 3
 
 
-@pytest.mark.timeout(120)
-def test_tune_measures_read_concurrency_when_reads_dominate():
-    from gpufeed import ImageDataset, ResizeCenterCrop
-    from gpufeed.cli.tune import format_recommendation
-
-    ds = ImageDataset(SleepyJpegs(), ResizeCenterCrop(24, 32))
-    assert ds.read_concurrency == 1
-    result = tune(dataset=ds, batch_size=8, max_workers=1, batches=4, warmup_batches=1,
-                  available_memory_bytes=64 * GiB, progress=False)
-    reads = [r.read_concurrency for r in result.rows if r.num_workers == 1 and not r.pin_workers]
-    assert reads[:2] == [1, 4], result.reasons  # 1 worker at 1 read, then more reads in flight
-    assert result.rows[0].read_fraction is not None and result.rows[0].read_fraction >= 0.4
-    assert result.recommended_read_concurrency > 1, result.format_table()
-    assert any("measuring read_concurrency 4, 16, 64" in r for r in result.reasons)
-    assert any("must be thread-safe" in r for r in result.reasons)
-    assert ds.read_concurrency == 1  # the dataset's own setting is back
-    assert result.recommended_row.read_concurrency == result.recommended_read_concurrency
-    text = format_recommendation(result)
-    assert f"read_concurrency={result.recommended_read_concurrency}" in text
-
-
 def test_reads_ahead_rule_from_latency_and_decode_time():
     # benchmarks/latency.py: 100 ms per read, 46 ms of decode per batch of 32 (1.44 ms/image)
     rule = reads_ahead(0.100, 0.046 / 32, 32, read_concurrency=64)
@@ -412,26 +343,3 @@ def test_prefetch_factor_covers_reads_longer_than_the_decode_of_the_held_tasks()
     assert prefetch_for_reads(replace(row, read_concurrency=16), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=0.030), 2, "w") == (2, "w")
     assert prefetch_for_reads(replace(row, read_latency_s=None), 2, "w") == (2, "w")
-
-
-@pytest.mark.timeout(120)
-def test_tune_measures_an_automatic_dataset_at_one_read_and_leaves_it_automatic(tmp_path):
-    from gpufeed import ResizeCenterCrop
-    from gpufeed.synth import make_image_folder
-
-    make_image_folder(tmp_path, num_classes=2, per_class=8, size=(40, 50))
-    ds = ImageFolder(tmp_path, ResizeCenterCrop(16, 20))
-    assert ds.read_auto
-    seen = []
-
-    class Watch(ImageFolder):  # records the setting the loader's dataset had when measured
-        def __len__(self) -> int:
-            seen.append((ds.read_auto, ds.read_concurrency))
-            return super().__len__()
-
-    ds.__class__ = Watch
-    result = tune(dataset=ds, batch_size=4, max_workers=1, batches=2, warmup_batches=1,
-                  available_memory_bytes=64 * GiB, progress=False)
-    assert result.rows[0].read_concurrency == 1
-    assert (False, 1) in seen  # measured at an explicit single read, not switching mid-run
-    assert ds.read_auto and ds.read_concurrency == 1  # the dataset's own setting is back

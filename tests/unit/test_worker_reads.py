@@ -15,7 +15,6 @@ from gpufeed import ImageFolder
 from gpufeed._engine.arena import Arena, SlotWriter
 from gpufeed._engine.threads import shutdown_pools
 from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask, fill_batch
-from gpufeed.synth import make_image_folder
 from gpufeed.transforms import ResizeCenterCrop
 
 INDICES = [0, 3, 5, 6]
@@ -28,10 +27,8 @@ def _no_threads_left():
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    make_image_folder(root, num_classes=2, per_class=4, size=((20, 24), (20, 24)), seed=3)
-    return root
+def root(image_folder):
+    return image_folder(num_classes=2, per_class=4, size=((20, 24), (20, 24)), seed=3)
 
 
 def _plan() -> ImagePlan:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpufeed.errors import check_int as _check_int
 from gpufeed.errors import shorten
 
 
@@ -25,12 +26,8 @@ def check_number(value: Any, name: str, lo: float = -math.inf, hi: float = math.
 
 
 def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
-    """An int in [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
-            hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"`{name}` must be an int {bound}. Found: {shorten(value)}.")
-    return int(value)
+    """An int in [lo, hi] (:func:`gpufeed.errors.check_int`, in the ops' argument order)."""
+    return _check_int(name, value, lo, hi, rule=None if hi is None else f"in [{lo}, {hi}]")
 
 
 def check_fill(value: Any, name: str = "fill") -> tuple[int, int, int]:

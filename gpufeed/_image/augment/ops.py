@@ -8,6 +8,7 @@ to this row (a probability not met).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,11 @@ from gpufeed._image.augment._checks import (
     check_range,
 )
 from gpufeed._image.augment.base import RowOp
-from gpufeed.errors import shorten
+from gpufeed.errors import is_int, shorten
 
 __all__ = ["ColorJitter", "GaussianBlur", "RandomAdjustSharpness", "RandomAutocontrast",
            "RandomEqualize", "RandomGrayscale", "RandomHorizontalFlip", "RandomInvert",
-           "RandomPosterize", "RandomRotation", "RandomSolarize", "RandomVerticalFlip"]
+           "RandomAffine", "RandomPosterize", "RandomRotation", "RandomSolarize", "RandomVerticalFlip"]
 
 
 class _Maybe(RowOp):
@@ -233,7 +234,7 @@ class GaussianBlur(RowOp):
     def __post_init__(self) -> None:
         ks = self.kernel_size
         pair = (ks, ks) if isinstance(ks, int) else tuple(ks) if isinstance(ks, (tuple, list)) else ()
-        if len(pair) != 2 or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0
+        if len(pair) != 2 or not all(is_int(k) and k > 0
                                      and k % 2 == 1 for k in pair):
             raise ValueError(f"`kernel_size` must be an odd int > 0 or a pair of them. "
                              f"Found: {shorten(ks)}.")
@@ -277,3 +278,72 @@ class RandomRotation(RowOp):
     def apply(self, row: np.ndarray, params: Any) -> np.ndarray:
         h, w = row.shape[:2]
         return _warp.warp(row, _warp.rotate_matrix(params, h, w), self.fill, self.interpolation)
+
+
+def _pairs(value: Any, name: str, sizes: tuple[int, ...], lo: float, hi: float,
+           ordered: bool = True) -> tuple[float, ...] | None:
+    """None, or a tuple of ``sizes`` numbers in [lo, hi] ((min, max) pairs if ``ordered``)."""
+    if value is None:
+        return None
+    try:
+        out = tuple(check_number(v, name, lo, hi) for v in value)
+    except TypeError:
+        out = ()
+    if len(out) not in sizes or (ordered and any(out[i] > out[i + 1]
+                                                  for i in range(0, len(out) - 1, 2))):
+        raise ValueError(f"`{name}` must be None or {' or '.join(map(str, sizes))} numbers in "
+                         f"[{lo}, {hi}]. Found: {shorten(value)}.")
+    return out
+
+
+@dataclass(frozen=True)
+class RandomAffine(RowOp):
+    """torchvision's ``RandomAffine(degrees, translate, scale, shear)`` on PIL images, about the
+    centre, same size, ``fill`` outside: angle uniform in ``degrees`` (a number d: [-d, d]);
+    translation int(round(uniform(-t w, t w))) pixels (and so for y) for ``translate`` (tx, ty);
+    scale uniform in ``scale`` (min, max); x shear uniform in ``shear``'s first pair (a number
+    s: [-s, s]), y shear in its second pair if it has one (degrees).
+    ``params``: (angle, (dx, dy), scale, (shear x, shear y))."""
+
+    degrees: Any = 0
+    translate: Any = None
+    scale: Any = None
+    shear: Any = None
+    interpolation: Any = "nearest"
+    fill: Any = 0
+    name = "RandomAffine"
+
+    def __post_init__(self) -> None:
+        degrees = check_range(self.degrees, "degrees", None, -360, 360)
+        object.__setattr__(self, "degrees", degrees or (0.0, 0.0))
+        object.__setattr__(self, "translate", _pairs(self.translate, "translate", (2,), 0, 1,
+                                                     ordered=False))
+        object.__setattr__(self, "scale", _pairs(self.scale, "scale", (2,), 1e-9, math.inf))
+        shear = self.shear
+        if isinstance(shear, (int, float)) and not isinstance(shear, bool):
+            if shear < 0:
+                raise ValueError(f"`shear` must be >= 0 when a single number. Found: {shorten(shear)}.")
+            shear = (-float(shear), float(shear))
+        object.__setattr__(self, "shear", _pairs(shear, "shear", (2, 4), -180, 180))
+        object.__setattr__(self, "interpolation", check_interpolation(self.interpolation))
+        object.__setattr__(self, "fill", check_fill(self.fill))
+
+    def draw(self, rng: np.random.Generator, height: int, width: int) -> Any:
+        angle = float(rng.uniform(self.degrees[0], self.degrees[1]))
+        shift = (0, 0)
+        if self.translate is not None:
+            dx, dy = self.translate[0] * width, self.translate[1] * height
+            shift = (int(round(rng.uniform(-dx, dx))), int(round(rng.uniform(-dy, dy))))
+        scale = 1.0 if self.scale is None else float(rng.uniform(self.scale[0], self.scale[1]))
+        shear = (0.0, 0.0)
+        if self.shear is not None:
+            sx = float(rng.uniform(self.shear[0], self.shear[1]))
+            sy = float(rng.uniform(self.shear[2], self.shear[3])) if len(self.shear) == 4 else 0.0
+            shear = (sx, sy)
+        return angle, shift, scale, shear
+
+    def apply(self, row: np.ndarray, params: Any) -> np.ndarray:
+        angle, shift, scale, shear = params
+        h, w = row.shape[:2]
+        matrix = _warp.affine_matrix((w * 0.5, h * 0.5), angle, shift, scale, shear)
+        return _warp.warp(row, matrix, self.fill, self.interpolation)

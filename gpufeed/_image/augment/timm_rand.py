@@ -24,7 +24,8 @@ from gpufeed._image.augment._checks import check_fill, check_int, check_number, 
 from gpufeed._image.augment.base import RowOp
 from gpufeed.errors import shorten
 
-__all__ = ["TIMM_RAND_INCREASING", "TIMM_RAND_OPS", "TimmRandAugment"]
+__all__ = ["TIMM_KNOWN", "TIMM_RAND_INCREASING", "TIMM_RAND_OPS", "TimmRandAugment", "apply_timm_op",
+           "draw_timm_op", "pil_interp"]
 
 _DENOM = 10.0  # timm's _LEVEL_DENOM
 
@@ -40,7 +41,8 @@ _WARPS = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "T
 _NEGATED = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
                       "TranslateYRel", "ColorIncreasing", "ContrastIncreasing",
                       "BrightnessIncreasing", "SharpnessIncreasing"})
-_KNOWN = frozenset(TIMM_RAND_OPS) | frozenset(TIMM_RAND_INCREASING) | {
+#: the timm op names gpufeed has
+TIMM_KNOWN = _KNOWN = frozenset(TIMM_RAND_OPS) | frozenset(TIMM_RAND_INCREASING) | {
     "PosterizeOriginal", "TranslateX", "TranslateY"}
 
 
@@ -73,6 +75,28 @@ def _level(name: str, m: float, negate: bool, translate_pct: float,
     if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness
         return (max(0.1, 1.0 + sign * (m / _DENOM) * 0.9),)
     return ((m / _DENOM) * 1.8 + 0.1,)  # Color, Contrast, Brightness, Sharpness
+
+
+def draw_timm_op(rng: np.random.Generator, name: str, prob: float, magnitude: float,
+                 magnitude_std: float, magnitude_max: float | None, interpolation: str,
+                 translate_pct: float, translate_const: float) -> tuple[str, tuple[float, ...], str] | None:
+    """What timm's ``AugmentOp(name, prob, magnitude)`` draws, in its order: whether it applies
+    (None: not), the magnitude noise (inf: uniform in [0, m]), the clip to [0, mmax or 10], the
+    sign, the warp's interpolation ("random": bilinear or bicubic). Returns (name, level args,
+    interpolation), what :func:`apply_timm_op` takes."""
+    if prob < 1.0 and rng.random() > prob:
+        return None
+    m = magnitude
+    if magnitude_std == math.inf:
+        m = float(rng.uniform(0, m))
+    elif magnitude_std > 0:
+        m = float(rng.normal(m, magnitude_std))
+    m = max(0.0, min(m, magnitude_max or _DENOM))
+    negate = name in _NEGATED and rng.random() > 0.5
+    interp = interpolation
+    if name in _WARPS and interp == "random":
+        interp = ("bilinear", "bicubic")[int(rng.integers(2))]
+    return name, _level(name, m, negate, translate_pct, translate_const), interp
 
 
 _ENHANCE = {"Color": fn.color, "Contrast": fn.contrast, "Brightness": fn.brightness,
@@ -213,7 +237,7 @@ class TimmRandAugment(RowOp):
         first = ops[0]
         hp = dict(first.hparams)
         resample = first.kwargs.get("resample")
-        interp = "random" if isinstance(resample, (tuple, list)) else _pil_interp(resample)
+        interp = "random" if isinstance(resample, (tuple, list)) else pil_interp(resample)
         for op in ops[1:]:
             if (op.prob, op.magnitude, op.magnitude_std, op.magnitude_max) != (
                     first.prob, first.magnitude, first.magnitude_std, first.magnitude_max):
@@ -228,25 +252,10 @@ class TimmRandAugment(RowOp):
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> Any:
         chosen = rng.integers(len(self.ops), size=self.num_layers)
-        out = []
-        upper = self.magnitude_max or _DENOM
-        for k in chosen:
-            name = self.ops[int(k)]
-            if self.prob < 1.0 and rng.random() > self.prob:
-                continue
-            m = self.magnitude
-            if self.magnitude_std == math.inf:
-                m = float(rng.uniform(0, m))
-            elif self.magnitude_std > 0:
-                m = float(rng.normal(m, self.magnitude_std))
-            m = max(0.0, min(m, upper))
-            negate = name in _NEGATED and rng.random() > 0.5
-            interp = self.interpolation
-            if name in _WARPS and interp == "random":
-                interp = ("bilinear", "bicubic")[int(rng.integers(2))]
-            out.append((name, _level(name, m, negate, self.translate_pct, self.translate_const),
-                        interp))
-        return tuple(out)
+        drawn = (draw_timm_op(rng, self.ops[int(k)], self.prob, self.magnitude,
+                              self.magnitude_std, self.magnitude_max, self.interpolation,
+                              self.translate_pct, self.translate_const) for k in chosen)
+        return tuple(d for d in drawn if d is not None)
 
     def apply(self, row: np.ndarray, params: Any) -> np.ndarray:
         for name, args, interp in params:
@@ -254,7 +263,7 @@ class TimmRandAugment(RowOp):
         return row
 
 
-def _pil_interp(value: Any) -> str:
+def pil_interp(value: Any) -> str:
     """A PIL resampling filter (enum or int) as "nearest", "bilinear" or "bicubic"."""
     names = {0: "nearest", 2: "bilinear", 3: "bicubic"}
     key = int(getattr(value, "value", value)) if value is not None else 3

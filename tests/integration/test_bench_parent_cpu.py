@@ -15,7 +15,7 @@ import pytest
 from tests._concurrent import result as run_result
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "parent_cpu.py"
+BENCH = "benchmarks.parent_cpu"  # run as python -m, from the repository on PYTHONPATH
 FIELDS = {"name", "kind", "dtype", "cache", "persistent", "batches", "rounds", "parent_cpu_ms_per_batch",
           "parent_cpu_with_startup_ms_per_batch", "worker_cpu_ms_per_batch",
           "uncached_worker_cpu_ms_per_batch", "parent_over_worker", "max_workers", "batch_bytes",
@@ -31,7 +31,7 @@ def _run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Com
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--dir", str(tmp_path / "images"), "--images", "64",
+        [sys.executable, "-m", BENCH, "--dir", str(tmp_path / "images"), "--images", "64",
          "--batch-size", "8", "--size", "64", "--resize", "72", "--rounds", "1", "--generic-samples", "64",
          "--only", "eval uint8,generic", "--json", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=140,

@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result as run_result
+from tests._folders import ImageFolders
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bench-cache")
-    make_image_folder(root, num_classes=2, per_class=40, size=((40, 60), (40, 60)), seed=3)
-    return root
+    return ImageFolders(tmp_path_factory)(num_classes=2, per_class=40, size=((40, 60), (40, 60)), seed=3)
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,12 +26,13 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _epochs_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     root = _tiny_root(tmp_path_factory)
-    return _bench("benchmarks/cache_epochs.py", str(root), "--epochs", "1", "--outputs", "uint8", "--memcpy-mb", "16")
+    return _bench("-m", "benchmarks.cache_epochs", str(root), "--epochs", "1", "--outputs", "uint8",
+                  "--memcpy-mb", "16")
 
 
 def _ab_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     root = _tiny_root(tmp_path_factory)
-    return _bench("benchmarks/cache_epochs_ab.py", str(root), str(ROOT), str(ROOT), "--rounds", "2", "--hold",
+    return _bench("-m", "benchmarks.cache_epochs_ab", str(root), str(ROOT), str(ROOT), "--rounds", "2", "--hold",
                   "--memcpy-mb", "16")
 
 

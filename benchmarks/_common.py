@@ -1,0 +1,29 @@
+"""Helpers the benchmark scripts share: CPU seconds of processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import psutil
+
+
+def cpu_s_by_pid(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU seconds of each live process in ``pids`` (one gone is left out)."""
+    out = {}
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out[pid] = t.user + t.system
+    return out
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live children (e.g. decode workers)."""
+    me = psutil.Process()
+    try:
+        children = me.children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    return sum(cpu_s_by_pid([me.pid, *(c.pid for c in children)]).values())

@@ -1,0 +1,29 @@
+"""`gpufeed bench --layouts` with a worker process: every output format against NCHW float32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufeed.bench.images import LAYOUT_REFERENCE
+from gpufeed.cli import main
+from tests.unit.test_bench_layouts import folder  # noqa: F401 (fixtures, used by name)
+
+
+@pytest.mark.timeout(180)
+def test_bench_cli_compares_every_format_with_nchw_float32(folder, tmp_path, capsys):
+    out = tmp_path / "layouts.json"
+    rc = main(["bench", str(folder), "--dtype", "uint8,bfloat16", "--channels-last", "--no-reference",
+               "--workers", "1", "--batch-size", "2", "--batches", "2", "--rounds", "1",
+               "--warmup", "0", "--epochs", "0", "--size", "64", "--resize", "72", "--no-progress",
+               "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    names = [LAYOUT_REFERENCE.name, "FastLoader channels_last uint8", "FastLoader channels_last bfloat16"]
+    for name in names[1:]:
+        assert f"goal: {name} >= 0.95x {LAYOUT_REFERENCE.name} images/s" in text
+    assert "DataLoader" not in text.split("environment:")[0]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [lo["name"] for lo in run["loaders"]] == names
+    assert run["baseline"] == LAYOUT_REFERENCE.name
