@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from gpufeed.synth import make_image_folder
 from tests._concurrent import result as run_result
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests._folders import ImageFolders
+from tests._scripts import ROOT, script_env
 
 
 def _node_cache_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    root = tmp_path_factory.mktemp("bench-node-cache")
-    make_image_folder(root, num_classes=2, per_class=16, size=((40, 60), (40, 60)), seed=5)
+    root = ImageFolders(tmp_path_factory)(num_classes=2, per_class=16, size=((40, 60), (40, 60)), seed=5)
+    # run as a file: it measures the checkout on PYTHONPATH (benchmarks/README.md)
     args = ["benchmarks/node_cache.py", str(root), "--ranks", "2", "--epochs", "2", "--repeats", "1",
             "--workers", "0", "--batch-size", "8", "--cache-bytes", "64MB"]
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=script_env())
 
 
 SIDE_BY_SIDE = {"bench-node-cache": (25.0, _node_cache_run)}  # tests/conftest.py
