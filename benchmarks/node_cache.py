@@ -18,6 +18,7 @@ the set). Reported per launch:
   of the last epoch, minus the no-cache launch's, in copies of the decoded rows;
   and of that: the arenas' resident bytes (with - without), and for the host cache the PSS of
   its memfd's mappings (smaps), i.e. the cache's own pages;
+* CPU seconds per epoch summed over the ranks: their main processes, and their workers;
 * the budget: ``stats()["cache_budget_bytes"]`` summed over the ranks that own a budget (one for
   the host cache, W for per-rank caches), over the available memory when the job started.
 
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODES = ("host", "rank", "none")
 
@@ -71,6 +73,25 @@ def _host_cache_pss() -> int:
     return total
 
 
+def _cpu_s(proc: Any) -> float:
+    """User + system CPU seconds of ``proc`` (a psutil.Process)."""
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _children_cpu_s(proc: Any) -> float:
+    """User + system CPU seconds of ``proc``'s live descendants (the loader's workers)."""
+    import psutil
+
+    total = 0.0
+    for child in proc.children(recursive=True):
+        try:
+            total += _cpu_s(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # exited meanwhile
+            continue
+    return total
+
+
 def rank_main(args: argparse.Namespace) -> None:
     import psutil
     import torch.distributed as dist
@@ -87,14 +108,19 @@ def rank_main(args: argparse.Namespace) -> None:
     loader = FastLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                         persistent_workers=args.workers > 0, **cache)
     rates, node_rates, before = [], [], (0, 0)
+    main_cpu, worker_cpu = [], []
+    me = psutil.Process()
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         dist.barrier()
         t0 = time.perf_counter()
+        c0, w0 = _cpu_s(me), _children_cpu_s(me)
         for images, labels in loader:
             del images, labels
         dist.barrier()
         node_rates.append(len(dataset) / (time.perf_counter() - t0))
+        main_cpu.append(_cpu_s(me) - c0)
+        worker_cpu.append(_children_cpu_s(me) - w0)
         stats = loader.stats()
         hits, misses = stats["cache_hits"] - before[0], stats["cache_misses"] - before[1]
         before = (stats["cache_hits"], stats["cache_misses"])
@@ -106,7 +132,7 @@ def rank_main(args: argparse.Namespace) -> None:
     stats = loader.stats()
     mine = {"rank": rank, "hit_rates": rates, "budget": stats["cache_budget_bytes"],
             "bytes": stats["cache_bytes"], "shared": stats["cache_shared"], "available": available,
-            "arena_bytes": arena}
+            "arena_bytes": arena, "main_cpu_s": main_cpu, "worker_cpu_s": worker_cpu}
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     loader.close()
@@ -163,6 +189,10 @@ def _report(ranks: int, all_runs: dict[str, list[dict]], row_bytes: int) -> list
                      f"{copies:.2f} copies of the decoded rows | budget(s) {owned / 1e9:.2f} GB = "
                      f"{owned / run['ranks'][0]['available']:.2f} of available memory"
                      f" | same budget on every rank: {len(set(budgets)) == 1}")
+        cpu = " | ".join(f"{name} " + "/".join(f"{sum(r[key][e] for r in run['ranks']):.2f}"
+                                               for e in range(len(run["node_images_per_s"])))
+                         for name, key in (("main", "main_cpu_s"), ("workers", "worker_cpu_s")))
+        lines.append(f"{'':4s} CPU s per epoch, summed over ranks: {cpu}")
         arenas = sum(r["arena_bytes"] for r in run["ranks"]) - sum(r["arena_bytes"] for r in runs["none"]["ranks"])
         lines.append(f"{'':4s} of which: arenas (resident, with - without) {arenas / 2**20:+,.0f} MiB"
                      + (f"; the host cache's memfd pages (PSS) {run['cache_pss'] / (n * row_bytes):.2f} copies"

@@ -289,9 +289,13 @@ class Engine:
                                                  overflow_bytes=0, fetch_s=0.0, collate_s=0.0, pack_s=0.0,
                                                  report=found.report)))
             return record
-        slot = self._ledger.take(key, worker_id, warm=self.parent_binds)
+        # A task whose slot the parent writes now (cache hits) takes a warm slot at once; one it
+        # writes nothing into (no look-up hits) waits with a cold fallback, which its worker may
+        # swap for a warm slot as it starts: a queued task then holds no pages.
+        binds = self.parent_binds and (found is None or found.writes)
+        slot = self._ledger.take(key, worker_id, warm=binds)
         record = self._records[key] = TaskRecord(
-            self.epoch, idx, worker_id, slot, index, None, tag, swap=not self.parent_binds)
+            self.epoch, idx, worker_id, slot, index, None, tag, swap=not binds)
         try:
             record.extra = self._prepare(record, count=True, found=None if found is None else found.extra)
         except BaseException:
@@ -559,6 +563,8 @@ class Engine:
                 given_up.append((record, self._give_up(record, death)))
                 continue
             record.extra = self._prepare(record, count=False)  # rows may have moved
+            # With a cache, the new look-up may have written hits into the fallback: keep it.
+            record.swap = record.swap and not self.parent_binds
             self._send(record)
         log.warning("%s; replaced by pid %d, re-running %d batch(es)%s", death.where, new_pid,
                     len(current) - len(given_up), f", giving up {len(given_up)}" if given_up else "")

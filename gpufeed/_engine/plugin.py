@@ -20,8 +20,9 @@ A plug-in has two halves:
   it is handed out (``Engine.result``), in a slot bound then: the one freed last, whose pages
   are warm and often still in the CPU caches. A plug-in that subclasses ``FillPlugin`` and
   keeps its default ``look_up`` never completes a task; ``FastIter`` starts workers lazily, each
-  at its first task. ``parent_binds`` says whether ``prepare`` writes slots: a task's slot is then bound at
-  submission and workers do not swap it for a warm one.
+  at its first task. ``parent_binds`` says whether ``prepare`` writes slots: a task's slot is
+  then bound at submission and workers do not swap it for a warm one, unless its look-up says
+  that ``prepare`` writes nothing (``LookUp.writes``: a batch of misses, as in a cold epoch).
 
 The parent also enters ``EngineContext.fork_guard()`` around every ``Process.start()`` under
 the fork start method (OpenCV's thread pool must be single-threaded in a forked child).
@@ -75,10 +76,13 @@ class LookUp:
     ``complete`` gets when the batch is handed out, and ``report`` (the batch's report, which a
     driver may read before ``Engine.result``) is the one the reply carries. ``report`` None: the
     task goes to a worker, and ``extra`` is passed to ``prepare`` (so nothing is looked up twice).
+    ``writes`` False: ``prepare`` will write nothing into the slot (no hits), so the task is
+    dispatched as without a cache: a cold fallback that its worker may swap for a warm slot.
     """
 
     extra: Any
     report: FillReport | None = None
+    writes: bool = True
 
 
 class Prefetched(Protocol):

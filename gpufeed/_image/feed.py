@@ -269,7 +269,7 @@ class ImageFeed(FillPlugin):
         if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
                 and all(hit is not None for hit in hits)):
             return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
-        return LookUp(hits)
+        return LookUp(hits, writes=any(hit is not None for hit in hits))
 
     def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True,
                 found: list[Any] | None = None) -> ImageTask:

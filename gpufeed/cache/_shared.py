@@ -58,7 +58,7 @@ class SharedHostCache:
     """
 
     def __init__(self, job_key: str, budget_bytes: int, budget_text: str,
-                 timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+                 timeout_s: float | None = None) -> None:
         if not 0 < budget_bytes <= MAX_BUDGET_BYTES:
             raise ValueError(f"the host cache's budget must be 1 byte to 4 TiB. Found: {budget_bytes}.")
         self.job_key = job_key
@@ -68,6 +68,7 @@ class SharedHostCache:
         self._lock_fd = -1
         self._fork_fds: list[int] = []  # closed in a forked child (a worker)
         prefix = socket_prefix(job_key)
+        timeout_s = ATTACH_TIMEOUT_S if timeout_s is None else timeout_s
 
         def create() -> int:
             fd = os.memfd_create("gpufeed-host-cache", os.MFD_CLOEXEC)

@@ -79,3 +79,39 @@ def test_cache_scope_is_checked_at_construction_and_host_needs_a_job(tmp_path, m
     single = FastLoader(dataset, batch_size=2, cache_bytes="1MB")  # "auto", one process: as before
     assert [len(x) for x, _ in single] == [2] and single.stats()["cache_shared"] == 0
     assert single.stats()["cache_budget_bytes"] == 10**6
+
+
+@pytest.mark.timeout(60)
+def test_auto_warns_and_keeps_a_cache_of_its_own_when_the_host_cache_cannot_be_reached(
+        tmp_path, monkeypatch, caplog):
+    """A creator that holds the creation lock and never serves (stuck, stopped): under "auto"
+    the attach times out, the loader warns and caches in its own LRU; under "host" it is the
+    error (docs/design/host-cache.md, "Attaching")."""
+    import logging
+    import socket
+
+    import gpufeed.cache._shared as shared_module
+    from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
+    from gpufeed.cache._attach import socket_prefix
+    from gpufeed.synth import make_image_folder
+
+    make_image_folder(tmp_path, num_classes=2, per_class=4, size=(20, 20))
+    dataset = ImageFolder(tmp_path, transform=ResizeCenterCrop(16, 16))
+    key = f"stuck-{uuid.uuid4().hex}"
+    monkeypatch.setenv("GPUFEED_CACHE_JOB", key)
+    monkeypatch.setattr(shared_module, "ATTACH_TIMEOUT_S", 0.3)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as squatter:
+        # the creation lock, taken by a creator that never serves
+        squatter.bind(f"\0{socket_prefix(job_info().key or '')}-create")
+        loader = FastLoader(dataset, batch_size=4, cache_bytes="1MB")
+        with caplog.at_level(logging.WARNING, logger="gpufeed"):
+            epochs = [[x.clone() for x, _ in loader] for _ in range(2)]
+        assert "the job's host cache could not be reached" in caplog.text
+        assert "stayed taken" in caplog.text and "cache_scope='rank'" in caplog.text
+        stats = loader.stats()
+        assert stats["cache_shared"] == 0 and stats["cache_budget_bytes"] == 10**6
+        assert stats["cache_hits"] == 8 and stats["cache_misses"] == 8  # its own LRU served epoch 2
+        assert all(a.equal(b) for a, b in zip(*epochs, strict=True))
+        host = FastLoader(dataset, batch_size=4, cache_bytes="1MB", cache_scope="host")
+        with pytest.raises(TimeoutError, match="stayed taken"):
+            iter(host)
