@@ -3,6 +3,7 @@ child counted once, a comparison whose loaders have worker processes."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import multiprocessing as mp
 import subprocess
@@ -19,6 +20,9 @@ from tests.unit.test_bench_harness import _ALLOCATE_200_MB, MiB, _sampled, _touc
 
 @pytest.mark.timeout(60)
 def test_peak_pss_sees_a_child_that_allocates_200_mb() -> None:
+    # Earlier tests' loaders freed while the window is open would lower the parent's PSS below
+    # the baseline and hide part of the child's rise: collect them first.
+    gc.collect()
     with PeakPSS(interval_s=0.02) as mem:
         child = subprocess.Popen(
             [sys.executable, "-c", _ALLOCATE_200_MB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
