@@ -1,7 +1,8 @@
 """Tar shards: TarShards against ImageFolder through FastLoader, and webdataset's own pipeline.
 
-One run, alternating rounds (``gpufeed.bench.compare``), the same photos as an image folder and
-as tar shards written by ``gpufeed pack --format tar``, the same geometry (eval: resize 256,
+One run, alternating rounds (``gpufeed.bench.compare``; each round starts one loader further
+on, so that no loader always runs right after the same other one), the same photos as an image
+folder and as tar shards written by ``gpufeed pack --format tar``, the same geometry (eval: resize 256,
 centre crop 224; train: random resized crop 224 + flip), float32 NCHW normalized with ImageNet's
 mean and std, batch 64, the same ``num_workers`` (default 2):
 
@@ -23,8 +24,8 @@ headers, 16x16 JPEG image members, a ``.cls`` each), then reports the index buil
 cached load time and the index bytes per sample, and the PSS of a 2-worker loader's workers
 against the parent's (flat: the tables are shared, not copied).
 
-    python -m benchmarks.tar_shards [--images 2000] [--shards 8] [--workers 2] [--batches 12]
-                                    [--rounds 3] [--transform eval train] [--latency-ms 30]
+    python -m benchmarks.tar_shards [--images 2000] [--shards 8] [--workers 2] [--batches 30]
+                                    [--rounds 5] [--transform eval train] [--latency-ms 30]
     python -m benchmarks.tar_shards --index-scale 1000000 [--dir DIR]
 
 Goals (2 cores, 2 workers, batch 64): TarShards >= 0.95x ImageFolder (eval and train),
@@ -199,7 +200,7 @@ def run_loaders(args: argparse.Namespace) -> None:
     for kind in args.transform:
         factories = loader_factories(kind, root, shards, args)
         result = compare(factories, num_batches=args.batches, num_rounds=args.rounds,
-                         baseline="TarShards",
+                         baseline="TarShards", rotate=True,
                          environment=describe_environment(args.workers))
         print(f"\n{kind}: images/s (median of {args.rounds} rounds) and TarShards' ratio to each "
               f"(median of the per-round ratios)")
@@ -310,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=12, help="batches per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batches", type=int, default=30, help="batches per round")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="counted rounds, each starting one loader further on (with 5 loaders, "
+                        "5 rounds put each loader once in every place)")
     p.add_argument("--transform", nargs="+", choices=("eval", "train"), default=["eval", "train"])
     p.add_argument("--latency-ms", type=float, default=30.0)
     p.add_argument("--index-scale", type=int, default=0, metavar="N")

@@ -167,6 +167,7 @@ class CompareResult:
     num_batches: int | None  # None: one epoch per round
     environment: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    rotated: bool = False  # True: each round started one loader further on (``compare(rotate=)``)
 
     def summary(self, name: str) -> LoaderSummary:
         """The summary of the loader called ``name``."""
@@ -181,7 +182,7 @@ class CompareResult:
         return self.summary(name).median_batches_per_s / base if base > 0 else float("nan")
 
     def paired_ratios(self, name: str, baseline: str | None = None) -> list[float]:
-        """Per-round ratios ``name / baseline`` (rounds that ran back to back), in order."""
+        """Per-round ratios ``name / baseline`` (their runs in the same round), in round order."""
         a = self.summary(name).rounds
         b = self.summary(baseline or self.baseline).rounds
         return [x.batches_per_s / y.batches_per_s if y.batches_per_s > 0 else float("nan") for x, y in zip(a, b)]
@@ -203,6 +204,7 @@ class CompareResult:
             "num_rounds": self.num_rounds,
             "num_warmup_rounds": self.num_warmup_rounds,
             "num_batches": self.num_batches,
+            "rotated": self.rotated,
             "loaders": [s.to_dict() for s in self.loaders],
             "ratios": {
                 s.name: {
@@ -416,6 +418,7 @@ def compare(
     sample_interval_s: float = 0.05,
     teardown_timeout_s: float = 30.0,
     environment: Mapping[str, Any] | None = None,
+    rotate: bool = False,
 ) -> CompareResult:
     """Runs the loaders in alternating rounds and summarises them.
 
@@ -432,6 +435,9 @@ def compare(
         sample_interval_s: PSS sampling period in seconds.
         teardown_timeout_s: how long to wait for a dropped loader's processes to exit.
         environment: stored in the result as is (see ``describe_environment``).
+        rotate: start round ``i`` at loader ``i mod len(factories)`` (then on in the given
+            order, wrapping around), so that every loader takes every place in a round; a loader
+            that always runs right after another pays for what that one leaves behind.
 
     Returns:
         A :class:`CompareResult` (``format_table()`` for people, ``to_dict()`` for files).
@@ -454,7 +460,8 @@ def compare(
     notes: list[str] = []
     rounds: dict[str, list[RoundResult]] = {n: [] for n in names}
     for i in range(num_warmup_rounds + num_rounds):
-        for name in names:
+        shift = i % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
             r = _run_round(
                 name, factories[name], i - num_warmup_rounds, num_batches, consume,
                 sample_interval_s, teardown_timeout_s, notes,
@@ -469,4 +476,5 @@ def compare(
         num_batches=num_batches,
         environment=dict(environment or {}),
         notes=tuple(notes),
+        rotated=rotate,
     )

@@ -182,6 +182,27 @@ def test_compare_on_two_trivial_loaders() -> None:
     assert _sampler_threads() == []
 
 
+def test_compare_rotate_starts_each_round_one_loader_further_on() -> None:
+    calls: list[str] = []
+
+    def named(name: str):
+        def factory():
+            calls.append(name)
+            return _list_loader(3, 0)()
+        return factory
+
+    result = compare({n: named(n) for n in "abc"}, num_batches=2, num_rounds=3,
+                     num_warmup_rounds=1, sample_interval_s=0.01, rotate=True)
+    # warm-up round 0, then counted rounds 1-3: the start moves on by one each round
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert result.rotated and result.to_dict()["rotated"] is True
+    assert [len(s.rounds) for s in result.loaders] == [3, 3, 3]
+    calls.clear()
+    assert not compare({n: named(n) for n in "ab"}, num_batches=2, num_rounds=2,
+                       num_warmup_rounds=0, sample_interval_s=0.01).rotated
+    assert calls == list("abab")
+
+
 def test_compare_validates_arguments() -> None:
     f = _list_loader(3, 0)
     with pytest.raises(ValueError, match="num_rounds"):
