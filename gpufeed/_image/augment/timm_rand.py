@@ -24,8 +24,8 @@ from gpufeed._image.augment._checks import check_fill, check_int, check_number, 
 from gpufeed._image.augment.base import RowOp
 from gpufeed.errors import shorten
 
-__all__ = ["TIMM_KNOWN", "TIMM_RAND_INCREASING", "TIMM_RAND_OPS", "TimmRandAugment", "apply_timm_op",
-           "draw_timm_op", "pil_interp"]
+__all__ = ["TIMM_KNOWN", "TIMM_RAND_3A", "TIMM_RAND_INCREASING", "TIMM_RAND_OPS", "TimmRandAugment",
+           "apply_timm_op", "draw_timm_op", "pil_interp"]
 
 _DENOM = 10.0  # timm's _LEVEL_DENOM
 
@@ -36,6 +36,8 @@ TIMM_RAND_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posteri
                         "SolarizeIncreasing", "SolarizeAdd", "ColorIncreasing",
                         "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing",
                         "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+#: timm's "3a" op set (``rand-...-t3a``), DeiT III's three augmentations as RandAugment ops
+TIMM_RAND_3A = ("SolarizeIncreasing", "Desaturate", "GaussianBlur")
 _WARPS = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
                     "TranslateYRel"})
 _NEGATED = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
@@ -43,7 +45,8 @@ _NEGATED = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", 
                       "BrightnessIncreasing", "SharpnessIncreasing"})
 #: the timm op names gpufeed has
 TIMM_KNOWN = _KNOWN = frozenset(TIMM_RAND_OPS) | frozenset(TIMM_RAND_INCREASING) | {
-    "PosterizeOriginal", "TranslateX", "TranslateY"}
+    "PosterizeOriginal", "TranslateX", "TranslateY", "Desaturate", "GaussianBlur",
+    "GaussianBlurRand"}
 
 
 def _level(name: str, m: float, negate: bool, translate_pct: float,
@@ -72,6 +75,12 @@ def _level(name: str, m: float, negate: bool, translate_pct: float,
         return (256 - min(256, int((m / _DENOM) * 256)),)
     if name == "SolarizeAdd":
         return (min(128, int((m / _DENOM) * 110)),)
+    if name == "Desaturate":  # timm's _minmax_level_to_arg, [0.5, 1]
+        return (max(0.5, min(1.0, 0.5 + 0.5 * (m / _DENOM))),)
+    if name == "GaussianBlur":  # [0.1, 2]
+        return (max(0.1, min(2.0, 0.1 + 1.9 * (m / _DENOM))),)
+    if name == "GaussianBlurRand":  # [0, 1]
+        return (max(0.0, min(1.0, m / _DENOM)),)
     if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness
         return (max(0.1, 1.0 + sign * (m / _DENOM) * 0.9),)
     return ((m / _DENOM) * 1.8 + 0.1,)  # Color, Contrast, Brightness, Sharpness
@@ -82,8 +91,10 @@ def draw_timm_op(rng: np.random.Generator, name: str, prob: float, magnitude: fl
                  translate_pct: float, translate_const: float) -> tuple[str, tuple[float, ...], str] | None:
     """What timm's ``AugmentOp(name, prob, magnitude)`` draws, in its order: whether it applies
     (None: not), the magnitude noise (inf: uniform in [0, m]), the clip to [0, mmax or 10], the
-    sign, the warp's interpolation ("random": bilinear or bicubic). Returns (name, level args,
-    interpolation), what :func:`apply_timm_op` takes."""
+    sign, the warp's interpolation ("random": bilinear or bicubic), and for GaussianBlurRand the
+    radius its op draws, uniform(0.1, 2 x level) as Python's ``random.uniform`` computes it
+    (its args are that radius). Returns (name, level args, interpolation), what
+    :func:`apply_timm_op` takes."""
     if prob < 1.0 and rng.random() > prob:
         return None
     m = magnitude
@@ -96,7 +107,10 @@ def draw_timm_op(rng: np.random.Generator, name: str, prob: float, magnitude: fl
     interp = interpolation
     if name in _WARPS and interp == "random":
         interp = ("bilinear", "bicubic")[int(rng.integers(2))]
-    return name, _level(name, m, negate, translate_pct, translate_const), interp
+    args = _level(name, m, negate, translate_pct, translate_const)
+    if name == "GaussianBlurRand":
+        args = (0.1 + (2.0 * args[0] - 0.1) * float(rng.random()),)
+    return name, args, interp
 
 
 _ENHANCE = {"Color": fn.color, "Contrast": fn.contrast, "Brightness": fn.brightness,
@@ -105,7 +119,8 @@ _ENHANCE = {"Color": fn.color, "Contrast": fn.contrast, "Brightness": fn.brightn
 
 def apply_timm_op(row: np.ndarray, name: str, args: tuple[float, ...], interpolation: str,
                   fill: tuple[int, int, int]) -> np.ndarray:
-    """timm's ``NAME_TO_OP[name](img, *args)`` on a uint8 (H, W, 3) row."""
+    """timm's ``NAME_TO_OP[name](img, *args)`` on a uint8 (H, W, 3) row (GaussianBlurRand: its
+    drawn radius, as :func:`draw_timm_op` gives it)."""
     h, w = row.shape[:2]
     base = name.replace("Increasing", "").replace("Original", "")
     if name in _WARPS:
@@ -135,6 +150,11 @@ def apply_timm_op(row: np.ndarray, name: str, args: tuple[float, ...], interpola
         return fn.equalize(row)
     if name == "Invert":
         return fn.invert(row)
+    if name == "Desaturate":  # Color(1 - level), 0: the grey image
+        factor = min(1.0, max(0.0, 1.0 - args[0]))
+        return fn.grayscale(row) if factor == 0.0 else fn.color(row, factor)
+    if name in ("GaussianBlur", "GaussianBlurRand"):
+        return fn.pil_gaussian_blur(row, args[0])
     raise ValueError(f"unknown timm RandAugment op {shorten(name)}; known: {sorted(_KNOWN)}.")
 
 
@@ -193,17 +213,23 @@ class TimmRandAugment(RowOp):
                     translate_const: float = 250.0) -> TimmRandAugment:
         """timm's ``rand_augment_transform(config, hparams)``: sections ``m`` (magnitude), ``n``
         (layers), ``p`` (probability), ``mstd`` (magnitude noise; > 100: uniform), ``mmax``,
-        ``inc`` (the increasing ops). Weighted op sets (``t...``) are not on the fast path."""
+        ``inc`` (the increasing ops), ``t3a`` (the op set :data:`TIMM_RAND_3A`; timm's other
+        names give the default set, as in timm). Weighted op sets (``tweights``, ``t3aw``) are
+        not on the fast path."""
         parts = config.split("-") if isinstance(config, str) else []
         if not parts or parts[0] != "rand":
             raise ValueError(f"a timm RandAugment config starts with 'rand' (e.g. "
                              f"'rand-m9-mstd0.5-inc1'). Found: {shorten(config)}.")
         magnitude, layers, prob, std, mmax, inc = _DENOM, 2, 0.5, 0.0, None, False
+        choice = None
         for part in parts[1:]:
             if part.startswith("t"):
-                raise ValueError(f"timm's weighted op sets ('{part}') are not on the fast path; "
-                                 f"fix: drop the section or run the pipeline as given. "
-                                 f"Found in: {shorten(config)}.")
+                if part in ("tweights", "t3aw"):
+                    raise ValueError(f"timm's weighted op sets ('{part}') are not on the fast "
+                                     f"path; fix: drop the section or run the pipeline as given. "
+                                     f"Found in: {shorten(config)}.")
+                choice = part[1:] if choice is None else choice
+                continue
             pieces = re.split(r"(\d.*)", part)
             if len(pieces) < 2:
                 continue
@@ -227,7 +253,8 @@ class TimmRandAugment(RowOp):
             except ValueError as exc:
                 raise ValueError(f"cannot read timm RandAugment config {shorten(config)} at "
                                  f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc.") from None
-        return cls(ops=TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS, num_layers=layers,
+        ops = TIMM_RAND_3A if choice == "3a" else TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS
+        return cls(ops=ops, num_layers=layers,
                    magnitude=float(magnitude), prob=prob, magnitude_std=std, magnitude_max=mmax,
                    translate_pct=translate_pct, translate_const=translate_const, fill=fill,
                    interpolation=interpolation)
