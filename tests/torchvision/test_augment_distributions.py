@@ -175,13 +175,16 @@ def test_timm_random_erasing():
 
 def record_into(ops: list, current: list) -> None:
     """Make each timm op's aug_fn append what it receives to ``current`` (its name, level args and
-    the interpolation it would choose, drawn as timm's _check_args_tf draws it) and return the
-    image unchanged."""
+    the interpolation it would choose, drawn as timm's _check_args_tf draws it; for
+    GaussianBlurRand, the radius its op draws, as timm's gaussian_blur_rand draws it) and return
+    the image unchanged."""
     for op in ops:
         def record(img, *args, _name=op.name, **kwargs):
             interp = "random"
             if _name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
                 interp = {2: "bilinear", 3: "bicubic"}[int(timm_aa._interpolation(kwargs))]
+            if _name == "GaussianBlurRand":
+                args = (random.uniform(0.1, 2.0 * args[0]),)
             current.append((_name, tuple(args), interp))
             return img
         op.aug_fn = record
@@ -203,7 +206,8 @@ def recorded_timm(config: str, n: int = N) -> list:
     return calls
 
 
-@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-n3-mstd0", "rand-m6-mstd101"])
+@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-n3-mstd0", "rand-m6-mstd101",
+                                    "rand-m9-mstd0.5-t3a"])
 def test_timm_rand_augment(config):
     theirs = recorded_timm(config)
     mine = ours(A.TimmRandAugment.from_config(config, fill=(124, 116, 104), translate_const=100))
@@ -212,7 +216,8 @@ def test_timm_rand_augment(config):
     flat_t = [c for p in theirs for c in p]
     assert_same_categories([c[0] for c in flat_m], [c[0] for c in flat_t], "op")
     assert_same_categories([c[2] for c in flat_m], [c[2] for c in flat_t], "interpolation")
-    for name in ("Rotate", "ShearX", "TranslateXRel", "ColorIncreasing", "Color"):
+    for name in ("Rotate", "ShearX", "TranslateXRel", "ColorIncreasing", "Color", "Desaturate",
+                 "GaussianBlur"):
         a = [c[1][0] for c in flat_m if c[0] == name]
         b = [c[1][0] for c in flat_t if c[0] == name]
         if a or b:
@@ -253,7 +258,7 @@ def recorded_timm_auto(config: str, n: int = N) -> tuple[list, list]:
     return chosen, calls
 
 
-@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r", "v0-mstd1"])
+@pytest.mark.parametrize("config", ["original-mstd0.5", "v0r", "v0-mstd1", "3a", "3a-mstd1"])
 def test_timm_auto_augment(config):
     chosen, theirs = recorded_timm_auto(config)
     op = A.TimmAutoAugment.from_config(config, fill=(124, 116, 104), translate_const=100)
@@ -266,7 +271,8 @@ def test_timm_auto_augment(config):
     flat_m = [c for p in mine for c in p]
     flat_t = [c for p in theirs for c in p]
     assert_same_categories([c[2] for c in flat_m], [c[2] for c in flat_t], "interpolation")
-    for name in ("Rotate", "ShearX", "ShearY", "Color", "Contrast", "TranslateYRel"):
+    for name in ("Rotate", "ShearX", "ShearY", "Color", "Contrast", "TranslateYRel", "Desaturate",
+                 "GaussianBlurRand"):
         a = [c[1][0] for c in flat_m if c[0] == name]
         b = [c[1][0] for c in flat_t if c[0] == name]
         if a or b:

@@ -62,6 +62,8 @@ def root(tmp_path_factory) -> Path:
 def recipes() -> dict[str, object]:
     return {
         "timm": timm_data.create_transform(224, is_training=True),
+        # DeiT III's recipe: timm's "3a" AutoAugment, then ColorJitter (timm keeps it for 3a)
+        "timm_3a": timm_data.create_transform(224, is_training=True, auto_augment="3a"),
         "tv_v2": V.Compose([V.RandomResizedCrop(224), V.RandomHorizontalFlip(),
                             V.TrivialAugmentWide(), V.ToImage(),
                             V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD),
@@ -278,6 +280,10 @@ def _same_parameters():
         (timm_data.auto_augment_transform("original-mstd0.5", {"translate_const": 100}),
          (), (T.ToTensor(),),
          A.TimmAutoAugment.from_config("original-mstd0.5", translate_const=100)),
+        (timm_data.auto_augment_transform("3a", {"translate_const": 100}), (), (T.ToTensor(),),
+         A.TimmAutoAugment.from_config("3a", translate_const=100)),
+        (timm_data.rand_augment_transform("rand-m9-mstd0.5-t3a", {"translate_const": 100}), (),
+         (T.ToTensor(),), A.TimmRandAugment.from_config("rand-m9-mstd0.5-t3a", translate_const=100)),
         (timm_data.random_erasing.RandomErasing(0.3, mode="pixel", max_count=3, device="cpu"),
          to_float, (), A.TimmRandomErasing(0.3, mode="pixel", max_count=3)),
     ]
@@ -332,3 +338,16 @@ def test_a_half_flip_before_the_crop_or_without_random_crop_stays_fast(root):
         assert all(torch.equal(flipped[i][0], plain[i][0]) or
                    torch.equal(flipped[i][0], plain[i][0].flip(-1)) for i in range(8))
         assert seen == {True, False}  # some flipped, some not
+
+
+def test_timm_3a_recipe_runs_its_policy_in_the_workers():
+    import gpufeed.augment as A
+
+    recipe = timm_data.create_transform(224, is_training=True, auto_augment="3a")
+    pipe = gpufeed.from_torchvision(recipe)
+    assert [type(op) for op in pipe.ops] == [A.TimmAutoAugment, A.ColorJitter]
+    assert pipe.ops[0].policy == A.TimmAutoAugment("3a").policy
+    assert pipe.ops[0].fill == (124, 116, 104)  # timm's img_mean from ImageNet's mean
+    lines = gpufeed.explain(recipe).splitlines()
+    aa = next(line for line in lines if "AutoAugment(policy=" in line)
+    assert aa.split()[0] == "fast" and "in the worker" in aa, aa
