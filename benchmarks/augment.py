@@ -13,7 +13,9 @@ Recipes (``--recipes``, default all):
   ToDtype(float32, scale=True) + Normalize + RandomErasing(0.1);
 - ``randaugment``: RandomResizedCrop + flip + RandAugment(2, 9) + ToTensor + Normalize;
 - ``tensor_op``: RandomResizedCrop + flip + PILToTensor + a user's ``nn.Module`` on uint8
-  tensors (:class:`ChannelMix`) + ConvertImageDtype(float32) + Normalize.
+  tensors (:class:`ChannelMix`) + ConvertImageDtype(float32) + Normalize;
+- ``timm_3a``: DeiT III's ``timm.data.create_transform(224, is_training=True, auto_augment="3a")``
+  (timm's "3a" AutoAugment, then ColorJitter(0.4)).
 
 Then per-op costs: each augmentation op of the recipes as the original runs it (on a 224x224 PIL
 image, or the tensor it gets) against what gpufeed runs for it on a 224x224 row
@@ -41,7 +43,7 @@ import torch
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-RECIPES = ("rrc_flip", "timm", "tv_v2", "randaugment", "tensor_op")
+RECIPES = ("rrc_flip", "timm", "tv_v2", "randaugment", "tensor_op", "timm_3a")
 
 
 class ChannelMix(torch.nn.Module):
@@ -81,6 +83,10 @@ def make_recipe(name: str) -> Any:
         return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor(),
                           ChannelMix(), T.ConvertImageDtype(torch.float32),
                           T.Normalize(MEAN, STD)])
+    if name == "timm_3a":
+        from timm.data import create_transform
+
+        return create_transform(224, is_training=True, auto_augment="3a")
     raise ValueError(f"`recipe` must be one of {RECIPES}. Found: {name!r}.")
 
 
