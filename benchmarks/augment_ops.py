@@ -55,9 +55,10 @@ def _recipes():
     import itertools
 
     import torchvision.transforms as T
-    from timm.data.auto_augment import auto_augment_transform, rand_augment_transform
+    from timm.data.auto_augment import auto_augment_transform, desaturate, gaussian_blur, rand_augment_transform
 
     from gpufeed import augment as A
+    from gpufeed._image.augment import functional as G
 
     counter = itertools.count()
 
@@ -80,6 +81,10 @@ def _recipes():
         ("RandomApply([ColorJitter(0.4, 0.4, 0.4, 0.1)], 0.8)",
          ours(A.RandomApply((A.ColorJitter(0.4, 0.4, 0.4, 0.1),), 0.8)),
          T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], 0.8)),
+        ("timm gaussian_blur 1.5 (PIL's)", lambda r: G.pil_gaussian_blur(r, 1.5),
+         lambda p: gaussian_blur(p, 1.5)),
+        ("timm desaturate 1.0 (grey)", lambda r: G.grayscale(r), lambda p: desaturate(p, 1.0)),
+        ("timm 3a", ours(A.TimmAutoAugment.from_config("3a")), auto_augment_transform("3a", {})),
     ]
 
 
