@@ -64,6 +64,7 @@ def test_t3a_op_set_is_read():
     assert A.TimmRandAugment.from_config("rand-m9-mstd0.5-t3a").ops == TIMM_RAND_3A
     assert A.TimmRandAugment.from_config("rand-m9-t3a-inc1").ops == TIMM_RAND_3A
     assert A.TimmRandAugment.from_config("rand-m9-tother").ops[4] == "Posterize"  # timm's default
+    assert A.TimmRandAugment.from_config("rand-m9-t3a-tweights").ops == TIMM_RAND_3A  # the first
     custom = A.TimmRandAugment(ops=("GaussianBlurRand", "Desaturate"), num_layers=1, prob=1.0)
     assert {custom.draw(A.row_rng(0, 0, i), 8, 8)[0][0] for i in range(50)} == {
         "GaussianBlurRand", "Desaturate"}

@@ -223,11 +223,7 @@ class TimmRandAugment(RowOp):
         magnitude, layers, prob, std, mmax, inc = _DENOM, 2, 0.5, 0.0, None, False
         choice = None
         for part in parts[1:]:
-            if part.startswith("t"):
-                if part in ("tweights", "t3aw"):
-                    raise ValueError(f"timm's weighted op sets ('{part}') are not on the fast "
-                                     f"path; fix: drop the section or run the pipeline as given. "
-                                     f"Found in: {shorten(config)}.")
+            if part.startswith("t"):  # the first one counts, as in timm
                 choice = part[1:] if choice is None else choice
                 continue
             pieces = re.split(r"(\d.*)", part)
@@ -252,7 +248,11 @@ class TimmRandAugment(RowOp):
                     raise ValueError(f"unknown section {key!r}")
             except ValueError as exc:
                 raise ValueError(f"cannot read timm RandAugment config {shorten(config)} at "
-                                 f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc.") from None
+                                 f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc, t.") from None
+        if choice in ("weights", "3aw"):
+            raise ValueError(f"timm's weighted op sets ('t{choice}') are not on the fast path; "
+                             f"fix: drop the section or run the pipeline as given. "
+                             f"Found in: {shorten(config)}.")
         ops = TIMM_RAND_3A if choice == "3a" else TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS
         return cls(ops=ops, num_layers=layers,
                    magnitude=float(magnitude), prob=prob, magnitude_std=std, magnitude_max=mmax,
