@@ -207,7 +207,8 @@ def recorded_timm(config: str, n: int = N) -> list:
 
 
 @pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-n3-mstd0", "rand-m6-mstd101",
-                                    "rand-m9-mstd0.5-t3a"])
+                                    "rand-m9-mstd0.5-t3a", "rand-m9-mstd0.5-inc1-t3aw",
+                                    "rand-m9-n3-tweights"])
 def test_timm_rand_augment(config):
     theirs = recorded_timm(config)
     mine = ours(A.TimmRandAugment.from_config(config, fill=(124, 116, 104), translate_const=100))

@@ -258,7 +258,7 @@ def _assert_timm_ops_match(op, seed: int) -> None:
 
 
 @pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "rand-m7-n3-p1",
-                                    "rand-m9-mstd0.5-t3a"])
+                                    "rand-m9-mstd0.5-t3a", "rand-m9-mstd0.5-inc1-t3aw"])
 def test_timm_rand_augment_given_its_params(config):
     _assert_timm_ops_match(A.TimmRandAugment.from_config(config), seed=6)
 

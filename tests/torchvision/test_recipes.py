@@ -284,6 +284,9 @@ def _same_parameters():
          A.TimmAutoAugment.from_config("3a", translate_const=100)),
         (timm_data.rand_augment_transform("rand-m9-mstd0.5-t3a", {"translate_const": 100}), (),
          (T.ToTensor(),), A.TimmRandAugment.from_config("rand-m9-mstd0.5-t3a", translate_const=100)),
+        (timm_data.rand_augment_transform("rand-m9-mstd0.5-inc1-t3aw", {"translate_const": 100}),
+         (), (T.ToTensor(),),
+         A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1-t3aw", translate_const=100)),
         (timm_data.random_erasing.RandomErasing(0.3, mode="pixel", max_count=3, device="cpu"),
          to_float, (), A.TimmRandomErasing(0.3, mode="pixel", max_count=3)),
     ]

@@ -1,6 +1,6 @@
-"""timm's Desaturate, GaussianBlur and GaussianBlurRand ops and its "3a" policy: level arguments
-as timm's level functions give them, draws from (seed, epoch, index) only, and PIL's Gaussian
-blur as its integer box passes compute it."""
+"""timm's Desaturate, GaussianBlur and GaussianBlurRand ops, its "3a" policy and its weighted
+RandAugment op sets: level arguments as timm's level functions give them, draws from (seed,
+epoch, index) only, and PIL's Gaussian blur as its integer box passes compute it."""
 
 from __future__ import annotations
 
@@ -108,3 +108,17 @@ def test_pil_gaussian_blur_keeps_flat_rows_and_radius_zero():
     assert np.array_equal(fn.pil_gaussian_blur(flat.copy(), 1.8), flat)
     row = photo_like(20, 30, seed=1)
     assert np.array_equal(fn.pil_gaussian_blur(row.copy(), 0.0), row)
+
+
+def test_weighted_op_sets_draw_distinct_ops_by_weight():
+    op = A.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1-t3aw")
+    assert op.ops[:3] == TIMM_RAND_3A and len(op.ops) == 14
+    assert op.weights[0] == pytest.approx(6 / 33)
+    prob1 = A.TimmRandAugment(("Invert", "Equalize", "Rotate"), 2, prob=1.0, weights=(0, 1, 3))
+    draws = [prob1.draw(A.row_rng(2, 0, i), 16, 16) for i in range(600)]
+    assert all(len(d) == 2 and d[0][0] != d[1][0] for d in draws)  # without replacement
+    assert not any("Invert" in (d[0][0], d[1][0]) for d in draws)  # weight 0: never
+    first_rotate = sum(d[0][0] == "Rotate" for d in draws) / len(draws)
+    assert 0.68 < first_rotate < 0.82  # 3 / 4
+    assert draws == [prob1.draw(A.row_rng(2, 0, i), 16, 16) for i in range(600)]
+    assert A.TimmRandAugment.from_config("rand-m9-tweights").ops[0] == "Rotate"

@@ -38,6 +38,18 @@ TIMM_RAND_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posteri
                         "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 #: timm's "3a" op set (``rand-...-t3a``), DeiT III's three augmentations as RandAugment ops
 TIMM_RAND_3A = ("SolarizeIncreasing", "Desaturate", "GaussianBlur")
+# timm's weighted op sets (``t3aw``, ``tweights``): op -> relative weight, in timm's order
+_WEIGHTED = {
+    "3aw": {"SolarizeIncreasing": 6, "Desaturate": 6, "GaussianBlur": 6, "Rotate": 3, "ShearX": 2,
+            "ShearY": 2, "PosterizeIncreasing": 1, "AutoContrast": 1, "ColorIncreasing": 1,
+            "SharpnessIncreasing": 1, "ContrastIncreasing": 1, "BrightnessIncreasing": 1,
+            "Equalize": 1, "Invert": 1},
+    "weights": {"Rotate": 3, "ShearX": 2, "ShearY": 2, "TranslateXRel": 1, "TranslateYRel": 1,
+                "ColorIncreasing": 0.25, "SharpnessIncreasing": 0.25, "AutoContrast": 0.25,
+                "SolarizeIncreasing": 0.05, "SolarizeAdd": 0.05, "ContrastIncreasing": 0.05,
+                "BrightnessIncreasing": 0.05, "Equalize": 0.05, "PosterizeIncreasing": 0.05,
+                "Invert": 0.05},
+}
 _WARPS = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
                     "TranslateYRel"})
 _NEGATED = frozenset({"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
@@ -181,7 +193,10 @@ class TimmRandAugment(RowOp):
     :meth:`from_config` (``"rand-m9-mstd0.5-inc1"``) or from timm's object with
     :meth:`from_timm`. ``fill`` is timm's ``img_mean`` (default (128, 128, 128));
     ``interpolation`` "random" (bilinear or bicubic per warp, timm's default), or one of
-    "nearest", "bilinear", "bicubic" (timm's ``hparams['interpolation']``)."""
+    "nearest", "bilinear", "bicubic" (timm's ``hparams['interpolation']``). ``weights``: None
+    (ops chosen uniformly, with replacement) or one weight >= 0 per op (timm's
+    ``choice_weights``: ``num_layers`` distinct ops, each in turn with probability its weight
+    over the remaining ones')."""
 
     ops: tuple[str, ...] = TIMM_RAND_OPS
     num_layers: int = 2
@@ -193,6 +208,7 @@ class TimmRandAugment(RowOp):
     translate_const: float = 250.0
     fill: Any = (128, 128, 128)
     interpolation: str = "random"
+    weights: Any = None
     name = "RandAugment(timm)"
 
     def __post_init__(self) -> None:
@@ -206,6 +222,8 @@ class TimmRandAugment(RowOp):
         object.__setattr__(self, "magnitude", check_number(self.magnitude, "magnitude", 0))
         object.__setattr__(self, "prob", check_p(self.prob, "prob"))
         check_timm_hparams(self)
+        if self.weights is not None:
+            object.__setattr__(self, "weights", _check_weights(self.weights, ops, self.num_layers))
 
     @classmethod
     def from_config(cls, config: str, *, fill: Any = (128, 128, 128),
@@ -214,8 +232,8 @@ class TimmRandAugment(RowOp):
         """timm's ``rand_augment_transform(config, hparams)``: sections ``m`` (magnitude), ``n``
         (layers), ``p`` (probability), ``mstd`` (magnitude noise; > 100: uniform), ``mmax``,
         ``inc`` (the increasing ops), ``t3a`` (the op set :data:`TIMM_RAND_3A`; timm's other
-        names give the default set, as in timm). Weighted op sets (``tweights``, ``t3aw``) are
-        not on the fast path."""
+        names give the default set, as in timm), ``t3aw`` and ``tweights`` (timm's weighted
+        sets)."""
         parts = config.split("-") if isinstance(config, str) else []
         if not parts or parts[0] != "rand":
             raise ValueError(f"a timm RandAugment config starts with 'rand' (e.g. "
@@ -249,12 +267,13 @@ class TimmRandAugment(RowOp):
             except ValueError as exc:
                 raise ValueError(f"cannot read timm RandAugment config {shorten(config)} at "
                                  f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc, t.") from None
-        if choice in ("weights", "3aw"):
-            raise ValueError(f"timm's weighted op sets ('t{choice}') are not on the fast path; "
-                             f"fix: drop the section or run the pipeline as given. "
-                             f"Found in: {shorten(config)}.")
+        weighted = _WEIGHTED.get(choice or "")
         ops = TIMM_RAND_3A if choice == "3a" else TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS
-        return cls(ops=ops, num_layers=layers,
+        weights = None
+        if weighted is not None:  # normalized as timm normalizes them
+            ops, raw = tuple(weighted), np.array(list(weighted.values()))
+            weights = tuple(float(w) for w in raw / np.sum(raw))
+        return cls(ops=ops, num_layers=layers, weights=weights,
                    magnitude=float(magnitude), prob=prob, magnitude_std=std, magnitude_max=mmax,
                    translate_pct=translate_pct, translate_const=translate_const, fill=fill,
                    interpolation=interpolation)
@@ -262,9 +281,8 @@ class TimmRandAugment(RowOp):
     @classmethod
     def from_timm(cls, transform: Any) -> TimmRandAugment:
         """The same op as timm's ``RandAugment`` object ``transform`` (its ops, layers and
-        hparams are read; timm is not imported). Weighted choice: ValueError."""
-        if getattr(transform, "choice_weights", None) is not None:
-            raise ValueError("timm's weighted RandAugment (choice_weights) is not on the fast path.")
+        hparams and choice weights are read; timm is not imported)."""
+        weights = getattr(transform, "choice_weights", None)
         ops = list(transform.ops)
         if not ops:
             raise ValueError("timm's RandAugment has no ops.")
@@ -282,10 +300,15 @@ class TimmRandAugment(RowOp):
                    magnitude_std=float(first.magnitude_std), magnitude_max=first.magnitude_max,
                    translate_pct=float(hp.get("translate_pct", 0.45)),
                    translate_const=float(hp.get("translate_const", 250)),
-                   fill=first.kwargs.get("fillcolor", (128, 128, 128)), interpolation=interp)
+                   fill=first.kwargs.get("fillcolor", (128, 128, 128)), interpolation=interp,
+                   weights=None if weights is None else tuple(float(w) for w in weights))
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> Any:
-        chosen = rng.integers(len(self.ops), size=self.num_layers)
+        if self.weights is None:
+            chosen = rng.integers(len(self.ops), size=self.num_layers)
+        else:
+            p = np.asarray(self.weights)
+            chosen = rng.choice(len(self.ops), size=self.num_layers, replace=False, p=p / p.sum())
         drawn = (draw_timm_op(rng, self.ops[int(k)], self.prob, self.magnitude,
                               self.magnitude_std, self.magnitude_max, self.interpolation,
                               self.translate_pct, self.translate_const) for k in chosen)
@@ -295,6 +318,19 @@ class TimmRandAugment(RowOp):
         for name, args, interp in params:
             row = apply_timm_op(row, name, args, interp, self.fill)
         return row
+
+
+def _check_weights(weights: Any, ops: tuple[str, ...], num_layers: int) -> tuple[float, ...]:
+    """One weight >= 0 per op, at least ``num_layers`` of them > 0, as floats."""
+    try:
+        values = tuple(check_number(w, "weights", 0) for w in weights)
+    except TypeError:
+        values = ()
+    if len(values) != len(ops) or sum(v > 0 for v in values) < max(num_layers, 1):
+        raise ValueError(f"`weights` must be one number >= 0 per op ({len(ops)}), at least "
+                         f"num_layers ({num_layers}) of them > 0 (timm draws distinct ops). "
+                         f"Found: {shorten(weights)}.")
+    return values
 
 
 def pil_interp(value: Any) -> str:
