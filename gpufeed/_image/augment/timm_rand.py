@@ -39,7 +39,7 @@ TIMM_RAND_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posteri
 #: timm's "3a" op set (``rand-...-t3a``), DeiT III's three augmentations as RandAugment ops
 TIMM_RAND_3A = ("SolarizeIncreasing", "Desaturate", "GaussianBlur")
 # timm's weighted op sets (``t3aw``, ``tweights``): op -> relative weight, in timm's order
-_WEIGHTED = {
+_WEIGHTED: dict[str, dict[str, float]] = {
     "3aw": {"SolarizeIncreasing": 6, "Desaturate": 6, "GaussianBlur": 6, "Rotate": 3, "ShearX": 2,
             "ShearY": 2, "PosterizeIncreasing": 1, "AutoContrast": 1, "ColorIncreasing": 1,
             "SharpnessIncreasing": 1, "ContrastIncreasing": 1, "BrightnessIncreasing": 1,
@@ -268,7 +268,8 @@ class TimmRandAugment(RowOp):
                 raise ValueError(f"cannot read timm RandAugment config {shorten(config)} at "
                                  f"{part!r}: {exc}. Sections: m, n, p, mstd, mmax, inc, t.") from None
         weighted = _WEIGHTED.get(choice or "")
-        ops = TIMM_RAND_3A if choice == "3a" else TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS
+        ops: tuple[str, ...] = (TIMM_RAND_3A if choice == "3a" else
+                                TIMM_RAND_INCREASING if inc else TIMM_RAND_OPS)
         weights = None
         if weighted is not None:  # normalized as timm normalizes them
             ops, raw = tuple(weighted), np.array(list(weighted.values()))
