@@ -19,7 +19,8 @@ def root(image_folder) -> Path:
 
 
 def _epoch(root: Path, num_workers: int, channels_last: bool = False) -> list[torch.Tensor]:
-    transform = RandomResizedCrop(48, ops=(A.TrivialAugmentWide(), A.RandomGrayscale(0.2)),
+    transform = RandomResizedCrop(48, ops=(A.TrivialAugmentWide(), A.RandomGrayscale(0.2),
+                                           A.TimmAutoAugment("3a")),
                                   float_ops=(A.RandomErasing(0.7, value="random"),))
     loader = FastLoader(ImageFolder(root, transform=transform), batch_size=5,
                         num_workers=num_workers, normalize=((0.5, 0.5, 0.5), (0.2, 0.2, 0.2)),
@@ -42,7 +43,7 @@ def test_same_batches_for_any_num_workers(root):
 @pytest.mark.timeout(90)
 def test_resume_mid_epoch_gives_the_same_augmented_batches(root):
     def make(num_workers: int) -> FastLoader:
-        transform = RandomResizedCrop(40, ops=(A.RandAugment(2, 9),),
+        transform = RandomResizedCrop(40, ops=(A.RandAugment(2, 9), A.TimmAutoAugment("3a")),
                                       float_ops=(A.RandomErasing(0.5),))
         return FastLoader(ImageFolder(root, transform=transform), batch_size=4, shuffle=True,
                           num_workers=num_workers, seed=7, dtype=torch.float32,
