@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,7 +163,7 @@ def _parse_config(config: Any) -> dict[str, Any]:
         raise ValueError(f"a timm AugMix config starts with 'augmix' (e.g. 'augmix-m5-w4-d2'). "
                          f"Found: {shorten(config)}.")
     out: dict[str, Any] = {}
-    keys = {"m": ("magnitude", int), "w": ("width", int), "d": ("depth", int),
+    keys: dict[str, tuple[str, Callable[[str], Any]]] = {"m": ("magnitude", int), "w": ("width", int), "d": ("depth", int),
             "a": ("alpha", float), "b": ("blended", lambda v: bool(int(v))),
             "mstd": ("magnitude_std", float)}
     for part in parts[1:]:
