@@ -163,9 +163,10 @@ def _parse_config(config: Any) -> dict[str, Any]:
         raise ValueError(f"a timm AugMix config starts with 'augmix' (e.g. 'augmix-m5-w4-d2'). "
                          f"Found: {shorten(config)}.")
     out: dict[str, Any] = {}
-    keys: dict[str, tuple[str, Callable[[str], Any]]] = {"m": ("magnitude", int), "w": ("width", int), "d": ("depth", int),
-            "a": ("alpha", float), "b": ("blended", lambda v: bool(int(v))),
-            "mstd": ("magnitude_std", float)}
+    keys: dict[str, tuple[str, Callable[[str], Any]]] = {
+        "m": ("magnitude", int), "w": ("width", int), "d": ("depth", int),
+        "a": ("alpha", float), "b": ("blended", lambda v: bool(int(v))),
+        "mstd": ("magnitude_std", float)}
     for part in parts[1:]:
         pieces = re.split(r"(\d.*)", part)
         if len(pieces) < 2:
