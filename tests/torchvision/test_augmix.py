@@ -332,6 +332,8 @@ def test_augmix_recipes_translate_fully(root, name):
     labels = [line.split()[0] for line in text.splitlines()[1:]]
     assert labels == ["fast"] * len(recipe.transforms), text
     assert "gpufeed.augment.AugMix" in text
+    assert [type(op) for op in gpufeed.from_torchvision(recipe).ops] == [
+        A.TimmAugMix if name == "timm" else A.AugMix]
     with warnings.catch_warnings():
         warnings.simplefilter("error", gpufeed.GpufeedWarning)
         ds = ImageFolder(root, transform=recipe)
