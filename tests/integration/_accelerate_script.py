@@ -8,6 +8,7 @@ and which process produced it. tests/integration/test_accelerate.py checks it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -131,6 +132,28 @@ def image_path(acc: Accelerator, root: str) -> dict[str, Any]:
             "warning_files": [os.path.basename(w.filename) for w in caught]}
 
 
+def host_cache(acc: Accelerator, root: str, scope: str = "auto") -> dict[str, Any]:
+    """The host cache through prepare: both ranks' loaders share one cache, so epoch 2 (a new
+    shuffle, half of it samples the other rank read in epoch 1) is served from it."""
+    base = FastLoader(ImageFolder(root, transform=ResizeCenterCrop(32)), batch_size=2, shuffle=True,
+                      num_workers=1, persistent_workers=True, cache_bytes="60%", cache_scope=scope,
+                      seed=3)
+    loader = prepare(acc, base)
+    rates, seen, before = [], [], (0, 0)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen.append([hashlib.sha1(x.numpy().tobytes()).hexdigest()[:12] for images, _y in loader
+                     for x in images])
+        stats = loader.stats()
+        hits, misses = stats["cache_hits"] - before[0], stats["cache_misses"] - before[1]
+        before = (stats["cache_hits"], stats["cache_misses"])
+        rates.append(hits / max(1, hits + misses))
+        acc.wait_for_everyone()  # every rank has filled epoch 1 before epoch 2 starts
+    out = {"hit_rates": rates, "shared": stats["cache_shared"], "seen": seen, "type": type(loader).__name__}
+    loader.close()
+    return out
+
+
 def image_resume(root: str) -> dict[str, Any]:
     """Image path, random crops: a state taken after 2 batches, loaded into a loader with another
     num_workers, yields the rest of the epoch byte for byte."""
@@ -205,6 +228,7 @@ def main() -> None:
         "accumulate": accumulate(),
         "iterable": iterable(acc),
         "image": image_path(acc, root),
+        "host_cache": host_cache(acc, root),
         "resume": resume(ckpt),
         "image_resume": image_resume(root),
     }

@@ -4,8 +4,9 @@ One torchrun run (``_accelerate_script.py``) covers: training shards (disjoint, 
 made by gpufeed's workers), gather_for_metrics at the end of an eval epoch (no duplicates),
 accumulate() syncing at the loader's end, split_batches, an IterableDataset, a
 gpufeed.DistributedSampler kept (not sharded twice), the image path's options, the warning of a
-plain ``accelerator.prepare(fast_loader)``, save_state/load_state resuming mid-epoch, and an
-image-path state resuming byte for byte with another num_workers.
+plain ``accelerator.prepare(fast_loader)``, the host cache shared by the prepared loaders of
+both ranks, save_state/load_state resuming mid-epoch, and an image-path state resuming byte for
+byte with another num_workers.
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ def test_image_path_options_survive_and_plain_prepare_warns(ranks):
         assert "gpufeed.integrations.accelerate.prepare(accelerator, loader)" in prepare_warning
         assert "gpufeed.integrations.accelerate.skip_first_batches(loader, n)" in skip_warning
         assert set(im["warning_files"]) == {"_accelerate_script.py"}  # points at the user's line
+
+
+@pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
+def test_prepared_loaders_share_the_host_cache(ranks):
+    caches = [r["host_cache"] for r in ranks]
+    for c in caches:
+        assert c["type"] == "AcceleratedFastLoader" and c["shared"] == 1
+        assert c["hit_rates"][0] < 0.5 and c["hit_rates"][1] == 1.0
+    # epoch 2 served, from the one cache, images that only the other rank read in epoch 1
+    first = [set(c["seen"][0]) for c in caches]
+    assert any(set(c["seen"][1]) - mine for c, mine in zip(caches, first, strict=True))
+    assert first[0] | first[1] == set(caches[0]["seen"][1]) | set(caches[1]["seen"][1])
 
 
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
