@@ -99,7 +99,7 @@ def test_timm_config_is_read():
     (lambda: A.AugMix(all_ops=1), "`all_ops` must be True or False"),
     (lambda: A.AugMix(interpolation="area"), "`interpolation` must be"),
     (lambda: A.AugMix(fill=300), "levels must be numbers in"),
-    (lambda: A.TimmAugMix(ops=("Desaturate",)), "`ops` must be timm op names"),
+    (lambda: A.TimmAugMix(ops=("Sepia",)), "`ops` must be timm op names"),
     (lambda: A.TimmAugMix(ops=()), "`ops` must be timm op names"),
     (lambda: A.TimmAugMix(width=0), "`width` must be an int >= 1"),
     (lambda: A.TimmAugMix(blended="yes"), "`blended` must be True or False"),
