@@ -16,6 +16,10 @@ Recipes (``--recipes``, default all):
   tensors (:class:`ChannelMix`) + ConvertImageDtype(float32) + Normalize;
 - ``timm_3a``: DeiT III's ``timm.data.create_transform(224, is_training=True, auto_augment="3a")``
   (timm's "3a" AutoAugment, then ColorJitter(0.4)).
+- ``augmix_timm``: ``timm.data.create_transform(224, is_training=True,
+  auto_augment="augmix-m5-w4-d2")``;
+- ``augmix_tv``: RandomResizedCrop + flip + v2 ``AugMix()`` + ToImage + ToDtype(float32,
+  scale=True) + Normalize.
 
 Then per-op costs: each augmentation op of the recipes as the original runs it (on a 224x224 PIL
 image, or the tensor it gets) against what gpufeed runs for it on a 224x224 row
@@ -43,7 +47,8 @@ import torch
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-RECIPES = ("rrc_flip", "timm", "tv_v2", "randaugment", "tensor_op", "timm_3a")
+RECIPES = ("rrc_flip", "timm", "tv_v2", "randaugment", "tensor_op", "timm_3a", "augmix_timm",
+           "augmix_tv")
 
 
 class ChannelMix(torch.nn.Module):
@@ -87,6 +92,14 @@ def make_recipe(name: str) -> Any:
         from timm.data import create_transform
 
         return create_transform(224, is_training=True, auto_augment="3a")
+    if name == "augmix_timm":
+        from timm.data import create_transform
+
+        return create_transform(224, is_training=True, auto_augment="augmix-m5-w4-d2")
+    if name == "augmix_tv":
+        return V.Compose([V.RandomResizedCrop(224), V.RandomHorizontalFlip(), V.AugMix(),
+                          V.ToImage(), V.ToDtype(torch.float32, scale=True),
+                          V.Normalize(MEAN, STD)])
     raise ValueError(f"`recipe` must be one of {RECIPES}. Found: {name!r}.")
 
 

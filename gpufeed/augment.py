@@ -7,6 +7,7 @@ geometry; ``float_ops`` on the normalized float rows. Random parameters depend o
 torchvision and timm compute them on PIL images (docs/design/augment.md).
 """
 
+from gpufeed._image.augment.augmix import AugMix, TimmAugMix
 from gpufeed._image.augment.base import FloatRowOp, RowOp, RowOps, row_rng
 from gpufeed._image.augment.compose import RandomApply, RandomChoice, RandomOrder
 from gpufeed._image.augment.erasing import RandomErasing, TimmRandomErasing
@@ -30,6 +31,7 @@ from gpufeed._image.augment.timm_auto import TimmAutoAugment
 from gpufeed._image.augment.timm_rand import TimmRandAugment
 
 __all__ = [
+    "AugMix",
     "AutoAugment",
     "ColorJitter",
     "FloatRowOp",
@@ -52,6 +54,7 @@ __all__ = [
     "RandomVerticalFlip",
     "RowOp",
     "RowOps",
+    "TimmAugMix",
     "TimmAutoAugment",
     "TimmRandAugment",
     "TimmRandomErasing",

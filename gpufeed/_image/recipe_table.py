@@ -203,11 +203,13 @@ _TORCHVISION: dict[str, Callable[[Any, str], Made]] = {
     "RandAugment": _policy("RandAugment", "num_ops", "magnitude", "num_magnitude_bins"),
     "AutoAugment": _policy("AutoAugment", "policy"),
     "RandomErasing": _erasing,
+    "AugMix": _policy("AugMix", "severity", "mixture_width", "chain_depth", "alpha", "all_ops"),
 }
 _TIMM: dict[str, Callable[[Any, str], Made]] = {
     "RandAugment": _timm_policy("TimmRandAugment"),
     "AutoAugment": _timm_policy("TimmAutoAugment"),
     "RandomErasing": _timm_erasing,
+    "AugMixAugment": _timm_policy("TimmAugMix"),
 }
 
 
