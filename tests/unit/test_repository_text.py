@@ -5,7 +5,11 @@ decisions kept elsewhere, or how the project is developed)."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_DIRS = ("gpufeed", "tests", "docs", "benchmarks", "scripts", "examples", ".ci")
@@ -57,3 +61,23 @@ def test_no_text_points_outside_the_repository():
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
     assert not found, ("text that refers to numbered issues or decisions kept elsewhere, or to how the "
                        "project is developed; cite the docs/ section instead:\n" + "\n".join(found))
+
+
+DATA_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".tar", ".lmdb", ".mdb", ".npy", ".idx"}
+TRACKED_LIMIT_BYTES = 8 * 1024 * 1024
+
+
+def test_no_generated_data_is_tracked():
+    """The demo and benchmarks generate their images (demo-*/ folders, packed shards); none of it
+    belongs in the repository, whose tracked files stay a few MiB of text."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout: nothing is tracked")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60, check=True)
+    tracked = [name for name in listed.stdout.decode().split("\0") if name]
+    data = [name for name in tracked
+            if Path(name).suffix.lower() in DATA_SUFFIXES or name.split("/", 1)[0].startswith("demo-")]
+    assert not data, f"generated data is tracked (git rm --cached it; .gitignore has /demo-*/): {data[:10]}"
+    size = sum((ROOT / name).stat().st_size for name in tracked if (ROOT / name).is_file())
+    assert size <= TRACKED_LIMIT_BYTES, (
+        f"tracked files total {size / 2**20:.1f} MiB, over {TRACKED_LIMIT_BYTES / 2**20:.0f} MiB: "
+        "look for generated data or build output in `git ls-files`")
