@@ -99,10 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("pack", help="pack an image folder (ImageFolder layout) into an LMDB, "
-                                    "checking that every image decodes")
+    p = sub.add_parser("pack", help="pack an image folder (ImageFolder layout) into an LMDB or "
+                                    "WebDataset tar shards, checking that every image decodes")
     p.add_argument("src", metavar="SRC_FOLDER", help="root of CLASS/IMAGE folders")
-    p.add_argument("dst", metavar="DST.lmdb", help="LMDB to create (must not exist)")
+    p.add_argument("dst", metavar="DST", help="the LMDB file to create (must not exist), or with "
+                                              "--format tar the shard directory (a rerun resumes "
+                                              "an interrupted pack there)")
     p.add_argument("--max-side", type=int, default=None, metavar="N",
                    help="downscale so the longer side is at most N pixels (re-encodes as JPEG)")
     p.add_argument("--quality", type=int, default=None, metavar="Q",
