@@ -44,11 +44,13 @@ docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
 # Lint and import order (ruff), types (mypy: check_untyped_defs, strict on gpufeed._engine),
-# the layers of docs/design/layers.md (lint-imports, [tool.importlinter] in pyproject.toml).
+# the layers of docs/design/layers.md (lint-imports, [tool.importlinter] in pyproject.toml), and no
+# import cycle between modules or sibling packages (scripts/check_cycles.py, with grimp).
 lint: $(STAMP)
 	$(BIN)/python -m ruff check gpufeed
 	$(BIN)/python -m mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_cycles.py
 
 # The package as a user gets it: build the sdist and, from it, the wheel into dist/ (isolated
 # builds, as pip does); install the wheel with $(TORCH) into a fresh venv ($(PKG_VENV), made anew

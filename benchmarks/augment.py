@@ -27,7 +27,7 @@ image, or the tensor it gets) against what gpufeed runs for it on a 224x224 row
 (the ``.venv-tv`` environment). Without ROOT, ./demo-augment (photo-like JPEGs of ~400x350,
 ``gpufeed.synth``) is made once and reused.
 
-Private import: ``gpufeed._image.augment.base.row_rng``, the per-row draw whose cost it
+Private import: ``gpufeed.image.augment._base.row_rng``, the per-row draw whose cost it
 measures apart.
 """
 
@@ -144,7 +144,7 @@ def op_costs(recipes: list[str], calls: int = 200) -> list[dict[str, Any]]:
     from PIL import Image
 
     import gpufeed
-    from gpufeed._image.augment.base import row_rng
+    from gpufeed.image.augment._base import row_rng
     from gpufeed.synth import photo_like
 
     torch.set_num_threads(1)
@@ -157,7 +157,7 @@ def op_costs(recipes: list[str], calls: int = 200) -> list[dict[str, Any]]:
         recipe = make_recipe(name)
         pipe = gpufeed.from_torchvision(recipe)
         placed = [r for r in pipe.routes if r.place in ("tensor", "float")
-                  or r.note.startswith("gpufeed.augment")]
+                  or r.note.startswith("gpufeed.image.augment")]
         ours = [*pipe.ops, *pipe.float_ops]
         originals = [op for op in recipe.transforms
                      if any(r.op.startswith(type(op).__name__) for r in placed)]
@@ -202,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op-calls", type=int, default=200)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    from gpufeed.bench.compare import compare
-    from gpufeed.bench.environment import describe_environment
     from gpufeed.cli.bench import write
+    from gpufeed.compare._compare import compare
+    from gpufeed.compare._environment import describe_environment
 
     recipes = [r for r in args.recipes.split(",") if r]
     root = Path(args.root) if args.root else _demo_root(args.images)

@@ -6,7 +6,7 @@ torchvision/PIL on a PIL image (one thread, alternating, median of rounds; ratio
 Needs torchvision and timm (the .venv-tv environment). The policies' rows include their draws
 (gpufeed: ``row_rng`` + ``draw``; torchvision/timm: their forward on PIL).
 
-Private imports: ``gpufeed._image.augment`` (``_warp``, ``functional``), the row ops it measures.
+Private imports: ``gpufeed.image.augment`` (``_warp``, ``functional``), the row ops it measures.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def _cases():
     import torchvision.transforms.functional as F
     from PIL import Image, ImageOps
 
-    from gpufeed._image.augment import _warp
-    from gpufeed._image.augment import functional as G
+    from gpufeed.image.augment import _functional as G
+    from gpufeed.image.augment import _warp
 
     fill = (0, 0, 0)
     return [
@@ -57,8 +57,8 @@ def _recipes():
     import torchvision.transforms as T
     from timm.data.auto_augment import auto_augment_transform, desaturate, gaussian_blur, rand_augment_transform
 
-    from gpufeed import augment as A
-    from gpufeed._image.augment import functional as G
+    from gpufeed.image import augment as A
+    from gpufeed.image.augment import _functional as G
 
     counter = itertools.count()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpufeed.bench.environment import describe_environment
+from gpufeed.compare._environment import describe_environment
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:

@@ -42,9 +42,9 @@ from torch.utils.data import Sampler
 
 from benchmarks._common import cpu_s_by_pid
 from gpufeed import FastLoader, ImageFolder
-from gpufeed.bench.environment import describe_environment
 from gpufeed.cli.bench import prepare_demo_data
-from gpufeed.transforms import ResizeCenterCrop
+from gpufeed.compare._environment import describe_environment
+from gpufeed.image import ResizeCenterCrop
 from gpufeed.tune import usable_cores
 
 GOAL = 0.85  # efficiency at usable cores - 1 workers

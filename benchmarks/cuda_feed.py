@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed.bench import SyntheticImageDataset, describe_environment, format_bytes
+from gpufeed.compare import SyntheticImageDataset, describe_environment, format_bytes
 from gpufeed.synth import make_image_folder
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     import cv2
     from turbojpeg import TJPF_RGB
 
-    from gpufeed.decode import _backends, decode, read_header
+    from gpufeed.decoders import _backends, decode, read_header
+    from gpufeed.image import ResizeCenterCrop
     from gpufeed.synth import LARGE_SIZE, make_image_folder
-    from gpufeed.transforms import ResizeCenterCrop
 
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("root", nargs="?", help="folder of JPEGs (default: ./demo-large-decode, made once)")

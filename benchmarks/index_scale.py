@@ -5,7 +5,7 @@
 
 Tree part: builds a synthetic ImageFolder tree of ``--tree-files`` empty ``.JPEG`` files (up to
 2M; creating them takes a while and is timed separately) under ``--tmp-dir``, then times, in
-alternating rounds (median reported): the sequential scan (``gpufeed.sources.folder.scan``,
+alternating rounds (median reported): the sequential scan (``gpufeed.sources._folder.scan``,
 torchvision's ``make_dataset`` algorithm), the parallel scan at 1 and 16 threads, and
 ``ImageFolder`` without a cache, writing its index cache (a miss), and reading it (a hit, with
 either check). The file system's dentry and inode caches stay warm, the best case for
@@ -49,8 +49,8 @@ from torch.utils.data import DataLoader, Dataset
 import gpufeed
 from gpufeed import FastLoader
 from gpufeed.sources import IMG_EXTENSIONS, ImageDataset, ImageFolder
+from gpufeed.sources._folder import find_classes, scan
 from gpufeed.sources._scan import scan_parallel
-from gpufeed.sources.folder import find_classes, scan
 
 NUM_CHUNKS = 50
 

@@ -7,7 +7,7 @@ DataLoader+OpenCV (``IMREAD_REDUCED_*``) on phone-sized JPEGs, alternating round
 Without ROOT, a folder of ``--images`` phone-sized photo-like JPEGs (3000x2250 to 4000x3000,
 quality 95, 2.5-4.5 MB: ``gpufeed demo --large``'s images) is made once in ./demo-large and
 reused. Goals (eval): FastLoader >= 3x DataLoader+PIL, >= 1.1x PIL with draft and OpenCV reduced.
-See gpufeed/bench/large_photos.py for the pipelines.
+See gpufeed/compare/_large_photos.py for the pipelines.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from gpufeed.bench.large_photos import run_large_photo_bench
 from gpufeed.cli.bench import format_environment, prepare_demo_data, write
+from gpufeed.compare._large_photos import run_large_photo_bench
 
 
 def main(argv: list[str] | None = None) -> int:

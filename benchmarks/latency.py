@@ -2,7 +2,7 @@
 
 A dataset returns (JPEG bytes, label) after an injected wait (``--latency-ms``, default
 0 5 30 100), as a network file system or object store would. For each latency, in one run and
-alternating rounds (``gpufeed.bench.compare``): torch's DataLoader over the same
+alternating rounds (``gpufeed.compare._compare``): torch's DataLoader over the same
 ``ImageDataset`` (one read at a time per worker), and FastLoader at each ``--concurrency`` (the
 dataset's ``read_concurrency``), all at the same ``num_workers``. At each latency above 0 the
 local-disk rate (FastLoader's defaults, rc=1, over the same images with no wait) runs in the same
@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpufeed import FastLoader, ImageDataset, RandomResizedCrop
-from gpufeed.bench import compare, format_bytes
+from gpufeed.compare import compare, format_bytes
 
 LOCAL = "local, 0 ms rc=1"
 

@@ -26,7 +26,7 @@ import time
 import torch.distributed as dist
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
-from gpufeed.bench.environment import describe_environment
+from gpufeed.compare._environment import describe_environment
 from gpufeed.synth import make_image_folder
 
 

@@ -54,9 +54,9 @@ from torch.utils.data import DataLoader, Dataset
 from benchmarks._common import cpu_s_by_pid
 from gpufeed import FastLoader, ImageFolder
 from gpufeed._engine.arena import Arena
-from gpufeed.bench.environment import describe_environment
-from gpufeed.bench.images import make_transform
 from gpufeed.cli.bench import prepare_demo_data
+from gpufeed.compare._environment import describe_environment
+from gpufeed.compare._images import make_transform
 
 GOAL_RATIO = 0.03  # parent CPU per batch / worker CPU per batch, without a cache
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

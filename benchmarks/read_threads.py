@@ -10,7 +10,7 @@ read-ahead's cost is the difference (median of rounds).
 
     python -m benchmarks.read_threads [--latency-ms 30] [--concurrency 64] [--rounds 5]
 
-Private imports: ``gpufeed._image.reads`` (``BatchReads``, ``ReadAhead``: what it measures) and
+Private imports: ``gpufeed.image._reads`` (``BatchReads``, ``ReadAhead``: what it measures) and
 ``gpufeed._engine.threads.shutdown_pools`` (stops their threads between rounds, as a worker does).
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks.latency import photo_jpegs
 from gpufeed._engine.threads import shutdown_pools
-from gpufeed._image.reads import BatchReads, ReadAhead
+from gpufeed.image._reads import BatchReads, ReadAhead
 
 
 def run(items: list[bytes], latency_s: float, concurrency: int, tasks: int, batch: int,

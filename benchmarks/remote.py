@@ -3,7 +3,7 @@
 A synthetic image tree (``gpufeed.synth``, photo-like JPEGs) is served on 127.0.0.1 by the
 test suite's ``FileServer`` (tests/_http_server.py: standard-library directory listings,
 HTTP/1.1 keep-alive, ``--delay-ms`` of sleep per request, as an object store's first byte).
-In one run and alternating rounds (``gpufeed.bench.compare``): FastLoader over the tree on
+In one run and alternating rounds (``gpufeed.compare._compare``): FastLoader over the tree on
 local disk at each ``--local-concurrency``, then over ``http://127.0.0.1:PORT/`` at each
 ``--concurrency`` (the dataset's ``read_concurrency``), all at the same ``num_workers``.
 Reported: images/s, the ratio to local disk at one read in flight and at the same
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
-from gpufeed.bench import compare, format_bytes
+from gpufeed.compare import compare, format_bytes
 from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer  # the repository's test HTTP server (run from its root)
 

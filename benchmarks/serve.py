@@ -71,9 +71,9 @@ import torch
 from benchmarks import serve_device  # --device: its defaults, CUDA check and GPU helpers
 from benchmarks._common import tree_cpu_s
 from benchmarks.serve_models import SPECS, ModelSpec  # models and their settings; serve_threads uses serve.SPECS
+from gpufeed.image import ResizeCenterCrop
 from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
 from gpufeed.synth import make_image_folder
-from gpufeed.transforms import ResizeCenterCrop
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # 0-1 scale, as ImageBatcher/FastLoader take it
 MEAN = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1) * 255
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     if "images" in args.modes and args.mp_context == "forkserver":
         # The fork server imports torch and gpufeed's worker once; each worker is then a quick
         # fork of it (a server application does the same at start-up).
-        multiprocessing.set_forkserver_preload(["gpufeed._engine.worker", "gpufeed._image.fill"])
+        multiprocessing.set_forkserver_preload(["gpufeed._engine.worker", "gpufeed.image._fill"])
     with tempfile.TemporaryDirectory(prefix="gpufeed-serve-bench-") as tmp:
         make_image_folder(tmp, num_classes=4, per_class=max(1, args.images // 4))
         jpegs = [f.read_bytes() for f in sorted(Path(tmp).rglob("*.jpg")) + sorted(Path(tmp).rglob("*.jpeg"))]

@@ -1,6 +1,6 @@
 """Tar shards: TarShards against ImageFolder through FastLoader, and webdataset's own pipeline.
 
-One run, alternating rounds (``gpufeed.bench.compare``; each round starts one loader further
+One run, alternating rounds (``gpufeed.compare._compare``; each round starts one loader further
 on, so that no loader always runs right after the same other one), the same photos as an image
 folder and as tar shards written by ``gpufeed pack --format tar``, the same geometry (eval: resize 256,
 centre crop 224; train: random resized crop 224 + flip), float32 NCHW normalized with ImageNet's
@@ -52,10 +52,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop, TarShards
-from gpufeed.bench import compare
-from gpufeed.bench.environment import describe_environment
-from gpufeed.bench.images import IMAGENET_NORMALIZE, single_threaded_cv2
-from gpufeed.sources.tar_writer import write_shards
+from gpufeed.compare import compare
+from gpufeed.compare._environment import describe_environment
+from gpufeed.compare._images import IMAGENET_NORMALIZE, single_threaded_cv2
+from gpufeed.sources import pack_tar
 from gpufeed.synth import make_image_folder
 
 MEAN = np.array(IMAGENET_NORMALIZE[0], np.float32) * 255
@@ -142,7 +142,7 @@ def prepare(directory: Path, images: int, shards: int) -> tuple[Path, list[str]]
     out = directory / "shards"
     if not out.exists():
         total = sum(os.path.getsize(p) for p in root.rglob("*.jpg"))
-        write_shards(root, out, shard_bytes=int(total * 1.03 / shards), progress=False)
+        pack_tar(root, out, shard_bytes=int(total * 1.03 / shards), progress=False)
     return root, sorted(str(p) for p in out.glob("*.tar"))
 
 

@@ -7,7 +7,7 @@ Images are synthetic and photo-like (gpufeed.synth), JPEG quality 90, 4:2:0: 500
 typical ImageNet training image; 1200x900 a larger photo. Single thread (cv2.setNumThreads(1)),
 as in a worker. Compare rows within a group; each row's extra_info names the backend.
 
-Private import: ``gpufeed._image.normalize`` (``affine``, ``convert_``, ``scale_shift``), the
+Private import: ``gpufeed.image._normalize`` (``affine``, ``convert_``, ``scale_shift``), the
 normalize step it measures.
 """
 
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed._image.normalize import affine, convert_, scale_shift
-from gpufeed.decode import backends, decode, read_header
+from gpufeed.decoders import backends, decode, read_header
+from gpufeed.image import RandomResizedCrop, ResizeCenterCrop
+from gpufeed.image._normalize import affine, convert_, scale_shift
 from gpufeed.synth import encode, photo_like
-from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
 TURBO = backends()["turbojpeg"]["available"]
 BACKENDS = [pytest.param("turbojpeg", marks=pytest.mark.skipif(

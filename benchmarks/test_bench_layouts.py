@@ -2,14 +2,14 @@
 
     .venv/bin/python -m pytest benchmarks/test_bench_layouts.py --benchmark-only
 
-``convert-64x224x224``: uint8 rows to float (``gpufeed._image.normalize.convert_``) with ImageNet
+``convert-64x224x224``: uint8 rows to float (``gpufeed.image._normalize.convert_``) with ImageNet
 normalize, per (layout, dtype), one thread, as in a worker. ``fill-16x500x375-eval``: what a
 worker does for a batch (decode 16 photo-like 500x375 JPEGs, Resize(256)+CenterCrop(224) into
 the rows, convert) per (layout, dtype), uint8 included. The goal: every combination
 within 5% of NCHW float32; compare rows within a group.
 
-Private imports: ``gpufeed._image.fill`` (``ImagePlan``, ``ImageTask``, ``fill_batch``: a worker's
-batch fill) and ``gpufeed._image.normalize``, the steps it measures.
+Private imports: ``gpufeed.image._fill`` (``ImagePlan``, ``ImageTask``, ``fill_batch``: a worker's
+batch fill) and ``gpufeed.image._normalize``, the steps it measures.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import cv2
 import pytest
 import torch
 
-from gpufeed._image.fill import ImagePlan, ImageTask, fill_batch
-from gpufeed._image.normalize import affine, convert_, work_dtype
+from gpufeed.image import ResizeCenterCrop
+from gpufeed.image._fill import ImagePlan, ImageTask, fill_batch
+from gpufeed.image._normalize import affine, convert_, work_dtype
 from gpufeed.sources import ImageDataset
 from gpufeed.synth import encode, photo_like
-from gpufeed.transforms import ResizeCenterCrop
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]

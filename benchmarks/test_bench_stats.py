@@ -3,7 +3,7 @@
 Run: ``pytest benchmarks/test_bench_stats.py --benchmark-only``. Read the ratio of the two means
 (bookkeeping per batch / transport per batch), not the lone timings.
 
-Private import: ``gpufeed._image.fill.FillReport``, the report the bookkeeping it measures reads.
+Private import: ``gpufeed.image._fill.FillReport``, the report the bookkeeping it measures reads.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader
-from gpufeed._image.fill import FillReport
+from gpufeed.image._fill import FillReport
 from gpufeed.stats import Stats
 
 BATCH = 64

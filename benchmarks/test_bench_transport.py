@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpufeed.bench.compare import touch_pages
-from gpufeed.bench.datasets import SyntheticImageDataset
-from gpufeed.bench.memory import PeakPSS
+from gpufeed.compare import PeakPSS
+from gpufeed.compare._compare import touch_pages
+from gpufeed.compare._datasets import SyntheticImageDataset
 
 NUM_BATCHES = 100
 BATCH_SIZE = 64

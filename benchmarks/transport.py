@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from gpufeed.bench import SyntheticImageDataset, compare, describe_environment, format_bytes
-from gpufeed.bench.compare import touch_batch, touch_pages
+from gpufeed.compare import SyntheticImageDataset, compare, describe_environment, format_bytes
+from gpufeed.compare._compare import touch_batch, touch_pages
 
 CONSUMERS = {"pages": touch_pages, "element": touch_batch}
 

@@ -34,8 +34,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gpufeed.errors import DecodeError
+from gpufeed.image import ResizeCenterCrop
 from gpufeed.serve import DynamicBatcher, ImageBatcher, Overloaded
-from gpufeed.transforms import ResizeCenterCrop
 
 SIZE = 96
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

@@ -7,7 +7,8 @@ Importing gpufeed starts nothing: no processes, threads, decoders or CUDA contex
 
 from gpufeed.cache import HostCache, parse_cache_bytes
 from gpufeed.config import EngineConfig
-from gpufeed.decode import backends, decode, read_header
+from gpufeed.decoders import backends, decode, read_header
+from gpufeed.doctor import diagnose
 from gpufeed.errors import (
     BackendFallbackWarning,
     BackendUnavailableError,
@@ -17,12 +18,10 @@ from gpufeed.errors import (
     LoaderTimeoutError,
     WorkerError,
 )
+from gpufeed.image import RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, explain, from_torchvision
 from gpufeed.loader import FastLoader
-from gpufeed.observe.doctor import diagnose
 from gpufeed.sampler import DistributedSampler
-from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack
-from gpufeed.torchvision_compat import TorchvisionPipeline, explain, from_torchvision
-from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
+from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack, pack_tar
 
 __all__ = [
     "BackendFallbackWarning",
@@ -50,6 +49,7 @@ __all__ = [
     "explain",
     "from_torchvision",
     "pack",
+    "pack_tar",
     "parse_cache_bytes",
     "read_header",
 ]

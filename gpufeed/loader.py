@@ -18,15 +18,17 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
 from gpufeed._engine.ranks import check_local_ranks
-from gpufeed._image.cv2threads import single_threaded_cv2
-from gpufeed._image.feed import ImageFeed, make_image_feed
-from gpufeed._image.local import LocalImageIter
+from gpufeed._fastpath.feed import ImageFeed, make_image_feed
+from gpufeed._fastpath.local import LocalImageIter
+from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import CudaFeed, resolve_device
+from gpufeed.cuda._feed import CudaFeed, resolve_device
 from gpufeed.errors import GpufeedWarning, check_int, shorten
+from gpufeed.image._cv2threads import single_threaded_cv2
+from gpufeed.metrics import start_server
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -266,9 +268,6 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         # build a plain torch DataLoader: say so (once) instead of losing the engine silently.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("accelerate.") and not self.__dict__.get("_rebuild_expected", False):
-            # an upward import, at use (docs/design/layers.md)
-            from gpufeed.integrations._rebuilds import warn_rebuilt_by_accelerate
-
             warn_rebuilt_by_accelerate(self)
         return DataLoader.multiprocessing_context.fget(self)  # type: ignore[attr-defined]
 
@@ -536,8 +535,6 @@ def _serve_metrics(metrics_port: int) -> Any:
     environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
     serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
     logged as a warning, never an error: metrics must not stop a training rank."""
-    from gpufeed.observe.metrics import serve  # an upward import, at use (docs/design/layers.md)
-
     port = metrics_port
     if port:
         try:
@@ -545,12 +542,12 @@ def _serve_metrics(metrics_port: int) -> Any:
         except ValueError:
             pass
     try:
-        return serve(min(port, 65535))
+        return start_server(min(port, 65535))
     except OSError as exc:
         warnings.warn(
             f"gpufeed metrics: port {port} (metrics_port={metrics_port} + LOCAL_RANK) cannot be bound "
             f"({exc}); this loader serves no metrics. Pick a free metrics_port, or serve them yourself "
-            "(gpufeed.metrics.serve(port).register(loader)).",
+            "(gpufeed.metrics.start_server(port).register(loader)).",
             GpufeedWarning,
             stacklevel=3,
         )

@@ -100,7 +100,7 @@ fi
 export PYTHONPATH="$ROOT:$site${PYTHONPATH:+:$PYTHONPATH}"
 
 # 3. libturbojpeg: the system's, else the carried .deb unpacked into $WORK, else OpenCV decodes.
-turbo_probe='from gpufeed.decode._backends import load_turbojpeg as f; s = f(); print(s.library if s.available else "", end="")'
+turbo_probe='from gpufeed.decoders._backends import load_turbojpeg as f; s = f(); print(s.library if s.available else "", end="")'
 library=$("$PY" -c "$turbo_probe" 2>/dev/null)
 if [ -z "$library" ]; then
   deb=$(ls "$WHEELS"/libturbojpeg0_*.deb 2>/dev/null | head -n 1)

@@ -6,8 +6,8 @@ imported before it too (a module that one step says is not imported was imported
 before it): ``import gpufeed`` (threads, children, decoders, gpufeed.tune not yet imported);
 ``gpufeed.serve``; the decode, transform, source and synth modules (no decode or LMDB backend);
 ``gpufeed.metrics`` (no prometheus_client, no thread); the lazy first use of ``gpufeed.tune``;
-then prometheus_client made unimportable (``metrics.serve`` and a loader's ``metrics_port`` say
-so), then imported (``metrics.serve`` leaves prometheus_client's global registry alone).
+then prometheus_client made unimportable (``metrics.start_server`` and a loader's ``metrics_port`` say
+so), then imported (``metrics.start_server`` leaves prometheus_client's global registry alone).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ facts["plain"] = {"threads": names(), "children": len(mp.active_children()),
                   "turbojpeg": "turbojpeg" in sys.modules, "tune": "gpufeed.tune" in sys.modules}
 
 import gpufeed.serve
-facts["serve"] = {"threads": names(), "prometheus_client": "prometheus_client" in sys.modules}
+facts["start_server"] = {"threads": names(), "prometheus_client": "prometheus_client" in sys.modules}
 
-import gpufeed.decode, gpufeed.transforms, gpufeed.sources, gpufeed.synth
+import gpufeed.decoders, gpufeed.image, gpufeed.sources, gpufeed.synth
 facts["decode"] = {"backends": [m for m in ("turbojpeg", "cv2", "lmdb") if m in sys.modules]}
 
 import gpufeed.metrics
@@ -44,7 +44,7 @@ import torch
 from gpufeed import BackendUnavailableError, FastLoader
 ds = torch.utils.data.TensorDataset(torch.arange(4))
 errors = []
-for start in (lambda: gpufeed.metrics.serve(0), lambda: FastLoader(ds, metrics_port=0)):
+for start in (lambda: gpufeed.metrics.start_server(0), lambda: FastLoader(ds, metrics_port=0)):
     try:
         start()
     except BackendUnavailableError as exc:
@@ -54,7 +54,7 @@ facts["missing_prometheus"] = {"errors": errors, "threads": names()}
 del sys.modules["prometheus_client"]
 import prometheus_client
 before = set(prometheus_client.REGISTRY._names_to_collectors)
-srv = gpufeed.metrics.serve(0)
+srv = gpufeed.metrics.start_server(0)
 facts["metrics"]["registry_unchanged"] = set(prometheus_client.REGISTRY._names_to_collectors) == before
 srv.stop()
 print(json.dumps(facts))

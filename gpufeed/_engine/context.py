@@ -27,17 +27,25 @@ from gpufeed.errors import GpufeedWarning
 from gpufeed.stats import Stats
 
 if TYPE_CHECKING:
-    from gpufeed._engine.engine import Engine
     from gpufeed._engine.plugin import FillPlugin
 
 logger = logging.getLogger(__name__)
 
 
 class Registrar(Protocol):
-    """Page-locks arena slots for CUDA copies (``gpufeed.cuda.HostRegistrar``)."""
+    """Page-locks arena slots for CUDA copies (``gpufeed.cuda._feed.HostRegistrar``)."""
 
     def ensure(self, slot: int, nbytes: int, /) -> None:
         """Make the first ``nbytes`` of ``slot`` page-locked (once per slot extent)."""
+
+
+class LiveEngine(Protocol):
+    """What the context reads of the engines it lists (``engine.Engine``, which imports this
+    module, so the type is named by what it offers)."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Pids of the engine's live worker processes."""
 
 
 class EngineContext:
@@ -58,7 +66,7 @@ class EngineContext:
         skeletons: the packed skeletons of batches the plug-in completed, by their layout
             (``FillPlugin.complete``), reused by every engine of the loader.
 
-    ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda.CudaFeed.registrar``, given
+    ``make_registrar(arena)`` makes the registrar (``gpufeed.cuda._feed.CudaFeed.registrar``, given
     by the loader), used only for ``cuda_output`` and when CUDA is available. Arena memory is
     page-locked only for the CUDA feed, which issues every copy from it on its own stream and so
     knows when a slot may be reused; with ``pin_memory`` alone the user copies on streams gpufeed
@@ -85,10 +93,10 @@ class EngineContext:
         self.local_ranks = local_ranks
         self.log_dir = log_dir
         self.fork_guard = fork_guard
-        self.engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self.engines: weakref.WeakSet[LiveEngine] = weakref.WeakSet()
         self.registrar: Registrar | None = None
         self.skeletons: dict[Hashable, tuple[bytes, int, int]] = {}
-        self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda.CudaFeed
+        self._cuda_output = cuda_output  # batches go to the GPU through gpufeed.cuda._feed.CudaFeed
         self._make_registrar = make_registrar
         self._arena: Arena | None = None
         self._pins: tuple[int, ...] | None = None  # decided at the first engine, then kept

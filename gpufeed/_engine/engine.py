@@ -153,7 +153,7 @@ class Engine:
     ``lazy_workers``: start each worker at its first task instead of now (a driver whose plug-in
     may complete every task in the parent, so that a pass that needs no worker starts none; a
     latency-bound driver keeps them eager). ``clock``: monotonic seconds, for the waits' deadlines
-    and the restart window (a test passes a manual clock, e.g. ``gpufeed.serve.clock.ManualClock.now``).
+    and the restart window (a test passes a manual clock, e.g. ``gpufeed.serve._clock.ManualClock.now``).
     """
 
     def __init__(

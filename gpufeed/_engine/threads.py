@@ -60,7 +60,7 @@ class ThreadGroup:
     takes items from the one FIFO ``inbox`` queue and returns at a ``None``. Lighter than a
     ``ThreadPoolExecutor`` (no future, work item or idle semaphore per job: one queue put wakes
     a thread); what an item means and how results travel is the owner's
-    (``gpufeed._image.reads``).
+    (``gpufeed.image._reads``).
     """
 
     def __init__(self, name: str, threads: int, serve: Callable[[queue.SimpleQueue[Any]], None]) -> None:

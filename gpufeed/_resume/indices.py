@@ -70,8 +70,8 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from gpufeed._resume import sampler_state as _sampler_state
-from gpufeed._resume.sampler import DistributedSampler
 from gpufeed._resume.sampler_state import CUSTOM_KINDS, CustomPosition, custom_kind
+from gpufeed.sampler import DistributedSampler
 
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # states this gpufeed loads

@@ -28,13 +28,13 @@ from gpufeed.cli import bench as cli_bench
 from gpufeed.cli import doctor as cli_doctor
 from gpufeed.cli import tune as cli_tune
 from gpufeed.cli._util import add_on_error, cli_text, write
-from gpufeed.decode import backends
+from gpufeed.decoders import backends
 from gpufeed.errors import GpufeedError
 from gpufeed.sources import pack
 
 if TYPE_CHECKING:
     from gpufeed.sources._pack import PackResult
-    from gpufeed.sources.tar_writer import TarPackResult
+    from gpufeed.sources._tar_writer import TarPackResult
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -44,7 +44,7 @@ VERIFY_COST = ("packs about 2.5x faster: the check adds ~0.4 ms of CPU per ~400x
 
 
 def _pack_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options ``pack`` and ``write_shards`` share, from the command line."""
+    """The options ``pack`` and ``pack_tar`` share, from the command line."""
     return dict(max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
                 workers=args.workers, verify=not args.no_verify, on_error=args.on_error)
 
@@ -73,9 +73,9 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _pack_tar(args: argparse.Namespace) -> int:
-    from gpufeed.sources.tar_writer import write_shards
+    from gpufeed.sources import pack_tar
 
-    result = write_shards(args.src, args.dst, shard_bytes=args.shard_mb << 20, **_pack_options(args))
+    result = pack_tar(args.src, args.dst, shard_bytes=args.shard_mb << 20, **_pack_options(args))
     resumed = (f", resumed after {result.resumed_from_shard} shards"
                if result.resumed_from_shard else "")
     _write_packed(result, f"into {len(result.shards)} tar shards in {args.dst}", resumed)

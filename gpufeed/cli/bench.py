@@ -23,9 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufeed._image.torchvision import UINT8_HINT
+from gpufeed._observe.memory import format_bytes
 from gpufeed._progress import ProgressBar
-from gpufeed.bench.images import (
+from gpufeed.cli._util import add_on_error, write
+from gpufeed.cli._util import non_negative_int as _non_negative
+from gpufeed.cli._util import positive_int as _positive
+from gpufeed.compare._images import (
     CV_NAME,
     DTYPES,
     FAST_NAME,
@@ -38,10 +41,7 @@ from gpufeed.bench.images import (
     pil_available,
     run_image_bench,
 )
-from gpufeed.cli._util import add_on_error, write
-from gpufeed.cli._util import non_negative_int as _non_negative
-from gpufeed.cli._util import positive_int as _positive
-from gpufeed.observe.memory import format_bytes
+from gpufeed.image._torchvision import UINT8_HINT
 from gpufeed.synth import LARGE_SIZE, make_image_folder
 
 __all__ = ["add_bench_parser", "add_demo_parser", "format_report", "format_summary", "outputs_of",

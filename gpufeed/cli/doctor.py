@@ -20,12 +20,12 @@ import json
 from typing import Any
 
 from gpufeed._engine.context import usable_cores
-from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative_int
 from gpufeed.cli._util import positive_int as _positive
+from gpufeed.doctor._doctor import diagnose
+from gpufeed.image._transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.loader import FastLoader
-from gpufeed.observe.doctor import diagnose
 
 __all__ = ["add_doctor_parser", "run_doctor", "write"]
 

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufeed._image.transforms import RandomResizedCrop, ResizeCenterCrop
-from gpufeed.bench.environment import describe_environment
+from gpufeed._observe.memory import format_bytes
 from gpufeed.cli._util import add_on_error, open_image_dataset, write
 from gpufeed.cli._util import non_negative_int as _non_negative
 from gpufeed.cli._util import positive_int as _positive
+from gpufeed.compare._environment import describe_environment
+from gpufeed.image._transforms import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.loader import FastLoader
-from gpufeed.observe.memory import format_bytes
-from gpufeed.observe.tune import tune
+from gpufeed.tune._tune import tune
 
 __all__ = ["add_tune_parser", "format_recommendation", "run_tune", "write"]
 

@@ -14,12 +14,12 @@ oldest request has waited ``max_delay_ms``. Importing this package starts nothin
 ``ImageBatcher`` serves an image model from encoded bytes, decoded in gpufeed's worker processes.
 """
 
-from gpufeed.serve.batcher import DynamicBatcher
-from gpufeed.serve.clock import Clock, ManualClock, MonotonicClock
-from gpufeed.serve.config import BatcherConfig
-from gpufeed.serve.errors import BatcherClosedError, Overloaded
-from gpufeed.serve.images import ImageBatcher
-from gpufeed.serve.stats import BatcherCollector, Histogram
+from gpufeed.serve._batcher import DynamicBatcher
+from gpufeed.serve._clock import Clock, ManualClock, MonotonicClock
+from gpufeed.serve._config import BatcherConfig
+from gpufeed.serve._errors import BatcherClosedError, Overloaded
+from gpufeed.serve._images import ImageBatcher
+from gpufeed.serve._stats import BatcherCollector, Histogram
 
 __all__ = [
     "BatcherClosedError",

@@ -28,8 +28,8 @@ from gpufeed._engine.engine import Engine, TaskKey, TaskRecord
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, End, Failed
 from gpufeed._engine.plugin import FillPlugin
-from gpufeed._image.fill import ImageFiller, ImagePlan, ImageTask
 from gpufeed.errors import WorkerError
+from gpufeed.image._fill import ImageFiller, ImagePlan, ImageTask
 
 POLL_S = 0.002  # one turn of polling the engine while another thread may want to submit (s)
 IDLE_WAIT_S = 0.05  # a thread not holding the turn re-checks at least this often (s)

@@ -4,7 +4,7 @@ The loader's workers call :meth:`ImageSource.read`, :meth:`ImageSource.label` an
 ``transform.apply`` themselves, writing into batch rows; ``__getitem__`` does the same into a
 fresh tensor, so every source also works under ``torch.utils.data.DataLoader``. A transform that
 is a torchvision pipeline of ops gpufeed knows is translated to the fast path
-(``gpufeed.torchvision_compat``); any other callable (a function, an untranslatable torchvision
+(``gpufeed.image``); any other callable (a function, an untranslatable torchvision
 ``Compose``) is called on a PIL image by ``__getitem__``, and the loader takes its generic path.
 """
 
@@ -19,18 +19,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed._image.torchvision import is_torchvision, translate_or_none, warn_fallback
-from gpufeed._image.transforms import ImageTransform, stored_orientation
-from gpufeed.decode import decode, read_header
-from gpufeed.decode._header import Buffer
+from gpufeed.decoders import decode, read_header
+from gpufeed.decoders._header import Buffer
 from gpufeed.errors import DecodeError, add_note, check_int
+from gpufeed.image._torchvision import is_torchvision, translate_or_none, warn_fallback
+from gpufeed.image._transforms import ImageTransform, stored_orientation
 
 log = logging.getLogger(__name__)
 
 PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
 #: Reads in flight per worker for gpufeed's own local sources (files, LMDB), and their byte
 #: budget. None, "auto": each worker reads one sample at a time until its reads stall it, then
-#: reads ahead (``gpufeed._image.auto_reads``). On local disk (page cache) 16 read threads per
+#: reads ahead (``gpufeed.image._auto_reads``). On local disk (page cache) 16 read threads per
 #: worker cost 6-11% of the steady eval rate on 2 cores (median steady img/s over 8 epochs, 4
 #: alternating runs: 2059-2361 against 2317-2626 with one read at a time), so auto stays at one
 #: there; a network file system mounted as a local path switches by itself.

@@ -1,4 +1,4 @@
-"""pack(): an image folder into a new LMDB (the format of :mod:`gpufeed.sources.packed`).
+"""pack(): an image folder into a new LMDB (the format of :mod:`gpufeed.sources._packed`).
 
 Writing: ``DST.partial`` (a directory) under an flock on ``DST.partial.lock``, holding
 ``gpufeed-pack-job.json`` (source, classes, options) and ``gpufeed-pack-files.npz`` (the
@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from gpufeed._progress import ProgressBar
-from gpufeed.decode import decode, read_header
+from gpufeed.decoders import decode, read_header
 from gpufeed.errors import DecodeError, GpufeedWarning, add_note, check_int, shorten
+from gpufeed.sources._folder import ImageFolder
+from gpufeed.sources._packed import FORMAT, LABELS_KEY, META_KEY, PATHS_KEY, VERSION, sample_key
 from gpufeed.sources._verify import check_on_error, skip_or_raise, verify_image
-from gpufeed.sources.folder import ImageFolder
-from gpufeed.sources.packed import FORMAT, LABELS_KEY, META_KEY, PATHS_KEY, VERSION, sample_key
 
-logger = logging.getLogger("gpufeed.sources.packed")
+logger = logging.getLogger("gpufeed.sources._packed")
 
 # Only in a partial pack; it sorts before the sample keys (digits), so that they stay appendable.
 PROGRESS_KEY = b"!pack-progress"

@@ -7,7 +7,7 @@ class folder the same way (``os.scandir``; an unreadable directory is skipped, a
 skips it) and :func:`scan_parallel` runs it on threads, one class folder per task:
 ``scandir`` waits on the file system without the GIL, which is what a cold or network file
 system spends its time on. The result is re-assembled in class order, so it is identical to
-the sequential ``gpufeed.sources.folder.scan`` (the reference the tests compare with).
+the sequential ``gpufeed.sources._folder.scan`` (the reference the tests compare with).
 
 With ``stat=True`` the walk also stats every file (following links) for the index cache's
 signature: per directory its path, ``st_mtime_ns`` and entry count, per file its name, size and
@@ -138,7 +138,7 @@ def select(root: str, class_to_idx: dict[str, int], listings: list[ClassListing]
 def scan_parallel(root: str, class_to_idx: dict[str, int], extensions: tuple[str, ...],
                   is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
                   threads: int = DEFAULT_SCAN_THREADS) -> tuple[list[str], list[int]]:
-    """``gpufeed.sources.folder.scan`` with class folders listed on ``threads`` threads: the
+    """``gpufeed.sources._folder.scan`` with class folders listed on ``threads`` threads: the
     same (paths relative to ``root``, labels), in the same order."""
     names = sorted(class_to_idx, key=class_to_idx.__getitem__)
     listings = walk_classes(root, names, threads=threads)

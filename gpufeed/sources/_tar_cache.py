@@ -1,6 +1,6 @@
 """Building tar shards' index in parallel, the sidecar member files and the local index cache.
 
-**Sidecar** (``SHARD.idx``, written by :func:`gpufeed.sources.tar_writer.write_shards` beside
+**Sidecar** (``SHARD.idx``, written by :func:`gpufeed.pack_tar` beside
 each shard): a plain ``.npz`` (read with ``allow_pickle=False``) of the shard's members, format
 "gpufeed-tar-members" version 1: ``meta`` (UTF-8 JSON: format, version, ``shard_bytes``),
 ``names``/``name_offsets`` (UTF-8 member names, concatenated), ``offsets`` and ``sizes``

@@ -68,7 +68,7 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
 
     A glob that matches nothing, and a result with no shard, are FileNotFoundError/ValueError.
     """
-    from gpufeed.sources.remote import is_url
+    from gpufeed.sources._remote import is_url
 
     items: Iterable[Any] = ([urls] if isinstance(urls, (str, os.PathLike)) else urls)
     out: list[str] = []

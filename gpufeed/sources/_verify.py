@@ -5,7 +5,7 @@ not a JPEG cut short: its header is intact and libjpeg-turbo only warns when the
 :func:`verify_image` decodes at the smallest scale (JPEG: 1/8, PyTurboJPEG's scaling factor or
 OpenCV's ``IMREAD_REDUCED_COLOR_8``; other formats at full size), which still walks the whole
 entropy-coded stream, so truncation and corruption raise here rather than in training. JPEGs
-go to :func:`gpufeed.decode._check.check_jpeg` (greyscale, thread-safe: pack threads check in
+go to :func:`gpufeed.decoders._check.check_jpeg` (greyscale, thread-safe: pack threads check in
 parallel), the rest to :func:`gpufeed.decode.decode`.
 
 :func:`skip_or_raise` applies a loader-style ``on_error`` policy to a failed check: ``"raise"``
@@ -17,8 +17,8 @@ What the check costs: see ``benchmarks/pack_verify.py`` (its docstring records a
 
 from __future__ import annotations
 
-from gpufeed.decode import decode, read_header
-from gpufeed.decode._check import check_jpeg
+from gpufeed.decoders import decode, read_header
+from gpufeed.decoders._check import check_jpeg
 from gpufeed.errors import SKIP_HINT, DecodeError
 
 __all__ = ["ON_ERROR_CHOICES", "check_on_error", "skip_or_raise", "verify_image"]

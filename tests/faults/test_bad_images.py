@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-
-from tests._procs import live_children
 import pytest
 import torch
 
 from gpufeed import DecodeError, FastLoader, ImageFolder, RandomResizedCrop, ResizeCenterCrop
 from gpufeed.synth import encode, photo_like
+from tests._procs import live_children
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed.cuda import CudaFeed
+from gpufeed.cuda._feed import CudaFeed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -46,7 +46,7 @@ def test_cuda_batches_equal_the_cpu_path_and_slots_are_page_locked(image_folder)
     cpu_batch, cpu_out = results["cpu"]
     gpu_batch, gpu_out = results["cuda"]
     assert gpu_batch.device.type == "cuda" and gpu_batch.dtype == torch.float32
-    # the same arithmetic (gpufeed._image.normalize) on both sides
+    # the same arithmetic (gpufeed.image._normalize) on both sides
     torch.testing.assert_close(gpu_batch.cpu(), cpu_batch, rtol=0, atol=1e-6)
     for c, g in zip(cpu_out, gpu_out):
         assert g.device.type == "cuda"

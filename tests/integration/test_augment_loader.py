@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpufeed import FastLoader, ImageFolder, RandomResizedCrop
-from gpufeed import augment as A
+from gpufeed.image import augment as A
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_resume_mid_epoch_gives_the_same_augmented_batches(root):
 def test_float_ops_keep_normalize_in_the_workers_on_the_cuda_path(root):
     """The GPU transform sees whole batches: with float ops, dtype/normalize stay in the workers
     (said once with a GpufeedWarning) and the batch is already float when it crosses PCIe."""
-    from gpufeed._image.feed import make_image_feed
+    from gpufeed._fastpath.feed import make_image_feed
     from gpufeed.errors import GpufeedWarning
 
     transform = RandomResizedCrop(40, float_ops=(A.RandomErasing(0.5),))

@@ -12,14 +12,14 @@ import sys
 import pytest
 from torch.utils.data import DataLoader
 
-from gpufeed.bench.compare import compare
-from gpufeed.bench.datasets import SyntheticImageDataset
-from gpufeed.bench.memory import format_bytes, tree_pss_bytes
+from gpufeed.compare import format_bytes, tree_pss_bytes
+from gpufeed.compare._compare import compare
+from gpufeed.compare._datasets import SyntheticImageDataset
 from tests.unit.test_bench_harness import _ALLOCATE_200_MB, MiB, _touch_pages_and_wait, _tree_rss_bytes
 
 _MEASURE_A_CHILD = """
 import json, subprocess, sys, time
-from gpufeed.bench.memory import PeakPSS
+from gpufeed.compare import PeakPSS
 with PeakPSS(interval_s=0.02) as mem:
     child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)

@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from gpufeed.bench.images import (
+from gpufeed.cli import main
+from gpufeed.cli.bench import DEMO_MARKER
+from gpufeed.compare._images import (
     CV_NAME,
     FAST_NAME,
     PIL_NAME,
 )
-from gpufeed.cli import main
-from gpufeed.cli.bench import DEMO_MARKER
 from tests.unit.test_bench_images import (
     TRAIN_OPENCV_TOLERANCE,
     _first_batches,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpufeed.bench.images import LAYOUT_REFERENCE
 from gpufeed.cli import main
+from gpufeed.compare._images import LAYOUT_REFERENCE
 from tests.unit.test_bench_layouts import folder  # noqa: F401 (fixtures, used by name)
 
 

@@ -22,8 +22,8 @@ from torch.utils.data import Sampler
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
 from tests._concurrent import result
-from tests._procs import live_children
 from tests._folders import ImageFolders
+from tests._procs import live_children
 
 from ._datasets import IndexDataset
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from gpufeed import FastLoader, ImageDataset, ImageFolder, LMDBDataset, ResizeCenterCrop, pack
-from gpufeed.decode import decode
+from gpufeed.decoders import decode
 from gpufeed.synth import encode, photo_like
 
 pytestmark = pytest.mark.timeout(60)

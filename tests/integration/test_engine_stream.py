@@ -19,7 +19,7 @@ from gpufeed._engine.engine import Engine, TaskRecord
 from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.config import EngineConfig
-from gpufeed.serve.clock import ManualClock
+from gpufeed.serve._clock import ManualClock
 from gpufeed.stats import Stats
 
 SAMPLE_S = 0.15  # per request: long enough for a killed worker to owe queued tasks

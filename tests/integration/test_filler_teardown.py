@@ -16,8 +16,8 @@ from gpufeed._engine.engine import Engine
 from gpufeed._engine.messages import Done
 from gpufeed._engine.plugin import FillPlugin
 from gpufeed._engine.worker import WorkerSpec
-from gpufeed._image.fill import FillReport
 from gpufeed.config import EngineConfig
+from gpufeed.image._fill import FillReport
 from gpufeed.stats import Stats
 
 

@@ -22,11 +22,11 @@ import torch
 
 from gpufeed import FastLoader, ImageFolder
 from gpufeed.errors import DecodeError
+from gpufeed.image import ResizeCenterCrop
 from gpufeed.serve import ImageBatcher, ManualClock, Overloaded
-from gpufeed.transforms import ResizeCenterCrop
 from tests._concurrent import result
-from tests._procs import gpufeed_memfds, live_children
 from tests._folders import ImageFolders
+from tests._procs import gpufeed_memfds, live_children
 
 TRANSFORM = ResizeCenterCrop(size=48, resize=56)
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -370,7 +370,7 @@ def _live_batcher_at_exit(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     code = textwrap.dedent(f"""
         import torch
         from gpufeed.serve import ImageBatcher
-        from gpufeed.transforms import ResizeCenterCrop
+        from gpufeed.image import ResizeCenterCrop
         if __name__ == "__main__":
             b = ImageBatcher(lambda x: x.float().mean(dim=(1, 2, 3)), transform=ResizeCenterCrop(48, 56),
                              num_workers=2, max_delay_ms=0, mp_context="fork")

@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import Dataset
 
 from gpufeed import FastLoader
+from gpufeed.image import ResizeCenterCrop
 from gpufeed.sources import ImageDataset
 from gpufeed.sources._shared import MEMFD_NAME
 from gpufeed.synth import encode, photo_like
-from gpufeed.transforms import ResizeCenterCrop
 
 NUM_CHUNKS = 40
 USS_GROWTH_LIMIT_BYTES = 10 << 20

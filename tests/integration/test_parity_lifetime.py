@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpufeed import FastLoader
 
-from ._datasets import AllKindsDataset, COLLATABLE_KINDS, IndexDataset, RandomDataset, collate_identity
+from ._datasets import COLLATABLE_KINDS, AllKindsDataset, IndexDataset, RandomDataset, collate_identity
 from ._parity import assert_same, assert_same_batches, close, make_pair, run_epochs
 
 pytestmark = pytest.mark.timeout(60)

@@ -41,8 +41,9 @@ def test_get_worker_info_inside_getitem(num_workers, init):
 
 def test_worker_seed_follows_generator_not_global_rng():
     # With no generator the base seed comes from torch's global RNG: same global seed, same seeds.
-    from gpufeed import FastLoader
     from torch.utils.data import DataLoader
+
+    from gpufeed import FastLoader
 
     got = []
     for cls in (FastLoader, DataLoader):

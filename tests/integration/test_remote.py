@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from gpufeed import FastLoader, ImageDataset, ImageFolder, ResizeCenterCrop
 from gpufeed.errors import ReadError
 from gpufeed.sources import RemoteOptions
-from gpufeed.sources.remote import RemoteReader, is_transient, is_url
+from gpufeed.sources._remote import RemoteReader, is_transient, is_url
 from tests._http_server import FileServer
 
 pytest.importorskip("fsspec")

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from gpufeed.image import RandomResizedCrop
 from gpufeed.sources import (
     LMDBDataset,
 )
-from gpufeed.transforms import RandomResizedCrop
 from tests.unit.test_sources import packed  # noqa: F401 (fixtures, used by name)
 
 

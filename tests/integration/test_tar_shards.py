@@ -24,7 +24,7 @@ from gpufeed import (
     TarShards,
 )
 from gpufeed.errors import DecodeError, ReadError
-from gpufeed.sources.tar_writer import write_shards
+from gpufeed.sources import pack_tar
 from gpufeed.synth import make_image_folder
 from tests._http_server import FileServer
 
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.timeout(90),
 def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("tar-loader")
     make_image_folder(root / "src", num_classes=3, per_class=9, size=(90, 120), seed=6)
-    result = write_shards(root / "src", root / "shards", shard_bytes=30000, progress=False)
+    result = pack_tar(root / "src", root / "shards", shard_bytes=30000, progress=False)
     return root, list(result.shards)
 
 

@@ -6,8 +6,8 @@ import multiprocessing as mp
 
 import pytest
 
+from gpufeed.image import RandomResizedCrop
 from gpufeed.synth import photo_like
-from gpufeed.transforms import RandomResizedCrop
 from tests.unit.test_transforms import (
     _params_in_child,
     _plane_path_in_child,

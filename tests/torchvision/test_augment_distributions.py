@@ -22,8 +22,8 @@ import torchvision.transforms.v2 as V  # noqa: E402
 from PIL import Image  # noqa: E402
 from timm.data import random_erasing as timm_re  # noqa: E402
 
-from gpufeed import augment as A  # noqa: E402
-from gpufeed._image.augment.policies import augmentation_space  # noqa: E402
+from gpufeed.image import augment as A  # noqa: E402
+from gpufeed.image.augment._policies import augmentation_space  # noqa: E402
 from tests.torchvision._stats import assert_same_categories, assert_same_continuous  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,10 +23,10 @@ from PIL import Image  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
-from gpufeed import augment as A  # noqa: E402
-from gpufeed._image.augment import functional as G  # noqa: E402
-from gpufeed._image.augment.policies import apply_op  # noqa: E402
-from gpufeed._image.augment.timm_rand import apply_timm_op  # noqa: E402
+from gpufeed.image import augment as A  # noqa: E402
+from gpufeed.image.augment import _functional as G  # noqa: E402
+from gpufeed.image.augment._policies import apply_op  # noqa: E402
+from gpufeed.image.augment._timm_rand import apply_timm_op  # noqa: E402
 from tests.torchvision._augment import (  # noqa: E402
     COLOUR,
     GEOMETRY,

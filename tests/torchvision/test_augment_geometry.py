@@ -20,8 +20,8 @@ import torchvision.transforms.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 
+from gpufeed.image import RandomResizedCrop, Resize  # noqa: E402
 from gpufeed.synth import encode, photo_like  # noqa: E402
-from gpufeed.transforms import RandomResizedCrop, Resize  # noqa: E402
 from tests.torchvision._augment import GEOMETRY, mean_abs  # noqa: E402
 from tests.torchvision._stats import assert_same_categories  # noqa: E402
 

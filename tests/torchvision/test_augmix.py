@@ -27,7 +27,7 @@ from timm.data import auto_augment as timm_aa  # noqa: E402
 
 import gpufeed  # noqa: E402
 from gpufeed import FastLoader, ImageFolder  # noqa: E402
-from gpufeed import augment as A  # noqa: E402
+from gpufeed.image import augment as A  # noqa: E402
 from gpufeed.synth import photo_like  # noqa: E402
 from tests.torchvision._augment import COLOUR, GEOMETRY, POINT, mean_abs, rows  # noqa: E402
 from tests.torchvision._folder import MEAN, STD, make_folder  # noqa: E402
@@ -331,7 +331,7 @@ def test_augmix_recipes_translate_fully(root, name):
     text = gpufeed.explain(recipe)
     labels = [line.split()[0] for line in text.splitlines()[1:]]
     assert labels == ["fast"] * len(recipe.transforms), text
-    assert "gpufeed.augment.AugMix" in text
+    assert "gpufeed.image.augment.AugMix" in text
     assert [type(op) for op in gpufeed.from_torchvision(recipe).ops] == [
         A.TimmAugMix if name == "timm" else A.AugMix]
     with warnings.catch_warnings():

@@ -24,8 +24,8 @@ import torchvision.transforms.v2 as V  # noqa: E402
 
 import gpufeed  # noqa: E402
 from gpufeed import FastLoader, ImageFolder, TorchvisionPipeline  # noqa: E402
-from gpufeed._image.augment.base import ROW_STREAM, row_rng  # noqa: E402
-from gpufeed._image.tensor_ops import seeded  # noqa: E402
+from gpufeed.image._tensor_ops import seeded  # noqa: E402
+from gpufeed.image.augment._base import ROW_STREAM, row_rng  # noqa: E402
 from tests.torchvision._folder import MEAN, STD, make_folder  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,7 +110,7 @@ def test_ops_that_used_to_leave_the_fast_path_now_stay_on_it(root, op):
      gpufeed.RandomResizedCrop, "random"),
     (T.Compose([T.Resize(256, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(224),
                 T.ToTensor()]), gpufeed.ResizeCenterCrop, "bicubic"),
-    (V.Compose([V.Resize((120, 80)), V.PILToTensor()]), gpufeed.transforms.Resize, "auto"),
+    (V.Compose([V.Resize((120, 80)), V.PILToTensor()]), gpufeed.image.Resize, "auto"),
 ], ids=["rrc-bicubic", "timm-random", "resize-bicubic", "resize-hw"])
 def test_geometry_that_used_to_leave_the_fast_path_is_translated(pipeline, kind, interpolation):
     pipe = gpufeed.from_torchvision(pipeline)
@@ -225,7 +225,7 @@ def _translated(op, *, before=(), after=()):
 
 
 def _same_parameters():
-    import gpufeed.augment as A
+    import gpufeed.image.augment as A
 
     BILINEAR = T.InterpolationMode.BILINEAR
     to_float = (T.ToTensor(), T.Normalize(MEAN, STD))
@@ -304,7 +304,7 @@ def test_translation_keeps_the_parameters(op, before, after, want):
 
 
 def test_a_container_of_an_op_gpufeed_does_not_know_runs_as_a_tensor_op():
-    from gpufeed._image.tensor_ops import TensorOp
+    from gpufeed.image._tensor_ops import TensorOp
 
     container = V.RandomApply([V.RandomEqualize(1.0), Negate()], p=0.5)
     pipe = gpufeed.from_torchvision(V.Compose([V.RandomResizedCrop(64), V.PILToTensor(), container]))
@@ -313,8 +313,8 @@ def test_a_container_of_an_op_gpufeed_does_not_know_runs_as_a_tensor_op():
 
 
 def test_explain_lists_the_ops_of_a_gpufeed_transform():
-    import gpufeed.augment as A
-    from gpufeed._image.tensor_ops import TensorOp
+    import gpufeed.image.augment as A
+    from gpufeed.image._tensor_ops import TensorOp
 
     transform = gpufeed.RandomResizedCrop(64, ops=(A.ColorJitter(0.4), TensorOp(Negate())),
                                           float_ops=(A.RandomErasing(0.2),))
@@ -325,7 +325,7 @@ def test_explain_lists_the_ops_of_a_gpufeed_transform():
 
 
 def test_a_half_flip_before_the_crop_or_without_random_crop_stays_fast(root):
-    import gpufeed.augment as A
+    import gpufeed.image.augment as A
 
     before = gpufeed.from_torchvision(T.Compose([T.RandomHorizontalFlip(), T.RandomResizedCrop(64),
                                                  T.ToTensor()]))
@@ -344,7 +344,7 @@ def test_a_half_flip_before_the_crop_or_without_random_crop_stays_fast(root):
 
 
 def test_timm_3a_recipe_runs_its_policy_in_the_workers():
-    import gpufeed.augment as A
+    import gpufeed.image.augment as A
 
     recipe = timm_data.create_transform(224, is_training=True, auto_augment="3a")
     pipe = gpufeed.from_torchvision(recipe)

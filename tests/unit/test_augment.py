@@ -1,4 +1,4 @@
-"""gpufeed.augment: parameters from (seed, epoch, index) only, ops as functions of their draws,
+"""gpufeed.image.augment: parameters from (seed, epoch, index) only, ops as functions of their draws,
 on the fast path's rows in both layouts, and argument errors at construction."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpufeed import RandomResizedCrop, ResizeCenterCrop
-from gpufeed import augment as A
+from gpufeed.image import augment as A
 from gpufeed.synth import encode, photo_like
 
 ALL_OPS = (A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.RandomGrayscale(0.3), A.GaussianBlur(5),

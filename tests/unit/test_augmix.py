@@ -1,4 +1,4 @@
-"""gpufeed.augment.AugMix and TimmAugMix: draws from (seed, epoch, index) only, apply a pure
+"""gpufeed.image.augment.AugMix and TimmAugMix: draws from (seed, epoch, index) only, apply a pure
 function of the draw, the mixing arithmetic, config strings and argument errors."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from gpufeed import RandomResizedCrop
-from gpufeed import augment as A
-from gpufeed._image.augment.augmix import TIMM_AUGMIX_OPS, augmix_space, pil_blend
+from gpufeed.image import augment as A
+from gpufeed.image.augment._augmix import TIMM_AUGMIX_OPS, augmix_space, pil_blend
 from gpufeed.synth import encode, photo_like
 
 OPS = (A.AugMix(), A.AugMix(severity=10, mixture_width=1, chain_depth=3, alpha=0.5,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufeed import ImageDataset, ImageFolder, LMDBDataset, pack
-from gpufeed._image.auto_reads import MAX_CONCURRENCY, AutoReads, auto_concurrency
-from gpufeed.observe.tune_reads import read_options
+from gpufeed.image._auto_reads import MAX_CONCURRENCY, AutoReads, auto_concurrency
+from gpufeed.tune._reads import read_options
 
 
 def test_page_cached_reads_stay_sequential():

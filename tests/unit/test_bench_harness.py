@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from gpufeed.bench.compare import batch_size_of, compare, touch_batch
-from gpufeed.bench.datasets import SyntheticImageDataset
-from gpufeed.bench.environment import cpu_model, describe_environment
-from gpufeed.bench.memory import SAMPLER_THREAD_NAME, PeakPSS, format_bytes
+from gpufeed.compare import SAMPLER_THREAD_NAME, PeakPSS, format_bytes
+from gpufeed.compare._compare import batch_size_of, compare, touch_batch
+from gpufeed.compare._datasets import SyntheticImageDataset
+from gpufeed.compare._environment import cpu_model, describe_environment
 
 MiB = 1 << 20
 

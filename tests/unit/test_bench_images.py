@@ -3,19 +3,18 @@ shapes, dtypes, samples, nearly the same pixels), and `gpufeed bench` / `gpufeed
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
+from gpufeed.cli import main
 from gpufeed.cli.bench import format_report
-from gpufeed.bench.images import (
+from gpufeed.compare._images import (
     CV_NAME,
     FAST_NAME,
     PIL_NAME,
     loader_factories,
     run_image_bench,
 )
-from gpufeed.cli import main
 
 # Mean absolute difference from FastLoader's pixels, in 8-bit levels, EXIF-free JPEGs of about
 # 400x350. Measured: eval 1.1-1.6 (PIL: antialiased resize of the whole image, then the crop;
@@ -85,8 +84,8 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path, capsys):
 
 
 def _fake_run(pil_rates, fast_rates):
-    from gpufeed.bench.compare import CompareResult, LoaderSummary, RoundResult
-    from gpufeed.bench.images import ImageBenchResult
+    from gpufeed.compare._compare import CompareResult, LoaderSummary, RoundResult
+    from gpufeed.compare._images import ImageBenchResult
 
     def rounds(name, rates):
         return tuple(RoundResult(name, i, 11, 11 * 64, 0.5, 10 / r, 0.5 + 10 / r, 100, 100.0, 100, 0.1)

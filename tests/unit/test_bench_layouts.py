@@ -3,12 +3,11 @@ each checked against NCHW float32 (the layout goal), in one alternating run."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from gpufeed.bench.images import FAST_NAME, LAYOUT_REFERENCE, Output, loader_factories
 from gpufeed.cli.bench import outputs_of
+from gpufeed.compare._images import FAST_NAME, LAYOUT_REFERENCE, Output, loader_factories
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def test_each_output_loader_yields_its_format(folder):
 
 
 def test_touch_pages_maps_channels_last_batches_like_nchw_ones():
-    from gpufeed.bench.compare import touch_pages
+    from gpufeed.compare._compare import touch_pages
 
     nchw = torch.zeros((4, 3, 64, 64), dtype=torch.float16)
     cl = nchw.contiguous(memory_format=torch.channels_last)

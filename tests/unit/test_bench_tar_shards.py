@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpufeed import ResizeCenterCrop, TarShards
-from gpufeed.sources.tar_writer import write_shards
+from gpufeed.sources import pack_tar
 from gpufeed.synth import make_image_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_index_scale_shards_are_tars_tarshards_and_tarfile_read(tmp_path: Path) 
 def test_webdataset_pipeline_matches_tarshards_labels_and_shape(tmp_path: Path) -> None:
     pytest.importorskip("webdataset", reason="webdataset is a dev dependency")
     make_image_folder(tmp_path / "src", num_classes=2, per_class=5, size=(60, 70), seed=1)
-    shards = list(write_shards(tmp_path / "src", tmp_path / "out", shard_bytes=8000,
+    shards = list(pack_tar(tmp_path / "src", tmp_path / "out", shard_bytes=8000,
                                progress=False).shards)
     geometry = ResizeCenterCrop(32, 40)
     ours = TarShards(shards, transform=geometry)

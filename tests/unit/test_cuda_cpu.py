@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpufeed import BackendUnavailableError, FastLoader
-from gpufeed.cuda import map_tensors, resolve_device
+from gpufeed.cuda._feed import map_tensors, resolve_device
 
 Pair = namedtuple("Pair", "a b")
 

@@ -19,7 +19,7 @@ import torch
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext
 from gpufeed.config import EngineConfig
-from gpufeed.cuda import CudaFeed
+from gpufeed.cuda._feed import CudaFeed
 from gpufeed.stats import Stats
 
 SLOT = 1 << 20
@@ -100,7 +100,7 @@ class Stream:
 
 
 class Ops:
-    """``gpufeed.cuda.CudaOps`` for the fake GPU; device tensors are CPU clones."""
+    """``gpufeed.cuda._feed.CudaOps`` for the fake GPU; device tensors are CPU clones."""
 
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufeed.decode import (
+from gpufeed.decoders import (
     ImageHeader,
+    _backends,
     apply_orientation,
     backends,
     choose_factor,
@@ -22,8 +23,7 @@ from gpufeed.decode import (
     read_header,
     scaled_size,
 )
-from gpufeed.decode import _backends
-from gpufeed.decode._decode import FACTORS
+from gpufeed.decoders._backends import FACTORS
 from gpufeed.errors import BackendFallbackWarning, BackendUnavailableError, DecodeError
 from gpufeed.synth import encode, photo_like, with_exif_orientation
 

@@ -15,9 +15,9 @@ from dataclasses import fields, replace
 import pytest
 
 import gpufeed.tune
-from gpufeed.observe.doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
 from gpufeed._engine.context import usable_cpus
-from gpufeed.observe.probe import ProbeResult, TreeProbe, thread_states
+from gpufeed.doctor._doctor import BOTTLENECKS, Evidence, Report, _evidence, decide, diagnose
+from gpufeed.doctor._probe import ProbeResult, TreeProbe, thread_states
 from gpufeed.stats import STAGES, Stats
 
 pytestmark = pytest.mark.timeout(60)
@@ -309,7 +309,7 @@ def test_thread_states_reads_this_process():
 
 
 def test_one_cpu_figure_per_worker_when_pids_change():
-    from gpufeed.observe.doctor import _per_worker
+    from gpufeed.doctor._doctor import _per_worker
 
     # two workers, three iterators (not persistent): six pids, two figures
     cpu = {10: 0.2, 11: 0.4, 20: 0.2, 21: 0.4, 30: 0.2, 31: 0.4}

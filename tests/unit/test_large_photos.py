@@ -15,9 +15,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from gpufeed.decode import read_header
+from gpufeed.decoders import read_header
+from gpufeed.image import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.synth import encode, large_photo, make_image_folder
-from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
 
 FACTORS = (8, 4, 2, 1)  # denominators, largest reduction first
 # Mean absolute difference, 8-bit levels, from a full-size decode + the same crop and resize
@@ -116,7 +116,7 @@ def test_large_photos_have_phone_jpeg_sizes(photos):
 @pytest.mark.timeout(120)
 def test_large_photo_pipelines_agree_with_fastloader(tmp_path):
     pytest.importorskip("PIL")
-    from gpufeed.bench.large_photos import CV_REDUCED_NAME, PIL_DRAFT_NAME, large_photo_factories
+    from gpufeed.compare._large_photos import CV_REDUCED_NAME, PIL_DRAFT_NAME, large_photo_factories
 
     made = make_image_folder(tmp_path, num_classes=2, per_class=2, size=((900, 1000), (1200, 1300)),
                              seed=4, quality=95, large=True)

@@ -9,8 +9,8 @@ import torch
 
 from gpufeed._engine.arena import Arena, SlotWriter
 from gpufeed._engine.layout import ALIGN_BYTES, align_up
-from gpufeed._image.fill import ImagePlan
-from gpufeed.transforms import ResizeCenterCrop
+from gpufeed.image import ResizeCenterCrop
+from gpufeed.image._fill import ImagePlan
 
 
 def test_align_up_is_the_next_multiple():

@@ -1,6 +1,6 @@
 """Every output layout and dtype gives the numbers of the NCHW float32 batch.
 
-The batch conversion (``gpufeed._image.normalize.convert_``) computes in float32 and rounds once,
+The batch conversion (``gpufeed.image._normalize.convert_``) computes in float32 and rounds once,
 so float16/bfloat16 output is *exactly* the NCHW float32 output cast, channels_last output is
 exactly it transposed, and uint8 rows are the same bytes in both layouts. Checked on the
 conversion alone (sizes that cross its chunking) and through FastLoader (num_workers=0: the
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpufeed import FastLoader, ImageFolder, ResizeCenterCrop
-from gpufeed._image.normalize import _CHUNK_BYTES, affine, convert_, work_dtype
+from gpufeed.image._normalize import _CHUNK_BYTES, affine, convert_, work_dtype
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DTYPES = [torch.uint8, torch.float32, torch.float16, torch.bfloat16]

@@ -130,7 +130,7 @@ def test_workers_name_themselves_and_are_counted_under_their_rank():
 
 
 def test_tune_for_local_ranks_recommends_per_rank_within_the_host(monkeypatch):
-    monkeypatch.setattr("gpufeed.observe.tune.usable_cores", lambda: 8)
+    monkeypatch.setattr("gpufeed.tune._tune.usable_cores", lambda: 8)
     model = CostModel(lambda w: 100 * w, per_worker_bytes=1 * GiB, base_bytes=1 * GiB)
     result = tune(measure_fn=model, progress=False, local_ranks=2, available_memory_bytes=64 * GiB)
     assert result.max_workers == 3 and result.recommended_num_workers == 3 and result.local_ranks == 2

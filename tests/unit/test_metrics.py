@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import TensorDataset
 
 from gpufeed import FastLoader
-from gpufeed.metrics import HOST_METRIC_NAMES, METRIC_NAMES, MetricsServer, serve
+from gpufeed.metrics import HOST_METRIC_NAMES, METRIC_NAMES, MetricsServer, start_server
 from gpufeed.stats import STAGES as STAGE_KEYS
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
@@ -41,7 +41,7 @@ IMAGE_ONLY = {"skipped", "cache_hits", "cache_misses", "cache_bytes", "cache_hit
 
 @pytest.fixture
 def server():
-    srv = serve(0)
+    srv = start_server(0)
     yield srv
     srv.stop()
 
@@ -191,10 +191,10 @@ def test_a_dead_loader_disappears_from_the_metrics(server):
 
 @pytest.mark.timeout(60)
 def test_second_serve_on_the_same_port_returns_the_same_server(server):
-    assert serve(server.port) is server
-    assert serve(0) is server  # port 0 again: the server it picked
+    assert start_server(server.port) is server
+    assert start_server(0) is server  # port 0 again: the server it picked
     assert len(metrics_threads()) == 1
-    other = serve(0, addr="localhost")  # another address is another endpoint
+    other = start_server(0, addr="localhost")  # another address is another endpoint
     try:
         assert other is not server and other.port != server.port
     finally:
@@ -203,7 +203,7 @@ def test_second_serve_on_the_same_port_returns_the_same_server(server):
 
 @pytest.mark.timeout(60)
 def test_stop_joins_the_thread_frees_the_port_and_is_idempotent():
-    srv = serve(0)
+    srv = start_server(0)
     port = srv.port
     assert [t.daemon for t in metrics_threads()] == [True]
     srv.stop()
@@ -211,7 +211,7 @@ def test_stop_joins_the_thread_frees_the_port_and_is_idempotent():
     assert srv.stopped and not metrics_threads()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
-    again = serve(port)  # the port is free again, and a new server starts on it
+    again = start_server(port)  # the port is free again, and a new server starts on it
     try:
         assert again is not srv and again.port == port and len(metrics_threads()) == 1
     finally:
@@ -224,14 +224,14 @@ def test_a_port_in_use_by_another_program_raises_oserror():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         with pytest.raises(OSError):
-            serve(sock.getsockname()[1])
+            start_server(sock.getsockname()[1])
     assert not metrics_threads()
 
 
 @pytest.mark.parametrize("port", [-1, 65536, 1.5, "9400", True, None])
 def test_bad_port_is_a_value_error_before_anything_starts(port):
     with pytest.raises(ValueError, match="`port` must be an int in 0-65535"):
-        serve(port)
+        start_server(port)
     assert not metrics_threads()
 
 

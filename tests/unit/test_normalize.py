@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpufeed._image.fill import ImagePlan, _to_float
-from gpufeed._image.gpu_transform import GpuTransform
-from gpufeed._image.normalize import check_image_output, scale_shift
-from gpufeed.transforms import ResizeCenterCrop
+from gpufeed.cuda._transform import GpuTransform
+from gpufeed.image import ResizeCenterCrop
+from gpufeed.image._fill import ImagePlan, _to_float
+from gpufeed.image._normalize import check_image_output, scale_shift
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

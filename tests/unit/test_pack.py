@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from gpufeed.cli import main
-from gpufeed.decode import backends, decode, read_header
+from gpufeed.decoders import backends, decode, read_header
 from gpufeed.errors import DecodeError, GpufeedWarning
 from gpufeed.sources import ImageFolder, LMDBDataset, pack
 from gpufeed.sources._pack import _put_all
-from gpufeed.sources.packed import META_KEY, sample_key
+from gpufeed.sources._packed import META_KEY, sample_key
 from gpufeed.synth import encode, make_image_folder, photo_like
 
 
@@ -222,7 +222,7 @@ def test_progress_bar_is_drawn_on_a_terminal_only(src, tmp_path, capfd, caplog, 
         bar.close()
 
     assert "/15" in _drawn_on_a_terminal(draw)
-    with caplog.at_level("INFO", logger="gpufeed.sources.packed"):
+    with caplog.at_level("INFO", logger="gpufeed.sources._packed"):
         pack(src, tmp_path / "a.lmdb", progress=True)  # stderr is not a terminal here
     assert "/15" not in capfd.readouterr().err  # never drawn into a pipe
     assert not [r for r in caplog.records if "images (" in r.getMessage()]  # < 5 s: no log line

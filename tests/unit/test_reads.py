@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from gpufeed._engine.threads import shutdown_pools
-from gpufeed._image.reads import ReadAhead
+from gpufeed.image._reads import ReadAhead
 
 SIZE = 100  # bytes per sample
 

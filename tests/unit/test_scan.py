@@ -7,8 +7,8 @@ import os
 import pytest
 
 from gpufeed.sources import IMG_EXTENSIONS, ImageFolder
+from gpufeed.sources._folder import find_classes, scan
 from gpufeed.sources._scan import scan_parallel, walk_class
-from gpufeed.sources.folder import find_classes, scan
 from tests.unit.test_sources import tv_find_classes, tv_make_dataset
 
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed.decode import decode
+from gpufeed.decoders import decode
 from gpufeed.errors import DecodeError
+from gpufeed.image import RandomResizedCrop, ResizeCenterCrop
 from gpufeed.sources import (
     IMG_EXTENSIONS,
     ImageDataset,
@@ -20,8 +21,6 @@ from gpufeed.sources import (
     pack,
 )
 from gpufeed.synth import encode, make_image_folder, photo_like
-from gpufeed.transforms import RandomResizedCrop, ResizeCenterCrop
-
 
 # --- torchvision's rules, transcribed (torchvision is not installed) ---------------------------
 

@@ -1,4 +1,4 @@
-"""Writing tar shards (write_shards, ``gpufeed pack --format tar``): sizes, sidecars, resuming,
+"""Writing tar shards (pack_tar, ``gpufeed pack --format tar``): sizes, sidecars, resuming,
 and webdataset reading what gpufeed writes and the other way round."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from gpufeed import ImageFolder, TarShards
 from gpufeed.cli import main
 from gpufeed.errors import DecodeError
-from gpufeed.sources.tar_writer import JOB_FILE, write_shards
+from gpufeed.sources import pack_tar
+from gpufeed.sources._tar_writer import JOB_FILE
 from gpufeed.synth import make_image_folder
 from tests._folders import ImageFolders
 
@@ -26,7 +27,7 @@ def folder(image_folder: ImageFolders) -> Path:
 def test_shards_hold_the_folder_in_order_near_the_target_size(folder: Path, tmp_path: Path) -> None:
     source = ImageFolder(folder)
     target = 3 * max(len(source.read(i)) for i in range(len(source)))
-    result = write_shards(folder, tmp_path / "out", shard_bytes=target, progress=False)
+    result = pack_tar(folder, tmp_path / "out", shard_bytes=target, progress=False)
     assert result.count == len(source) and len(result.shards) > 2
     assert not (tmp_path / "out" / JOB_FILE).exists()
     for path in result.shards[:-1]:
@@ -37,7 +38,7 @@ def test_shards_hold_the_folder_in_order_near_the_target_size(folder: Path, tmp_
     assert all(bytes(ds.read(i)) == source.read(i) for i in range(len(source)))
     # remote shards are indexed from the sidecars; locally too they describe the same members
     assert ds.key(5) == "000000005" and ds.member(5) == "000000005.jpg"
-    again = write_shards(ds, tmp_path / "again", shard_bytes=10 * target, progress=False)
+    again = pack_tar(ds, tmp_path / "again", shard_bytes=10 * target, progress=False)
     resharded = TarShards(again.shards)  # from a dataset: the extension comes from the bytes
     assert len(again.shards) < len(result.shards) and resharded.targets == source.targets
     assert bytes(resharded.read(17)) == source.read(17) and resharded.member(17).endswith(".jpg")
@@ -51,26 +52,26 @@ def test_pack_resumes_after_an_interruption_with_the_same_shards(folder: Path, t
     Path(bad).write_bytes(b"not an image")
     size = 5000
     with pytest.raises(DecodeError, match=r"cannot pack .* \(sample index 13\)") as info:
-        write_shards(src, tmp_path / "out", shard_bytes=size, max_samples=4, progress=False)
+        pack_tar(src, tmp_path / "out", shard_bytes=size, max_samples=4, progress=False)
     assert any("shards are complete" in note for note in getattr(info.value, "__notes__", []))
     assert (tmp_path / "out" / JOB_FILE).exists()
     done = sorted(p.name for p in (tmp_path / "out").glob("*.idx"))
     assert len(done) >= 2 and not list((tmp_path / "out").glob("*.partial"))
     Path(bad).write_bytes(good)
-    resumed = write_shards(src, tmp_path / "out", shard_bytes=size, max_samples=4, progress=False)
+    resumed = pack_tar(src, tmp_path / "out", shard_bytes=size, max_samples=4, progress=False)
     assert resumed.resumed_from_shard == len(done) < len(resumed.shards)
-    whole = write_shards(src, tmp_path / "whole", shard_bytes=size, max_samples=4, progress=False)
+    whole = pack_tar(src, tmp_path / "whole", shard_bytes=size, max_samples=4, progress=False)
     assert [Path(p).name for p in resumed.shards] == [Path(p).name for p in whole.shards]
     for a, b in zip(resumed.shards, whole.shards):
         assert Path(a).read_bytes() == Path(b).read_bytes()
     with pytest.raises(FileExistsError, match="already holds shard-"):
-        write_shards(src, tmp_path / "whole", progress=False)
+        pack_tar(src, tmp_path / "whole", progress=False)
 
 
 def test_webdataset_reads_what_gpufeed_writes_and_back(folder: Path, tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset", reason="webdataset is a dev dependency")
     source = ImageFolder(folder)
-    ours = write_shards(source, tmp_path / "ours", shard_bytes=20000, progress=False)
+    ours = pack_tar(source, tmp_path / "ours", shard_bytes=20000, progress=False)
     theirs = list(wds.WebDataset(list(ours.shards), shardshuffle=False))
     assert [int(s["cls"]) for s in theirs] == source.targets
     assert [s["jpg"] for s in theirs] == [source.read(i) for i in range(len(source))]
@@ -103,10 +104,10 @@ def test_a_truncated_image_fails_the_check_or_is_skipped(tmp_path: Path) -> None
     data = Path(cut).read_bytes()
     Path(cut).write_bytes(data[:len(data) // 2])  # the header is intact, the scan data is not
     with pytest.raises(DecodeError, match=r"cannot pack .* \(sample index 5\)"):
-        write_shards(src, tmp_path / "raise", progress=False)
-    result = write_shards(src, tmp_path / "skip", progress=False, on_error="skip")
+        pack_tar(src, tmp_path / "raise", progress=False)
+    result = pack_tar(src, tmp_path / "skip", progress=False, on_error="skip")
     assert len(result.skipped) == 1 and "(sample index 5)" in result.skipped[0]
     ds = TarShards(result.shards)
     assert len(ds) == 7 and "000000005" not in [ds.key(i) for i in range(7)]
-    unchecked = write_shards(src, tmp_path / "unchecked", progress=False, verify=False)
+    unchecked = pack_tar(src, tmp_path / "unchecked", progress=False, verify=False)
     assert not unchecked.verified and len(TarShards(unchecked.shards)) == 8

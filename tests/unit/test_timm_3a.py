@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from gpufeed import augment as A
-from gpufeed._image.augment import functional as fn
-from gpufeed._image.augment.timm_rand import TIMM_RAND_3A, apply_timm_op, draw_timm_op
+from gpufeed.image import augment as A
+from gpufeed.image.augment import _functional as fn
+from gpufeed.image.augment._timm_rand import TIMM_RAND_3A, apply_timm_op, draw_timm_op
 from gpufeed.synth import photo_like
 
 

@@ -1,4 +1,4 @@
-"""gpufeed.transforms: torchvision geometry, determinism, output layouts, validation."""
+"""gpufeed.image: torchvision geometry, determinism, output layouts, validation."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufeed._image import resample as _resample
-from gpufeed.decode import backends, decode
+from gpufeed.decoders import backends, decode
 from gpufeed.errors import DecodeError
+from gpufeed.image import CropParams, RandomResizedCrop, ResizeCenterCrop, _resample
 from gpufeed.synth import encode, photo_like, with_exif_orientation
-from gpufeed.transforms import CropParams, RandomResizedCrop, ResizeCenterCrop
 
 TURBO = backends()["turbojpeg"]["available"]
 requires_turbojpeg = pytest.mark.skipif(

@@ -14,8 +14,6 @@ import pytest
 from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
-from gpufeed.observe.tune_reads import prefetch_for_reads
-from gpufeed.observe.tune_rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
@@ -26,6 +24,8 @@ from gpufeed.tune import (
     usable_cores,
     worker_counts,
 )
+from gpufeed.tune._reads import prefetch_for_reads
+from gpufeed.tune._rules import reads_ahead
 
 GiB = 2**30
 MiB = 2**20
@@ -108,7 +108,7 @@ def test_no_knee_recommends_the_limit_and_says_so():
 
 
 def test_max_workers_defaults_to_the_usable_cores(monkeypatch):
-    monkeypatch.setattr("gpufeed.observe.tune.usable_cores", lambda: 4)
+    monkeypatch.setattr("gpufeed.tune._tune.usable_cores", lambda: 4)
     model = CostModel(lambda w: 100 * w)
     result = _tune(model)
     assert _unpinned(model) == [1, 2, 4]

@@ -14,8 +14,8 @@ import torch
 from gpufeed import ImageFolder
 from gpufeed._engine.arena import Arena, SlotWriter
 from gpufeed._engine.threads import shutdown_pools
-from gpufeed._image.fill import FillReport, ImageFiller, ImagePlan, ImageTask, fill_batch
-from gpufeed.transforms import ResizeCenterCrop
+from gpufeed.image import ResizeCenterCrop
+from gpufeed.image._fill import FillReport, ImageFiller, ImagePlan, ImageTask, fill_batch
 
 INDICES = [0, 3, 5, 6]
 

@@ -1,0 +1,360 @@
+"""The parent side of the image path: deciding whether a loader takes it, building its plan, and
+the ``ImageFeed`` (cache look-ups before a batch is dispatched, cache fills after)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils.collate import default_collate
+
+from gpufeed._engine.layout import align_up
+from gpufeed._engine.plugin import Completed, FillPlugin, LookUp
+from gpufeed.cache import HostCache
+from gpufeed.cache._job import job_info, wants_host_cache
+from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
+from gpufeed.cuda._transform import GpuTransform
+from gpufeed.errors import GpufeedWarning
+from gpufeed.image._fill import FillReport, ImageFiller, ImagePlan, ImageTask
+from gpufeed.image._torchvision import is_torchvision
+from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
+from gpufeed.sources._base import describe_callable
+
+log = logging.getLogger(__name__)
+
+
+def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed) -> list[str]:
+    given = []
+    for name, value, default in (
+        ("channels_last", channels_last, False),
+        ("normalize", normalize, None),
+        ("dtype", dtype, None),
+        ("on_error", on_error, "raise"),
+        ("cache_bytes", cache_budget, 0),
+        ("seed", seed, None),
+    ):
+        if value != default:
+            given.append(name)
+    return given
+
+
+def fast_path_blocker(loader: Any) -> str | None:
+    """Why ``loader`` cannot take the image fast path, or None if it can."""
+    dataset = loader.dataset
+    if not isinstance(dataset, ImageSource):
+        return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
+    if dataset.calls_transform and is_torchvision(dataset.transform):
+        return ("the transform is a torchvision pipeline gpufeed does not translate, run as "
+                "given in workers on PIL images; gpufeed.explain(dataset.transform) says which "
+                "ops prevent the fast path")
+    if dataset.calls_transform:
+        return (f"the transform is a user callable: {describe_callable(dataset.transform)} runs "
+                f"in workers on PIL images; use gpufeed.ResizeCenterCrop / RandomResizedCrop for "
+                f"the fast path")
+    if dataset.loader is not None:
+        return f"the dataset has a `loader` ({describe_callable(dataset.loader)})"
+    if dataset.transform is None:
+        return "the image dataset has no transform (images of different sizes cannot be batched)"
+    if dataset.target_transform is not None:
+        return (f"the dataset has a `target_transform` "
+                f"({describe_callable(dataset.target_transform)}), which the fast path does not "
+                f"run; map the labels after the loader instead")
+    if loader.batch_sampler is None:
+        return "batch_size=None disables batching"
+    if loader.collate_fn is not default_collate:
+        return "a custom collate_fn is used"
+    return None
+
+
+def make_image_feed(
+    loader: Any,
+    *,
+    channels_last: bool,
+    normalize: tuple[Sequence[float], Sequence[float]] | None,
+    dtype: torch.dtype | None,
+    on_error: str,
+    cache_budget: int,
+    seed: int | None,
+    on_gpu: bool = False,
+    announce: bool = False,
+    cache_scope: str = "rank",
+    cache_text: str = "",
+    dry_run: bool = False,
+) -> ImageFeed | None:
+    """The loader's ImageFeed, or None for the generic path (where image options are errors).
+
+    ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
+    ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
+    loader asks once, at construction, not again when each process makes its feed.
+    ``cache_scope``: ``"rank"``, ``"host"`` or ``"auto"`` (``make_cache``); ``cache_text``: the
+    ``cache_bytes`` given, as text (the host cache compares it); ``dry_run``: a check of the
+    options at construction, which attaches to no host cache.
+    """
+    blocker = fast_path_blocker(loader)
+    if blocker is not None:
+        given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed)
+        user_callable = getattr(loader.dataset, "calls_transform", False)
+        if given:
+            fix = ("Or drop these options and do their work in your transform (e.g. "
+                   "torchvision's Normalize)." if user_callable else
+                   "Use gpufeed.ImageFolder / ImageDataset / LMDBDataset with a transform and "
+                   "the default collate_fn, or drop these options.")
+            raise ValueError(
+                f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} "
+                f"to the image fast path, which this loader cannot take: {blocker}. {fix}"
+            )
+        if user_callable and announce:
+            log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
+        return None
+    # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.image).
+    normalize, dtype = loader.dataset.transform.batch_options(normalize, dtype)
+    if normalize is not None:
+        mean, std = normalize
+        normalize = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    if dtype is None:
+        dtype = torch.float32 if normalize is not None else torch.uint8
+    transform = loader.dataset.transform
+    if seed is None:
+        seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
+    if on_gpu and transform.float_ops and dtype != torch.uint8:
+        # Float ops (RandomErasing) run on the normalized rows of each sample, which the GPU
+        # transform sees only as a whole batch: normalize stays in the workers.
+        warnings.warn(
+            f"gpufeed: the transform's float ops ({', '.join(op.name for op in transform.float_ops)}) "
+            "run on the normalized rows in the workers, so dtype/normalize run there too instead "
+            "of on the GPU (float batches cross PCIe: 4x the bytes of uint8). Drop the float ops "
+            "to normalize on the GPU.", GpufeedWarning, stacklevel=2)
+        on_gpu = False
+    gpu_transform = GpuTransform(dtype, normalize, bool(channels_last)) if on_gpu else None
+    plan = ImagePlan(
+        transform=transform,
+        channels_last=bool(channels_last),
+        on_error=on_error,
+        normalize=None if on_gpu else normalize,
+        dtype=torch.uint8 if on_gpu else dtype,
+        seed=int(seed),
+        cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
+    )
+    batch = loader.batch_size or 1
+    need = plan.offsets(batch)[2]
+    if need > loader.engine_config.max_batch_bytes:
+        raise ValueError(
+            f"a batch of {batch} images of {plan.hw} ({dtype}) needs {need} bytes of arena slot; "
+            f"`max_batch_bytes` is {loader.engine_config.max_batch_bytes}. Raise max_batch_bytes "
+            "or lower batch_size."
+        )
+    cache = None
+    if cache_budget and not (dry_run and cache_scope != "rank"):
+        cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
+    return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
+    """What makes the cached values of ``source`` under ``plan`` (docs/design/host-cache.md):
+    the dataset (class, repr, length, labels, 16 samples' ``describe``), the kind of value,
+    and for decoded rows the transform and the output geometry."""
+    n = len(source)
+    parts = [plan.cache or "", f"{type(source).__module__}.{type(source).__qualname__}", repr(source), str(n)]
+    spread = np.unique(np.linspace(0, n - 1, 16).astype(np.int64)) if n else np.empty(0, np.int64)
+    parts += [source.describe(int(i)) for i in spread]
+    table = _label_table(source)
+    if table is not None:
+        parts.append(hashlib.blake2b(table.tobytes(), digest_size=16).hexdigest())
+    if plan.cache == "decoded":
+        parts += [repr(plan.transform), str(plan.hw), str(plan.channels_last), str(plan.row_bytes)]
+    return fingerprint(parts)
+
+
+def make_cache(plan: ImagePlan, source: Any, budget: int, text: str, scope: str) -> HostCache | CacheNamespace | None:
+    """The loader's cache: its own LRU, or its namespace of the job's host cache
+    (``cache_scope``; docs/design/host-cache.md, "Which loaders share")."""
+    info = job_info()
+    if not wants_host_cache(scope, info):
+        return HostCache(budget)
+    if info.key is None:
+        raise ValueError(
+            "`cache_scope='host'` shares one cache between the processes of a job, and no job was "
+            "found: no GPUFEED_CACHE_JOB, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT with "
+            "WORLD_SIZE > 1, or initialised torch.distributed process group. Set GPUFEED_CACHE_JOB "
+            "to the same string in every process of the job, or use cache_scope='auto'."
+        )
+    try:
+        shared = SharedHostCache(info.key, budget, text)
+    except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
+        if scope == "host":
+            raise
+        log.warning("gpufeed: the job's host cache could not be reached (%s); this loader keeps a "
+                    "cache of its own. cache_scope='rank' says so explicitly.", exc)
+        return HostCache(budget)
+    space = shared.namespace(cache_fingerprint(plan, source), len(source))
+    if space is None:
+        shared.close()
+        log.warning("gpufeed: the job's host cache has no room for this loader's table (%d samples, "
+                    "budget %d bytes, or 56 kinds of rows already): it runs without a cache.",
+                    len(source), shared.budget_bytes)
+    return space
+
+
+def _default_seed(generator: torch.Generator | None) -> int:
+    # initial_seed() does not advance the generator, so sampling order is unaffected.
+    return (generator.initial_seed() if generator is not None else torch.initial_seed()) % (1 << 63)
+
+
+def _label_table(source: Any) -> np.ndarray | None:
+    """The source's int64 label array when its ``label(i)`` is that array's item ``i``
+    (``ImageFolder``, ``LMDBDataset``, not a subclass that overrides ``label``), else None."""
+    if type(source).label not in (ImageFolder.label, LMDBDataset.label):
+        return None
+    table = source.labels
+    if not isinstance(table, np.ndarray) or table.dtype != np.int64 or table.ndim != 1:
+        return None
+    return table
+
+
+@dataclass(slots=True)
+class ParentBatch:
+    """A batch whose every row the cache held at submission: made in the parent (``complete``)."""
+
+    epoch: int
+    rows: list[Any]  # the cached rows, in batch order
+
+
+class ImageFeed(FillPlugin):
+    """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
+    dispatch, cache fills after; ``filler`` is the worker side."""
+
+    def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | CacheNamespace | None,
+                 gpu_transform: Any = None) -> None:
+        self.plan = plan
+        self.filler = ImageFiller(plan)
+        self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
+        self.source = source
+        self.cache = cache if plan.cache else None
+        self.images = 0
+        self.skipped = 0
+        self._logged: set[str] = set()
+        self._label_table = _label_table(source)
+
+    @property
+    def parent_binds(self) -> bool:
+        """With a cache, ``prepare`` writes the hits into the task's slot."""
+        return self.cache is not None
+
+    def look_up(self, epoch: int, indices: list[int], count: bool = True) -> LookUp:
+        """Look the batch up in the cache at submission (one ``get_many``, counted).
+
+        When the decoded cache holds every row and the output is uint8, the batch is made in
+        the parent when it is handed out (``complete``): ``LookUp.report`` is set, and the
+        cached rows travel in ``LookUp.extra`` (a ``ParentBatch``; a row evicted meanwhile stays
+        alive until it is copied). Otherwise ``extra`` is what was found, for ``prepare``.
+
+        A float batch goes to a worker even when all its rows are hits: its dtype pass costs
+        about 15x the row copies (25 ms of main-process CPU against 1.5 ms for 64 x 3x224x224,
+        measured), and in the main process it ran serially: a fully cached float32 epoch took
+        0.60 s there against 0.47 s with workers started for it (2 cores, benchmarks/
+        cache_epochs.py). With ``device="cuda"`` the batch is uint8 on the host (dtype and
+        normalize run on the GPU), so it is made here.
+        """
+        if self.cache is None:
+            return LookUp(None)
+        hits = self.cache.get_many(indices, count)
+        n = len(indices)
+        if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
+                and all(hit is not None for hit in hits)):
+            return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
+        return LookUp(hits, writes=any(hit is not None for hit in hits))
+
+    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True,
+                found: list[Any] | None = None) -> ImageTask:
+        """Write cache hits into ``buf`` (the slot) and say which rows are done.
+
+        ``count=False`` for a batch prepared again (re-run after a worker death): its look-ups
+        were already counted as hits and misses. ``found``: what ``look_up`` found at
+        submission (then the cache is not looked up again).
+        """
+        task = ImageTask(epoch)
+        if self.cache is None or buf is None:
+            return task
+        hits = self.cache.get_many(indices, count) if found is None else found
+        n = len(indices)
+        _, _, staging = self.plan.offsets(n)
+        if self.plan.cache == "decoded":
+            task.done = self._write_rows(hits, buf)
+        else:
+            given, cursor = [], staging
+            for pos, hit in enumerate(hits):
+                if hit is not None:
+                    buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
+                    given.append((pos, cursor, len(hit)))
+                    cursor = align_up(cursor + len(hit))
+            task.given, task.staging_used = tuple(given), cursor - staging
+        return task
+
+    def _write_rows(self, hits: Sequence[Any], buf: torch.Tensor) -> tuple[int, ...]:
+        """Copy the decoded rows found (None: a miss) into their places in ``buf``; returns
+        their positions. One memcpy per row, straight from the cached (64-byte aligned) row."""
+        row_bytes = self.plan.row_bytes
+        rows = buf[: len(hits) * row_bytes].numpy().data  # flat uint8 memoryview: slice assignment is a memcpy
+        done = []
+        start = 0
+        for pos, hit in enumerate(hits):
+            if hit is not None:
+                rows[start : start + row_bytes] = hit
+                done.append(pos)
+            start += row_bytes
+        return tuple(done)
+
+    def complete(self, indices: list[int], task: ParentBatch, buf: torch.Tensor) -> Completed:
+        """Make a batch ``look_up`` found whole in the cache, in ``buf`` (the slot, bound as the
+        batch is handed out): the rows, then the labels, written as a worker writes them, so the
+        bytes are the same."""
+        n = len(indices)
+        t0 = time.perf_counter()
+        plan = self.plan
+        done = self._write_rows(task.rows, buf)
+        if len(done) != n:  # look_up checked every row: a broken invariant, not a user error
+            raise RuntimeError(f"gpufeed: a parent-made batch of {n} samples had {len(done)} cached rows")
+        off_labels = plan.offsets(n)[0]
+        labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+        if self._label_table is not None:
+            np.take(self._label_table, indices, out=labels.numpy())
+        else:
+            labels.numpy()[:] = np.fromiter(map(self.source.label, indices), np.int64, n)
+        images = plan.rows(buf, n)
+        if plan.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
+        # (its seconds are the main process's: the engine counts them as stats' parent_s)
+        report = FillReport(kept=list(range(n)), post_s=time.perf_counter() - t0)
+        # The layout (where the rows and labels lie, their shapes) depends on n alone: the
+        # engine packs the skeleton once per batch size.
+        return Completed((images, labels), report, layout=("rows", n))
+
+    def absorb(self, indices: list[int], task: ImageTask | ParentBatch, report: FillReport, buf: torch.Tensor) -> None:
+        """Count the batch; add what the worker produced to the cache; log skips once per file."""
+        self.images += len(report.kept)
+        self.skipped += len(report.errors)
+        for index, where, message in report.errors:
+            if where not in self._logged:
+                self._logged.add(where)
+                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
+        if self.cache is None:
+            return
+        if isinstance(task, ParentBatch):
+            return  # every row came from the cache
+        if self.plan.cache == "decoded":
+            if len(task.done) == len(report.kept) == len(indices):
+                return  # every row came from the cache
+            done = set(task.done)
+            rows = self.plan.rows(buf, len(indices)).numpy().reshape(len(indices), -1)
+            new = [(indices[pos], rows[row]) for row, pos in enumerate(report.kept) if pos not in done]
+            self.cache.put_rows([key for key, _ in new], [row for _, row in new])
+        else:
+            for pos, off, nbytes in report.staged:
+                self.cache.put_bytes(indices[pos], buf[off : off + nbytes].numpy())

@@ -1,0 +1,61 @@
+"""The image fast path in the main process (``num_workers=0``): same batches as with workers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from gpufeed._engine.layout import align_up
+from gpufeed._fastpath.feed import ImageFeed
+from gpufeed.image._fill import fill_batch
+from gpufeed.stats import Stats
+
+
+class LocalImageIter(_BaseDataLoaderIter):
+    """Fills each batch in a fresh buffer; the cache is used directly (no staging).
+
+    ``loader`` is read for torch's own attributes only; ``aug_epoch`` is this pass's
+    augmentation epoch (a loader makes a new iterator for every pass at ``num_workers=0``).
+    """
+
+    def __init__(self, loader: Any, feed: ImageFeed, stats: Stats, aug_epoch: int) -> None:
+        super().__init__(loader)
+        self._feed = feed
+        self._stats = stats
+        self._aug_epoch = aug_epoch
+
+    def _next_data(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._fill_next()
+        finally:
+            self._stats.add_wait(time.perf_counter() - t0, 0)
+
+    def _fill_next(self) -> Any:
+        indices = self._next_index()  # StopIteration ends the epoch
+        feed, plan = self._feed, self._feed.plan
+        nbytes = align_up(plan.offsets(len(indices))[2])
+        cache = feed.cache
+        if plan.cache == "encoded" and cache is not None:  # room for the encoded hits the feed stages
+            nbytes += sum(align_up(len(v)) for v in map(cache.peek, indices) if v is not None)
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        task = feed.prepare(self._aug_epoch, indices, buf)
+        staged: dict[int, bytes] = {}
+
+        def stage(pos: int, data: Any) -> None:
+            staged[pos] = bytes(data)
+
+        batch, report = fill_batch(plan, feed.source, indices, task, lambda: buf,
+                                   stage if plan.cache == "encoded" else None)
+        self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
+        feed.absorb(indices, task, report, buf)
+        if feed.cache is not None:
+            for pos, data in staged.items():
+                feed.cache.put(indices[pos], data)
+        if self._pin_memory:
+            images, labels = batch
+            batch = (images.pin_memory(), labels.pin_memory())
+        return batch

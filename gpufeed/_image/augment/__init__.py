@@ -1,1 +1,0 @@
-"""Augmentation ops and policies on the rows of a batch (public names: gpufeed.augment)."""

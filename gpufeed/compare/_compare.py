@@ -1,0 +1,480 @@
+"""Compare loaders on one machine in one run: alternating rounds, medians, ratios, peak PSS.
+
+The machine is shared and noisy, so a lone timing means little; what a result quotes is the
+*ratio* of medians measured in the same run, with the loaders' rounds interleaved
+(warm-up A, B; then A, B, A, B, ...) so that drift in the machine's load hits both alike.
+
+Each round builds a fresh loader from its factory, iterates ``num_batches`` batches (or one
+epoch), consumes each batch minimally (by default one byte per memory page, see
+:func:`touch_pages`: transport is measured, not compute, yet every page handed over is mapped and
+counted), then drops the iterator and the loader and waits for their worker processes to exit
+before the next round.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from gpufeed._engine.signals import sigint_held
+from gpufeed._observe.batches import batch_size_of
+from gpufeed._observe.memory import PeakPSS, format_bytes
+from gpufeed.errors import shorten
+
+__all__ = [
+    "CompareResult",
+    "LoaderFactory",
+    "LoaderSummary",
+    "RoundResult",
+    "batch_size_of",
+    "compare",
+    "stop_workers",
+    "touch_batch",
+    "touch_pages",
+]
+
+LoaderFactory = Callable[[], Iterable[Any]]
+"""Builds a fresh loader (anything iterable) each time it is called."""
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One counted round of one loader. Times in seconds, memory in bytes."""
+
+    loader: str
+    round_index: int
+    num_batches: int
+    num_samples: int
+    startup_s: float  # factory() + iter() + first batch
+    steady_s: float  # from the first batch to the last (the first batch excluded)
+    total_s: float  # startup_s + steady_s
+    peak_pss_bytes: int
+    mean_pss_bytes: float
+    peak_footprint_bytes: int  # PSS with shared memory counted whole, mapped or not
+    teardown_s: float  # dropping the loader until its worker processes are gone
+
+    @property
+    def batches_per_s(self) -> float:
+        """Steady-state batches per second (first batch excluded; 0.0 with < 2 batches)."""
+        return (self.num_batches - 1) / self.steady_s if self.num_batches > 1 and self.steady_s > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Steady-state samples (images) per second, assuming equal batches."""
+        if self.num_batches < 2:
+            return 0.0
+        return self.batches_per_s * self.num_samples / self.num_batches
+
+    @property
+    def total_batches_per_s(self) -> float:
+        """Batches per second including start-up (loader construction, workers, first batch)."""
+        return self.num_batches / self.total_s if self.total_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LoaderSummary:
+    """One loader over all its counted rounds: medians of throughput, maxima of memory."""
+
+    name: str
+    rounds: tuple[RoundResult, ...]
+
+    @property
+    def median_batches_per_s(self) -> float:
+        """Median steady-state batches per second over the rounds."""
+        return statistics.median(r.batches_per_s for r in self.rounds)
+
+    @property
+    def median_samples_per_s(self) -> float:
+        """Median steady-state samples (images) per second over the rounds."""
+        return statistics.median(r.samples_per_s for r in self.rounds)
+
+    @property
+    def median_total_batches_per_s(self) -> float:
+        """Median batches per second including start-up."""
+        return statistics.median(r.total_batches_per_s for r in self.rounds)
+
+    @property
+    def median_startup_s(self) -> float:
+        """Median seconds from the factory call to the first batch."""
+        return statistics.median(r.startup_s for r in self.rounds)
+
+    @property
+    def min_batches_per_s(self) -> float:
+        """Slowest round's batches per second."""
+        return min(r.batches_per_s for r in self.rounds)
+
+    @property
+    def max_batches_per_s(self) -> float:
+        """Fastest round's batches per second."""
+        return max(r.batches_per_s for r in self.rounds)
+
+    @property
+    def peak_pss_bytes(self) -> int:
+        """Highest PSS (bytes) of the process tree seen in any round."""
+        return max(r.peak_pss_bytes for r in self.rounds)
+
+    @property
+    def peak_footprint_bytes(self) -> int:
+        """Highest footprint (bytes: PSS with all shared memory counted, see PeakPSS) in any round."""
+        return max(r.peak_footprint_bytes for r in self.rounds)
+
+    @property
+    def mean_pss_bytes(self) -> float:
+        """Mean over rounds of each round's mean PSS (bytes)."""
+        return statistics.fmean(r.mean_pss_bytes for r in self.rounds)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the summary figures and every round."""
+        return {
+            "name": self.name,
+            "median_batches_per_s": self.median_batches_per_s,
+            "median_samples_per_s": self.median_samples_per_s,
+            "median_total_batches_per_s": self.median_total_batches_per_s,
+            "median_startup_s": self.median_startup_s,
+            "min_batches_per_s": self.min_batches_per_s,
+            "max_batches_per_s": self.max_batches_per_s,
+            "peak_pss_bytes": self.peak_pss_bytes,
+            "peak_footprint_bytes": self.peak_footprint_bytes,
+            "mean_pss_bytes": self.mean_pss_bytes,
+            "rounds": [
+                {
+                    **asdict(r),
+                    "batches_per_s": r.batches_per_s,
+                    "samples_per_s": r.samples_per_s,
+                    "total_batches_per_s": r.total_batches_per_s,
+                }
+                for r in self.rounds
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """The outcome of :func:`compare`. Ratios are ``loader / baseline`` (> 1: faster or bigger)."""
+
+    loaders: tuple[LoaderSummary, ...]
+    baseline: str
+    num_rounds: int
+    num_warmup_rounds: int
+    num_batches: int | None  # None: one epoch per round
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    rotated: bool = False  # True: each round started one loader further on (``compare(rotate=)``)
+
+    def summary(self, name: str) -> LoaderSummary:
+        """The summary of the loader called ``name``."""
+        for s in self.loaders:
+            if s.name == name:
+                return s
+        raise KeyError(f"no loader named {name!r}; have {[s.name for s in self.loaders]}")
+
+    def ratio(self, name: str, baseline: str | None = None) -> float:
+        """Median steady batches/s of ``name`` divided by the baseline's (> 1: ``name`` is faster)."""
+        base = self.summary(baseline or self.baseline).median_batches_per_s
+        return self.summary(name).median_batches_per_s / base if base > 0 else float("nan")
+
+    def paired_ratios(self, name: str, baseline: str | None = None) -> list[float]:
+        """Per-round ratios ``name / baseline`` (their runs in the same round), in round order."""
+        a = self.summary(name).rounds
+        b = self.summary(baseline or self.baseline).rounds
+        return [x.batches_per_s / y.batches_per_s if y.batches_per_s > 0 else float("nan") for x, y in zip(a, b)]
+
+    def memory_ratio(self, name: str, baseline: str | None = None) -> float:
+        """Peak PSS of ``name`` divided by the baseline's (< 1: ``name`` uses less)."""
+        base = self.summary(baseline or self.baseline).peak_pss_bytes
+        return self.summary(name).peak_pss_bytes / base if base > 0 else float("nan")
+
+    def footprint_ratio(self, name: str, baseline: str | None = None) -> float:
+        """Peak footprint of ``name`` divided by the baseline's (< 1: ``name`` uses less)."""
+        base = self.summary(baseline or self.baseline).peak_footprint_bytes
+        return self.summary(name).peak_footprint_bytes / base if base > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-serialisable data (bytes, seconds, per second)."""
+        return {
+            "baseline": self.baseline,
+            "num_rounds": self.num_rounds,
+            "num_warmup_rounds": self.num_warmup_rounds,
+            "num_batches": self.num_batches,
+            "rotated": self.rotated,
+            "loaders": [s.to_dict() for s in self.loaders],
+            "ratios": {
+                s.name: {
+                    "batches_per_s": self.ratio(s.name),
+                    "paired_batches_per_s": self.paired_ratios(s.name),
+                    "peak_pss": self.memory_ratio(s.name),
+                    "peak_footprint": self.footprint_ratio(s.name),
+                }
+                for s in self.loaders
+            },
+            "environment": dict(self.environment),
+            "notes": list(self.notes),
+        }
+
+    def format_table(self) -> str:
+        """A fixed-width table for people: medians, spread, start-up, memory and ratios."""
+        w = max(len("loader"), *(len(s.name) for s in self.loaders))
+        header = (
+            f"{'loader':<{w}} {'batches/s':>10} {'min..max':>13} {'images/s':>9} {'startup':>8} "
+            f"{'peak PSS':>10} {'footprint':>10} {'speed x':>8} {'PSS x':>6} {'fp x':>5}"
+        )
+        lines = [header, "-" * len(header)]
+        for s in self.loaders:
+            spread = f"{s.min_batches_per_s:.1f}..{s.max_batches_per_s:.1f}"
+            lines.append(
+                f"{s.name:<{w}} {s.median_batches_per_s:>10.1f} {spread:>13} "
+                f"{s.median_samples_per_s:>9.0f} {s.median_startup_s:>7.2f}s "
+                f"{format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10} "
+                f"{self.ratio(s.name):>8.2f} {self.memory_ratio(s.name):>6.2f} {self.footprint_ratio(s.name):>5.2f}"
+            )
+        per = "one epoch" if self.num_batches is None else f"{self.num_batches} batches"
+        lines.append(
+            f"({self.num_rounds} rounds of {per} per loader, alternating, after "
+            f"{self.num_warmup_rounds} warm-up round(s); medians; ratios vs {self.baseline}; "
+            "batches/s excludes the first batch, startup is time to it; peak PSS summed over the "
+            "process tree; footprint = that PSS with shared memory counted whole, mapped or not)"
+        )
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def touch_batch(batch: Any) -> Any:
+    """Reads one element of the first tensor/array in ``batch`` (no copy); returns it.
+
+    Enough to fail on a bad buffer, cheap enough to leave transport as the thing measured.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        if len(shape) == 0:
+            return batch.item() if hasattr(batch, "item") else batch
+        if all(d > 0 for d in shape):
+            element = batch[(0,) * len(shape)]
+            return element.item() if hasattr(element, "item") else element
+        return None
+    if isinstance(batch, Mapping):
+        return touch_batch(next(iter(batch.values()))) if batch else None
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return touch_batch(batch[0]) if batch else None
+    return batch
+
+
+def _tensors(batch: Any) -> Iterator[Any]:
+    """Every tensor/array in a (nested) batch, depth-first."""
+    if getattr(batch, "shape", None) is not None:
+        yield batch
+    elif isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def touch_pages(batch: Any) -> int:
+    """Reads one byte in every memory page of every tensor in ``batch``; returns the bytes covered.
+
+    The main process thereby maps every page it was handed, as a real consumer (a host-to-device
+    copy, a normalize) would: page faults are paid, and the pages count in this process's PSS.
+    Compute stays negligible (one read per 4 KiB). Channels_last tensors are read through their
+    NHWC view (they were once left unmapped, which flattered channels_last output); other
+    non-contiguous tensors get one element read.
+    """
+    covered = 0
+    for t in _tensors(batch):
+        if (isinstance(t, torch.Tensor) and t.dim() == 4 and t.numel() > 0
+                and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)):
+            t = t.permute(0, 2, 3, 1)  # channels_last memory: the same pages, as a contiguous view
+        if isinstance(t, torch.Tensor) and t.is_contiguous() and t.numel() > 0:
+            flat = t.reshape(-1)
+            step = max(1, mmap.PAGESIZE // t.element_size())
+            flat[::step].sum()
+            covered += t.numel() * t.element_size()
+        else:
+            touch_batch(t)
+    return covered
+
+
+def _run_round(
+    name: str,
+    factory: LoaderFactory,
+    round_index: int,
+    num_batches: int | None,
+    consume: Callable[[Any], Any],
+    sample_interval_s: float,
+    teardown_timeout_s: float,
+    notes: list[str],
+) -> RoundResult:
+    """Builds a loader, iterates it under a :class:`PeakPSS`, tears it down; one RoundResult."""
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    gc.collect()
+    n_batches = 0
+    n_samples = 0
+    first_batch_at = 0.0
+    loader: Iterable[Any] | None = None
+    iterator: Iterator[Any] | None = None
+    with PeakPSS(interval_s=sample_interval_s) as mem:
+        t0 = time.perf_counter()
+        try:
+            loader = factory()
+            with sigint_held():  # workers start here: none is interrupted before it ignores Ctrl-C
+                iterator = iter(loader)
+            for batch in iterator:
+                consume(batch)
+                n_samples += batch_size_of(batch)
+                n_batches += 1
+                del batch
+                if n_batches == 1:
+                    first_batch_at = time.perf_counter()
+                if num_batches is not None and n_batches >= num_batches:
+                    break
+            t_end = time.perf_counter()
+        except BaseException:
+            # Ctrl-C or an error: the traceback keeps the iterator alive, so dropping it would
+            # not stop its workers, and waiting for them would take teardown_timeout_s. Stop
+            # them now and leave without waiting.
+            stop_workers(iterator)
+            iterator = loader = None
+            raise
+        # Leaving the sampler running while workers shut down would charge teardown memory
+        # to this round; that is fine (it is still this loader's memory).
+        t_td = time.perf_counter()
+        iterator = loader = None
+        gc.collect()
+        teardown_s = _wait_children_gone(me, children_before, teardown_timeout_s)
+        if teardown_s is None:
+            notes.append(
+                f"{name} round {round_index}: worker processes still alive "
+                f"{teardown_timeout_s:.0f}s after the loader was dropped"
+            )
+            teardown_s = time.perf_counter() - t_td
+    if n_batches == 0:
+        raise ValueError(f"loader {name!r} yielded no batches")
+    if num_batches is not None and n_batches < num_batches:
+        notes.append(f"{name} round {round_index}: epoch ended after {n_batches} of {num_batches} batches")
+    startup_s = (first_batch_at - t0) if n_batches else 0.0
+    steady_s = t_end - first_batch_at
+    return RoundResult(
+        loader=name,
+        round_index=round_index,
+        num_batches=n_batches,
+        num_samples=n_samples,
+        startup_s=startup_s,
+        steady_s=steady_s,
+        total_s=startup_s + steady_s,
+        peak_pss_bytes=mem.peak_bytes,
+        mean_pss_bytes=mem.mean_bytes,
+        peak_footprint_bytes=mem.peak_footprint_bytes,
+        teardown_s=teardown_s,
+    )
+
+
+def stop_workers(iterator: Iterator[Any] | None) -> None:
+    """Stops an interrupted iterator's workers now: ``close()`` (gpufeed) or torch's
+    ``_shutdown_workers()``; errors while stopping are ignored (the original one propagates)."""
+    stop = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+def _wait_children_gone(me: psutil.Process, before: set[int], timeout_s: float) -> float | None:
+    """Waits until the descendants that were not in ``before`` have exited; seconds, or None."""
+    t0 = time.perf_counter()
+    while True:
+        try:
+            alive = any(
+                p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
+                for p in me.children(recursive=True)
+            )
+        except psutil.NoSuchProcess:
+            alive = True  # a child vanished while being listed: look again
+        waited = time.perf_counter() - t0
+        if not alive:
+            return waited
+        if waited > timeout_s:
+            return None
+        time.sleep(0.01)
+
+
+def compare(
+    factories: Mapping[str, LoaderFactory],
+    *,
+    num_batches: int | None = None,
+    num_rounds: int = 5,
+    num_warmup_rounds: int = 1,
+    baseline: str | None = None,
+    consume: Callable[[Any], Any] = touch_pages,
+    sample_interval_s: float = 0.05,
+    teardown_timeout_s: float = 30.0,
+    environment: Mapping[str, Any] | None = None,
+    rotate: bool = False,
+) -> CompareResult:
+    """Runs the loaders in alternating rounds and summarises them.
+
+    Args:
+        factories: name -> callable building a fresh loader (e.g. ``lambda: DataLoader(ds, ...)``),
+            in the order they run within a round.
+        num_batches: batches per round; None: one full epoch.
+        num_rounds: counted rounds per loader (medians are taken over these).
+        num_warmup_rounds: uncounted rounds per loader run first (imports, page cache, allocator).
+        baseline: the loader ratios are relative to (default: the first factory).
+        consume: called on every batch (default: :func:`touch_pages`, one byte per page;
+            :func:`touch_batch` reads one element only, leaving unread pages unmapped and
+            so uncounted in PSS).
+        sample_interval_s: PSS sampling period in seconds.
+        teardown_timeout_s: how long to wait for a dropped loader's processes to exit.
+        environment: stored in the result as is (see ``describe_environment``).
+        rotate: start round ``i`` at loader ``i mod len(factories)`` (then on in the given
+            order, wrapping around), so that every loader takes every place in a round; a loader
+            that always runs right after another pays for what that one leaves behind.
+
+    Returns:
+        A :class:`CompareResult` (``format_table()`` for people, ``to_dict()`` for files).
+    """
+    if len(factories) < 1:
+        raise ValueError("`factories` must name at least one loader. Found: none.")
+    if num_rounds < 1:
+        raise ValueError(f"`num_rounds` must be >= 1. Found: {num_rounds}.")
+    if num_warmup_rounds < 0:
+        raise ValueError(f"`num_warmup_rounds` must be >= 0. Found: {num_warmup_rounds}.")
+    if num_batches is not None and num_batches < 2:
+        raise ValueError(
+            f"`num_batches` must be >= 2 (the first batch is start-up) or None. Found: {num_batches}."
+        )
+    names = list(factories)
+    base = names[0] if baseline is None else baseline
+    if base not in factories:
+        raise ValueError(f"`baseline` must be one of {names}. Found: {shorten(baseline)}.")
+
+    notes: list[str] = []
+    rounds: dict[str, list[RoundResult]] = {n: [] for n in names}
+    for i in range(num_warmup_rounds + num_rounds):
+        shift = i % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
+            r = _run_round(
+                name, factories[name], i - num_warmup_rounds, num_batches, consume,
+                sample_interval_s, teardown_timeout_s, notes,
+            )
+            if i >= num_warmup_rounds:
+                rounds[name].append(r)
+    return CompareResult(
+        loaders=tuple(LoaderSummary(n, tuple(rounds[n])) for n in names),
+        baseline=base,
+        num_rounds=num_rounds,
+        num_warmup_rounds=num_warmup_rounds,
+        num_batches=num_batches,
+        environment=dict(environment or {}),
+        notes=tuple(notes),
+        rotated=rotate,
+    )

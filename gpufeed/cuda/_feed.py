@@ -1,0 +1,332 @@
+"""The CUDA feed: page-locked arena, one copy stream per loader, batches prefetched to the GPU.
+
+Lifecycle (docs/design/cuda-feed.md has the whole story):
+
+* ``HostRegistrar`` page-locks arena slots with ``cudaHostRegister`` the first time a batch of a
+  given extent lands in them (growing by doubling, so each slot is registered a handful of times
+  per loader, never per batch). At arena close it first drains the copy stream
+  (``CudaFeed.drain``), then unregisters everything, before the arena unmaps.
+* ``CudaFeed`` owns the loader's copy stream for the loader's whole life (a stream per epoch
+  would strand the caching allocator's per-stream pools). For every host batch it makes the copy
+  stream wait on the consumer's stream (memory the consumer freed may still have queued reads),
+  issues ``non_blocking`` copies from page-locked memory only, and records an event. The host
+  batch, and with it the arena slot, is kept until that event has completed: a slot is never
+  rewritten under a running copy. Nothing waits for that on the host, not even at the end of an
+  epoch: completed copies are found by polling (``event.query()``).
+* At hand-out the consumer stream (the current stream at ``__next__`` time) waits on the event;
+  uint8 images are converted, laid out and normalized *on the consumer stream*, and every device
+  tensor allocated on the copy stream is ``record_stream``-ed on the consumer stream, so it stays
+  valid for as long as the user holds it.
+
+Page-locked arena memory is handed out only to this feed, which issues every copy from it on a
+stream it knows. With ``pin_memory=True`` and no ``device`` the user issues the copies, on
+streams gpufeed cannot see, so batches are copied into torch's pinned memory as DataLoader does
+(``gpufeed._engine.iterator``), whose allocator records each copy's stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from gpufeed.errors import BackendUnavailableError, shorten
+
+log = logging.getLogger(__name__)
+_REGISTER_GRAIN_BYTES = 2 << 20
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device ``device`` names, or None; raises at construction when CUDA is missing."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"`device` must be 'cuda', 'cuda:N' or a torch.device. Found: {shorten(device)}.") from exc
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise ValueError(f"`device` must be a CUDA device (or 'cpu'). Found: {shorten(device)}.")
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            f"device={device!r} needs CUDA, which this process does not have: torch {torch.__version__} "
+            f"(built with CUDA {torch.version.cuda}), torch.cuda.is_available() is False. Fix: install a "
+            "CUDA build of torch on a machine with an NVIDIA GPU, or leave `device` unset and move "
+            "batches yourself (pin_memory=True)."
+        )
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    return torch.device("cuda", index)
+
+
+def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor in a nested batch (dicts, namedtuples, tuples, lists)."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in data.items()}
+        try:
+            return type(data)(mapped)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(map_tensors(v, fn) for v in data))
+    if isinstance(data, tuple):
+        return tuple(map_tensors(v, fn) for v in data)
+    if isinstance(data, Sequence):
+        mapped_list = [map_tensors(v, fn) for v in data]
+        try:
+            return type(data)(mapped_list)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped_list
+    return data
+
+
+class HostRegistrar:
+    """Page-locks arena slots with cudaHostRegister, once per slot extent; unregisters all at close.
+
+    ``drain`` (the CUDA feed's ``CudaFeed.drain``) runs at close before the first
+    ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
+    no longer page-locked. ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    """
+
+    def __init__(self, arena: Any, drain: Callable[[], None] | None = None, cudart: Any = None) -> None:
+        self._arena = arena
+        self._drain = drain
+        self._cudart = torch.cuda.cudart() if cudart is None else cudart
+        self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
+        arena.add_close_hook(self.close)
+
+    def ensure(self, slot: int, nbytes: int) -> None:
+        """Make the first ``nbytes`` of ``slot`` page-locked (a no-op when they already are).
+
+        Growing a registration unregisters the smaller one first: the slot was free until now,
+        so no copy reads it (the feed keeps a host batch until its copy completed).
+        """
+        have = self._registered.get(slot)
+        if have is not None and have[1] >= nbytes:
+            return
+        want = _REGISTER_GRAIN_BYTES
+        while want < nbytes or (have is not None and want <= have[1]):
+            want *= 2
+        want = min(want, self._arena.slot_bytes)
+        ptr = self._arena.slot_tensor(slot).data_ptr()
+        if have is not None:
+            self._cudart.cudaHostUnregister(have[0])
+        err = self._cudart.cudaHostRegister(ptr, want, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}")
+        self._registered[slot] = (ptr, want)
+        self._arena.mark_pinned(slot)
+
+    def close(self) -> None:
+        """Drain the copies, then unregister every range (the arena's close hook; idempotent)."""
+        if self._drain is not None:
+            self._drain()
+        for ptr, _ in self._registered.values():
+            self._cudart.cudaHostUnregister(ptr)
+        self._registered.clear()
+
+
+class DeviceTransform(Protocol):
+    """What the consumer stream does to a batch's tensors after the copy (the image path's
+    ``gpufeed.cuda._transform.GpuTransform``: dtype, layout, normalize)."""
+
+    def apply(self, images: torch.Tensor) -> torch.Tensor: ...
+
+
+class CudaOps:
+    """Every CUDA call the feed makes, in one place, for one device.
+
+    None of them blocks the host (``torch.cuda.set_sync_debug_mode("error")`` passes in steady
+    state, ``tests/gpu``); the only host wait of the feed is ``stream.synchronize()`` in
+    ``CudaFeed.drain``, at arena close. Tests without a GPU pass a stand-in with the same methods
+    that records the calls (``tests/unit/test_cuda_cpu.py``); events and streams are used through
+    their torch methods: ``record``, ``query``, ``elapsed_time``, ``wait_stream``, ``wait_event``,
+    ``synchronize``.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def new_stream(self) -> Any:
+        return torch.cuda.Stream(device=self.device)
+
+    def current_stream(self) -> Any:
+        return torch.cuda.current_stream(self.device)
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def new_event(self) -> Any:
+        return torch.cuda.Event(enable_timing=True)  # creating and recording one never blocks
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return t.is_pinned()  # cudaPointerGetAttributes: sees cudaHostRegister'ed arena ranges
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory()  # torch's caching host allocator: it guards the block itself
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        t.record_stream(stream)
+
+
+class CudaFeed:
+    """Per-loader CUDA state: the device, the copy stream, the host batches whose copies may still
+    run, the GPU transform.
+
+    Every copy runs on the one copy stream, so its events complete in the order they were
+    recorded: one FIFO of host batches for the loader (whatever iterator issued them) is retired
+    by polling its head (``retire``), with no host wait. A host batch is dropped (its arena slot
+    freed to the workers) only after its copy's end event completed; the iterator never waits for
+    that, not even at the end of an epoch or when it is dropped mid-epoch: the batches stay here
+    until a later ``__next__`` finds them done, or until ``drain`` (at arena close) waits.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        prefetch_batches: int,
+        gpu_transform: DeviceTransform | None = None,
+        stats: Any = None,
+        ops: Any = None,
+    ) -> None:
+        self.device = device
+        self.stats = stats  # h2d_s is added here
+        self.prefetch_batches = prefetch_batches
+        self.gpu_transform = gpu_transform
+        self.ops = CudaOps(device) if ops is None else ops
+        self.staged = 0  # pageable host tensors copied through torch's pinned memory (overflow)
+        self._stream: Any = None
+        self._pending: collections.deque[tuple[Any, Any, Any]] = collections.deque()  # (host, start, end)
+        self._lock = threading.Lock()  # ``drain`` may run in a finalizer, in another thread
+
+    @property
+    def stream(self) -> Any:
+        """The loader's one copy stream, created on first use."""
+        if self._stream is None:
+            self._stream = self.ops.new_stream()
+        return self._stream
+
+    @property
+    def pending(self) -> int:
+        """Host batches held because their copy may not have completed."""
+        return len(self._pending)
+
+    def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
+        """The arena's registrar, draining this feed's copies before it unregisters."""
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart)
+
+    def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
+        return CudaIter(self, host_iter)
+
+    def copy(self, host: Any) -> tuple[Any, Any]:
+        """Issue the copy of a host batch on the copy stream; (device batch, end event).
+
+        The copy stream first waits for the work queued on the current stream: a device block the
+        consumer freed may be handed to this copy while its kernels still read it.
+        """
+        ops, stream = self.ops, self.stream
+        stream.wait_stream(ops.current_stream())
+        with ops.use_stream(stream):
+            start = ops.new_event()
+            start.record(stream)
+            dev = map_tensors(host, self._to_device)
+            end = ops.new_event()
+            end.record(stream)
+        with self._lock:
+            self._pending.append((host, start, end))
+        return dev, end
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        # A non_blocking copy from pageable memory is staged by the driver behind the stream's
+        # queued work, a hidden host wait. Arena views are page-locked (HostRegistrar); a payload
+        # that overflowed its slot is not, and goes through torch's pinned memory instead.
+        if not self.ops.is_pinned(t):
+            t = self.ops.pin(t)
+            self.staged += 1
+        return self.ops.to_device(t)
+
+    def retire(self) -> None:
+        """Drop the host batches whose copies completed (their slots go back to the workers)."""
+        done = []
+        with self._lock:
+            while self._pending and self._pending[0][2].query():
+                done.append(self._pending.popleft())
+        if self.stats is not None:
+            for _, start, end in done:
+                self.stats.h2d_s += start.elapsed_time(end) / 1000.0
+        del done  # the host batches die here, outside the lock
+
+    def drain(self) -> None:
+        """Wait for every copy issued on the copy stream, then drop their host batches. Runs
+        before the arena unregisters its memory (``HostRegistrar.close``): the one host wait."""
+        if self._stream is not None:
+            self._stream.synchronize()
+        with self._lock:
+            done, self._pending = self._pending, collections.deque()
+        del done
+
+
+class CudaIter:
+    """Iterates device batches, ``prefetch_batches`` copies ahead of the consumer."""
+
+    def __init__(self, feed: CudaFeed, host_iter: Iterator[Any]) -> None:
+        self._feed = feed
+        self._host = host_iter
+        self._queue: collections.deque[tuple[Any, Any]] = collections.deque()  # (device batch, end event)
+        self._done = False
+        self.on_yield: Any = None  # counts the batches handed to the user (the loader's position)
+
+    def __iter__(self) -> CudaIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._host)  # type: ignore[arg-type]
+
+    def _issue(self) -> None:
+        """Start the copy of the next host batch (sets ``_done`` at the end of the epoch)."""
+        try:
+            host = next(self._host)
+        except StopIteration:
+            self._done = True
+            return
+        self._queue.append(self._feed.copy(host))
+
+    def __next__(self) -> Any:
+        feed = self._feed
+        while not self._done and len(self._queue) < max(1, feed.prefetch_batches):
+            self._issue()
+        feed.retire()
+        if not self._queue:
+            raise StopIteration  # copies still running keep their host batches in the feed
+        dev, end = self._queue.popleft()
+        consumer = feed.ops.current_stream()
+        consumer.wait_event(end)
+        dev = map_tensors(dev, lambda t: _owned_by(feed.ops, t, consumer))
+        transform = feed.gpu_transform
+        if transform is not None:
+            dev = (transform.apply(dev[0]), dev[1])
+        if not self._done:
+            self._issue()  # keep the pipeline full while the consumer computes
+        if self.on_yield is not None:
+            self.on_yield.yielded += 1
+        return dev
+
+
+def _owned_by(ops: Any, t: torch.Tensor, stream: Any) -> torch.Tensor:
+    ops.record_stream(t, stream)  # allocated on the copy stream, used on the consumer's
+    return t
+

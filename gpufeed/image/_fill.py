@@ -1,0 +1,415 @@
+"""The image fast path: decode, crop, resize and flip straight into the rows of a batch slot.
+
+Used instead of ``__getitem__`` + ``collate_fn`` when the dataset is a gpufeed ``ImageSource``
+with a fixed-size transform and the loader's default collate. A batch of n samples occupies its
+slot as::
+
+    [ uint8 rows: n x H x W x 3 (channels_last) or n x 3 x H x W ][ int64 labels: n ]
+    [ float output: n x 3 x H x W, only with normalize/dtype ][ encoded-bytes staging ... ]
+
+The parent (``gpufeed._fastpath.feed.ImageFeed``) writes cache hits into the slot before dispatch
+(decoded rows, or encoded bytes in the staging area) and tells the worker which rows are done;
+the worker (``ImageFiller``, the engine's ``BatchFiller``) fills the rest, stages the encoded
+bytes of misses when the cache wants them, and replies with what it kept, staged and skipped.
+Results depend only on (seed, epoch, sample index), never on the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpufeed._engine.layout import align_up as _align
+from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
+from gpufeed.image._auto_reads import AutoReads
+from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
+from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image.augment._base import RowOps
+
+if TYPE_CHECKING:
+    from gpufeed._engine.arena import SlotWriter
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """What every batch of an image loader looks like (picklable; travels to workers)."""
+
+    transform: Any  # gpufeed.image.ImageTransform
+    channels_last: bool = False
+    on_error: str = "raise"
+    normalize: Normalize | None = None
+    dtype: torch.dtype = torch.uint8
+    seed: int = 0
+    cache: str | None = None  # "decoded" | "encoded" | None
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {shorten(self.on_error)}.")
+        check_image_output(self.dtype, self.normalize)
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return tuple(self.transform.output_size)
+
+    @property
+    def row_bytes(self) -> int:
+        h, w = self.hw
+        return h * w * 3
+
+    def offsets(self, n: int) -> tuple[int, int, int]:
+        """(labels, float output, staging start) byte offsets of an n-sample batch."""
+        labels = _align(n * self.row_bytes)
+        floats = _align(labels + 8 * n)
+        staging = floats
+        if self.dtype != torch.uint8:
+            staging = _align(floats + n * self.row_bytes * self.dtype.itemsize)
+        return labels, floats, staging
+
+    def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+        """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
+        h, w = self.hw
+        shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
+        return buf[: n * self.row_bytes].view(shape)
+
+
+@dataclass
+class ImageTask:
+    """Per-batch instructions from the parent: augmentation epoch and what the cache supplied."""
+
+    epoch: int
+    done: tuple[int, ...] = ()  # positions whose rows the parent already wrote
+    given: tuple[tuple[int, int, int], ...] = ()  # (position, offset, nbytes) of encoded hits
+    staging_used: int = 0  # bytes of the staging area the parent used
+
+
+@dataclass
+class FillReport:
+    """What a worker did with a batch: which positions it kept, staged and skipped; stage times."""
+
+    kept: list[int] = field(default_factory=list)
+    staged: list[tuple[int, int, int]] = field(default_factory=list)  # (position, offset, nbytes)
+    errors: list[tuple[int, str, str]] = field(default_factory=list)  # (index, file, message)
+    read_s: float = 0.0  # the decoding thread's wait for bytes (with read-ahead, less than a read)
+    reads: int = 0  # reads of the source for this batch
+    read_latency_s: float = 0.0  # their summed duration, each timed where it ran (storage latency)
+    read_concurrency: int = 1  # reads in flight the worker allowed for this batch (1: sequential)
+    decode_s: float = 0.0
+    transform_s: float = 0.0  # crop/resize/flip after the decode
+    post_s: float = 0.0  # compaction and dtype/normalize over the whole batch
+
+    @property
+    def samples(self) -> int:
+        """Samples in the batch (the skipped ones left out)."""
+        return len(self.kept)
+
+
+def fill_batch(
+    plan: ImagePlan,
+    source: Any,
+    indices: list[int],
+    task: ImageTask,
+    bind: Callable[[], torch.Tensor],
+    stage: Callable[[int, Any], tuple[int, int] | None] | None,
+    reads: ReadAhead | None = None,
+    prefetched: BatchReads | None = None,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+    """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, labels), report).
+
+    The slot is bound as late as possible: when the parent wrote nothing into it, the first
+    image is decoded into a scratch row and the slot is bound only to copy it in (see
+    ``SlotWriter.begin_late``). ``stage(position, data)`` copies a miss's encoded bytes where
+    the parent can cache them. A miss's bytes and label come from one ``source.read_item``
+    call; with ``reads``, the misses are read ahead on threads while earlier ones decode.
+    ``prefetched``: the reads ``begin_reads`` started for this task (closed here either way).
+    """
+    batch_reads = prefetched
+    if batch_reads is None:
+        batch_reads = begin_reads(reads, source, indices, task)
+    order: _Sequential | BatchReads = batch_reads or _Sequential(source.read_item, _misses(indices, task))
+    try:
+        out, report = _fill(plan, source, indices, task, bind, stage, order)
+    finally:
+        if batch_reads is not None:
+            batch_reads.close()
+    report.reads, report.read_latency_s = order.reads_done, order.latency_s
+    return out, report
+
+
+def _misses(indices: list[int], task: ImageTask) -> list[int]:
+    """The indices the worker reads: those whose rows or bytes the parent did not supply."""
+    supplied = set(task.done) | {pos for pos, _, _ in task.given}
+    return [index for pos, index in enumerate(indices) if pos not in supplied]
+
+
+def begin_reads(reads: ReadAhead | None, source: Any, indices: list[int], task: ImageTask,
+                ) -> BatchReads | None:
+    """Start reading the task's misses on ``reads`` (None: they are read one at a time)."""
+    misses = _misses(indices, task)
+    if reads is None or len(misses) < 2:
+        return None
+    return reads.batch(source.read_item, misses)
+
+
+class _Sequential:
+    """Reads one sample at a time, at its turn (the main process, or read_concurrency=1)."""
+
+    def __init__(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> None:
+        self._read, self._indices, self._next = read, indices, 0
+        self.reads_done = 0
+        self.latency_s = 0.0
+
+    def next(self) -> tuple[Any, int]:
+        index = self._indices[self._next]
+        self._next += 1
+        self.reads_done += 1
+        t0 = time.perf_counter()
+        try:
+            return self._read(index)
+        finally:
+            self.latency_s += time.perf_counter() - t0
+
+
+def _fill(
+    plan: ImagePlan,
+    source: Any,
+    indices: list[int],
+    task: ImageTask,
+    bind: Callable[[], torch.Tensor],
+    stage: Callable[[int, Any], tuple[int, int] | None] | None,
+    reads: _Sequential | BatchReads,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+    n = len(indices)
+    report = FillReport()
+    done = set(task.done)
+    given = {pos: (off, nbytes) for pos, off, nbytes in task.given}
+    buf = bind() if done or given or stage is not None else None
+    rows = None if buf is None else plan.rows(buf, n).numpy()
+    scratch = None
+    label_values = [0] * n
+    for pos, index in enumerate(indices):
+        if pos in done:
+            label_values[pos] = source.label(index)
+            report.kept.append(pos)
+            continue
+        t0 = time.perf_counter()
+        if pos in given:
+            label_values[pos] = source.label(index)
+            assert buf is not None  # bound above: the parent wrote into the slot
+            off, nbytes = given[pos]
+            data = buf[off : off + nbytes].numpy()
+        else:
+            try:
+                data, label_values[pos] = reads.next()
+            except ReadError as exc:  # a remote read failed for good (its message names it)
+                if plan.on_error == "raise":
+                    raise
+                report.errors.append((index, source.describe(index), str(exc)))
+                report.read_s += time.perf_counter() - t0
+                continue
+            if stage is not None:
+                placed = stage(pos, data)
+                if placed is not None:
+                    report.staged.append((pos, *placed))
+        t1 = time.perf_counter()
+        if rows is None and scratch is None:
+            scratch = plan.rows(torch.empty(plan.row_bytes, dtype=torch.uint8), 1)[0].numpy()
+        try:
+            decode_s = plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed,
+                                            out=scratch if rows is None else rows[pos])
+        except DecodeError as exc:
+            decode_s = time.perf_counter() - t1
+            where = source.describe(index)
+            if plan.on_error == "raise":
+                raise DecodeError(
+                    f"cannot decode {where} (sample index {index}): {exc}. Check or remove the "
+                    f"file, or pass {SKIP_HINT} to leave bad samples out of their batch."
+                ) from exc
+            report.errors.append((index, where, str(exc)))
+        else:
+            report.kept.append(pos)
+            if rows is None:
+                buf = bind()
+                rows = plan.rows(buf, n).numpy()
+                rows[pos] = scratch
+        report.read_s += t1 - t0
+        report.decode_s += decode_s
+        report.transform_s += time.perf_counter() - t1 - decode_s
+    t2 = time.perf_counter()
+    if buf is None:  # every sample failed
+        buf = bind()
+    batch = _finish(plan, indices, task, report, label_values, buf)
+    report.post_s = time.perf_counter() - t2
+    return batch, report
+
+
+def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillReport, label_values: list[int],
+            buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's end, once per batch: write the labels, move the kept rows up (in order), convert
+    to the output dtype and layout, run the float ops; returns (images, labels) of the kept rows."""
+    n = len(indices)
+    off_labels, off_floats, _ = plan.offsets(n)
+    rows_t = plan.rows(buf, n)
+    rows = rows_t.numpy()
+    labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+    labels.copy_(torch.tensor(label_values, dtype=torch.int64))
+    k = len(report.kept)
+    if k < n:  # compact: kept rows move up, in order
+        for dst, src in enumerate(report.kept):
+            if dst != src:
+                rows[dst] = rows[src]
+                labels[dst] = labels[src]
+    images = rows_t[:k]
+    if plan.channels_last:
+        images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
+    if plan.dtype != torch.uint8:
+        images = _to_float(plan, images, buf, off_floats)
+    float_ops = getattr(plan.transform, "float_ops", ())
+    if float_ops:  # after normalize, as torchvision and timm run RandomErasing
+        row_ops = RowOps(float_ops=float_ops)
+        for k_pos, pos in enumerate(report.kept):
+            row = images[k_pos]
+            result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
+            if result is not row:
+                row.copy_(torch.as_tensor(result))
+    return images, labels[:k]
+
+
+def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
+    """(x / 255 - mean) / std (or x / 255) over the whole batch, into the slot's float area."""
+    k = images.shape[0]
+    h, w = plan.hw
+    nbytes = k * 3 * h * w * plan.dtype.itemsize
+    flat = buf[offset : offset + nbytes].view(plan.dtype)
+    if plan.channels_last:
+        out = flat.view(k, h, w, 3).permute(0, 3, 1, 2)
+    else:
+        out = flat.view(k, 3, h, w)
+    constants = None if plan.normalize is None else affine(plan.normalize, work_dtype(plan.dtype))
+    return convert_(out, images, constants)
+
+
+class WorkerReads:
+    """One process's reads on the image path: its read-ahead (``ReadAhead``, made when a source
+    asks for more than one read in flight) and, for a source with ``read_auto``, its automatic
+    concurrency (``AutoReads``). Owned by an ``ImageFiller`` and made in the process that fills
+    (a worker), never pickled nor used across a fork; :meth:`stop` ends its read threads."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # the process it was made in (the filler makes a new one elsewhere)
+        self.ahead: ReadAhead | None = None
+        self.auto: AutoReads | None = None
+
+    def for_source(self, source: Any) -> ReadAhead | None:
+        """The read-ahead for ``source`` (None when it reads one sample at a time). A source with
+        ``read_auto`` reads ahead once its reads stall the worker (``AutoReads``); a source with
+        other settings (concurrency, budget) than the read-ahead's stops it for a new one."""
+        if getattr(source, "read_auto", False):
+            if self.auto is None:
+                self.auto = AutoReads()
+            concurrency = self.auto.concurrency
+        else:
+            concurrency = int(getattr(source, "read_concurrency", 1) or 1)
+        if concurrency <= 1:
+            return None
+        budget = int(getattr(source, "read_budget_bytes", 0) or 0)
+        ahead = self.ahead
+        if ahead is None or (ahead.concurrency, ahead.budget_bytes) != (concurrency, budget):
+            if ahead is not None:
+                ahead.stop()  # its threads end (another source's settings)
+            ahead = self.ahead = ReadAhead(concurrency, budget)
+        return ahead
+
+    def observe(self, source: Any, report: FillReport) -> None:
+        """Take a filled task's figures (``AutoReads.observe``; ``read_auto`` sources only)."""
+        if self.auto is not None and getattr(source, "read_auto", False):
+            self.auto.observe(report.read_s, report.reads, report.read_latency_s,
+                              report.decode_s + report.transform_s, report.samples)
+
+    def stop(self) -> None:
+        """Close the open tasks' reads and end the read threads (idempotent; a later task
+        starts new ones)."""
+        if self.ahead is not None:
+            self.ahead.stop()
+
+
+@dataclass(frozen=True)
+class ImageFiller:
+    """The image path's worker half (the engine's ``BatchFiller``): ``fill_batch`` into the
+    task's arena slot, instead of ``__getitem__`` + ``collate_fn``.
+
+    Made in the parent; what a worker reads with (``WorkerReads``) is made in the worker at its
+    first task and ended by :meth:`teardown`: a pickled filler carries only its plan, and a
+    forked one makes its own."""
+
+    plan: ImagePlan
+    _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[type[ImageFiller], tuple[ImagePlan]]:
+        return ImageFiller, (self.plan,)  # the plan only: read state belongs to one process
+
+    def setup(self) -> None:
+        """One OpenCV thread per worker."""
+        if "cv2" not in sys.modules:
+            import cv2  # a fresh import (spawn, or a parent without cv2) may be configured safely
+
+            cv2.setNumThreads(1)  # (inherited via fork, the parent already forked us at 1 thread)
+
+    def teardown(self) -> None:
+        """End this process's read threads (the worker leaves its task loop)."""
+        reads = self._reads
+        if reads is not None and reads.pid == os.getpid():
+            reads.stop()
+
+    def worker_reads(self) -> WorkerReads:
+        """This process's ``WorkerReads`` (made at the first call in each process)."""
+        reads = self._reads
+        if reads is None or reads.pid != os.getpid():
+            reads = WorkerReads()
+            object.__setattr__(self, "_reads", reads)  # frozen: the plan never changes, this does
+        return reads
+
+    def prefetch(self, source: Any, indices: list[int], task: ImageTask) -> BatchReads | None:
+        """Start the task's reads (after those of the tasks begun before it)."""
+        return begin_reads(self.worker_reads().for_source(source), source, indices, task)
+
+    def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
+             prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
+             ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+        """Lay the batch out in the slot, stage encoded misses after the parent's hits;
+        ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
+        tasks that reached the worker since, so their reads begin during this fill."""
+        plan = self.plan
+        labels, floats, staging = plan.offsets(len(indices))
+        if staging > w.capacity:
+            raise ValueError(
+                f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
+                f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
+            )
+        w.mark(0, len(indices) * plan.row_bytes)
+        w.mark(labels, 8 * len(indices))
+        if floats != staging:
+            w.mark(floats, staging - floats)
+        w.seek(staging + task.staging_used)
+
+        def stage(pos: int, data: Any) -> tuple[int, int] | None:
+            return w.stage(data)
+
+        worker = self.worker_reads()
+        reads = worker.for_source(source)
+        if reads is not None:
+            reads.more = more
+        try:
+            out, report = fill_batch(plan, source, indices, task, lambda: w.buffer,
+                                     stage if plan.cache == "encoded" else None, reads, prefetched)
+        finally:
+            if reads is not None:
+                reads.more = None
+        report.read_concurrency = 1 if reads is None else reads.concurrency
+        worker.observe(source, report)
+        return out, report

@@ -1,1 +1,0 @@
-"""Observation below the public tools: process-tree probes and memory, tuning rules."""
