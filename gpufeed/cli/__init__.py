@@ -21,7 +21,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufeed import __version__
 from gpufeed.cli import bench as cli_bench
@@ -30,11 +30,7 @@ from gpufeed.cli import tune as cli_tune
 from gpufeed.cli._util import add_on_error, cli_text, write
 from gpufeed.decoders import backends
 from gpufeed.errors import GpufeedError
-from gpufeed.sources import pack
-
-if TYPE_CHECKING:
-    from gpufeed.sources._pack import PackResult
-    from gpufeed.sources._tar_writer import TarPackResult
+from gpufeed.sources import PackResult, TarPackResult, pack, pack_tar
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -73,8 +69,6 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _pack_tar(args: argparse.Namespace) -> int:
-    from gpufeed.sources import pack_tar
-
     result = pack_tar(args.src, args.dst, shard_bytes=args.shard_mb << 20, **_pack_options(args))
     resumed = (f", resumed after {result.resumed_from_shard} shards"
                if result.resumed_from_shard else "")

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from gpufeed.errors import SKIP_HINT
+from gpufeed.sources import ImageFolder, TarShards
 
 
 def write(text: str) -> None:
@@ -52,7 +53,6 @@ def is_tar_pattern(root: str) -> bool:
 def open_image_dataset(root: str, transform: Any) -> Any:
     """The dataset a subcommand's ``ROOT`` names: :class:`~gpufeed.TarShards` for tar shards
     (:func:`is_tar_pattern`), otherwise an :class:`~gpufeed.ImageFolder`."""
-    from gpufeed.sources import ImageFolder, TarShards
 
     if is_tar_pattern(root):
         return TarShards(root, transform=transform)

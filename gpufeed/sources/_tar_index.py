@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.sources._remote import is_url
 from gpufeed.sources._tar_walk import Members, TarFormatError
 
 DEFAULT_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -68,8 +69,6 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
 
     A glob that matches nothing, and a result with no shard, are FileNotFoundError/ValueError.
     """
-    from gpufeed.sources._remote import is_url
-
     items: Iterable[Any] = ([urls] if isinstance(urls, (str, os.PathLike)) else urls)
     out: list[str] = []
     for item in items:

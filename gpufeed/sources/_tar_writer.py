@@ -24,6 +24,7 @@ import logging
 import os
 import tarfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,9 +33,12 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import DecodeError, add_note, check_int, shorten
+from gpufeed.sources._folder import ImageFolder
 from gpufeed.sources._npz import write_npz
+from gpufeed.sources._pack import MAX_DEFAULT_PACK_WORKERS, _PackProgress, _prepare
 from gpufeed.sources._tar_cache import SIDECAR_SUFFIX, read_sidecar, sidecar_arrays
 from gpufeed.sources._tar_walk import local_reader, walk
+from gpufeed.sources._verify import check_on_error, skip_or_raise, verify_image
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +92,6 @@ def pack_tar(src: Any, dst: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHA
     ``skipped`` with ``"skip"``. ``workers``: threads reading and preparing images ahead of the
     writer. See the module docstring for the layout and resuming.
     """
-    from gpufeed.sources._folder import ImageFolder
-    from gpufeed.sources._pack import MAX_DEFAULT_PACK_WORKERS, _PackProgress
-    from gpufeed.sources._verify import check_on_error
-
     check_int("shard_bytes", shard_bytes, 1)
     if max_samples is not None:
         check_int("max_samples", max_samples, 1, kind="None or an int")
@@ -209,11 +209,6 @@ def _prepared(ex: ThreadPoolExecutor, dataset: Any, first: int, workers: int,
               ) -> Iterator[tuple[int, tuple[int, bytes, bool] | str]]:
     """(i, (bytes read, bytes to store, re-encoded)) for samples ``first..``, in order, read
     and prepared on ``ex`` a bounded window ahead; (i, why) for one skipped."""
-    from collections import deque
-
-    from gpufeed.sources._pack import _prepare
-    from gpufeed.sources._verify import skip_or_raise, verify_image
-
     def load(i: int) -> tuple[int, bytes, bool]:
         data = bytes(dataset.read(i))
         value, changed = _prepare(data, max_side, quality)
