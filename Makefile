@@ -2,12 +2,17 @@
 # `make docs` builds the docs site into site/ (also run by `make test`).
 PYTHON ?= python3
 VENV   ?= .venv
-# The CPU wheel; pick another build with e.g. `make test TORCH="torch==2.11.0"`.
+# The CPU wheel; pick another build with e.g. `make test TORCH="torch==2.11.0"`. PyPI's torch of
+# the same version is a CUDA build (GBs): the CPU build comes from TORCH_INDEX, PyTorch's CPU wheel
+# index. A matching wheel already on this machine (pip's find-links, e.g. PIP_FIND_LINKS) is taken
+# first, with no index asked (--no-index; torch alone, its small dependencies come with .[dev]);
+# only when there is none does pip go to TORCH_INDEX. Another index: `make TORCH_INDEX=URL`.
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.gpufeed-installed
 # A second venv for tests/torchvision: PyPI's torchvision does not import beside the pinned CPU
-# torch, so these tests run on torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.5 GB, that
+# torch, so these tests run on torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.7 GB, that
 # runs on the CPU; about 75 s to install here from local files). See docs/getting-started.md, "The two commands of a clone".
 TV_VENV  ?= .venv-tv
 TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
@@ -17,7 +22,8 @@ TV_STAMP := $(TV_VENV)/.gpufeed-installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-index --no-deps "$(TORCH)" 2>/dev/null \
+	  || $(BIN)/python -m pip install -q --index-url "$(TORCH_INDEX)" "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
@@ -39,7 +45,7 @@ demo: sysdeps $(STAMP)
 	$(BIN)/python -m gpufeed demo
 
 # The API reference (docstrings) and docs/ pages; --strict makes every warning an error.
-# No -q: with --quiet, mkdocs 1.6 drops warnings before strict mode counts them (mkdocs#4126).
+# No -q: with --quiet, mkdocs 1.6 drops warnings before strict mode counts them.
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict
 
@@ -56,14 +62,19 @@ lint: $(STAMP)
 # builds, as pip does); install the wheel with $(TORCH) into a fresh venv ($(PKG_VENV), made anew
 # every time) and run scripts/package_smoke.py there, outside the tree: import, LICENSE in the
 # dist-info, `gpufeed --version`, one FastLoader epoch. The venv has no pip of its own (.venv's pip
-# installs into it with --python: ensurepip would cost more than the rest of the venv); one pip run,
-# wheels from pip's cache, and --no-compile (byte-compiling torch is most of an install's time).
+# installs into it with --python: ensurepip would cost more than the rest of the venv); $(TORCH) as
+# for .venv (a local wheel first, else TORCH_INDEX), then the wheel with the rest of the
+# dependencies; wheels from pip's cache, and --no-compile (byte-compiling torch is most of an
+# install's time).
 PKG_VENV ?= .venv-pkg
+PKG_PIP = $(BIN)/python -m pip --python $(PKG_VENV)/bin/python install -q --no-compile
 package-check: $(STAMP)
 	rm -rf dist $(PKG_VENV)
 	$(BIN)/python -m build -q --outdir dist .
 	$(PYTHON) -m venv --without-pip $(PKG_VENV)
-	$(BIN)/python -m pip --python $(PKG_VENV)/bin/python install -q --no-compile "$(TORCH)" dist/gpufeed-*.whl
+	$(PKG_PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null \
+	  || $(PKG_PIP) --index-url "$(TORCH_INDEX)" "$(TORCH)"
+	$(PKG_PIP) dist/gpufeed-*.whl
 	cd $(PKG_VENV) && env -u PYTHONPATH bin/python "$(CURDIR)/scripts/package_smoke.py"
 
 # The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision

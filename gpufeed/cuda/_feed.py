@@ -22,6 +22,12 @@ Page-locked arena memory is handed out only to this feed, which issues every cop
 stream it knows. With ``pin_memory=True`` and no ``device`` the user issues the copies, on
 streams gpufeed cannot see, so batches are copied into torch's pinned memory as DataLoader does
 (``gpufeed._engine.iterator``), whose allocator records each copy's stream.
+
+What has run: none of this module has run on a real GPU yet. The tests without a GPU run the
+real feed, registrar and arena against a fake device that records every CUDA call
+(``tests/unit/test_cuda_feed_cpu.py``: the order of the calls, slots, held batches);
+``tests/gpu`` checks what only a GPU can show and skips without CUDA (docs/gpu-feed.md, "What
+has run on a GPU").
 """
 
 from __future__ import annotations
@@ -147,10 +153,11 @@ class DeviceTransform(Protocol):
 class CudaOps:
     """Every CUDA call the feed makes, in one place, for one device.
 
-    None of them blocks the host (``torch.cuda.set_sync_debug_mode("error")`` passes in steady
-    state, ``tests/gpu``); the only host wait of the feed is ``stream.synchronize()`` in
-    ``CudaFeed.drain``, at arena close. Tests without a GPU pass a stand-in with the same methods
-    that records the calls (``tests/unit/test_cuda_cpu.py``); events and streams are used through
+    None of them is meant to block the host (``tests/gpu`` checks the steady state under
+    ``torch.cuda.set_sync_debug_mode("error")``; it has not yet run on a GPU); the only host wait
+    of the feed is ``stream.synchronize()`` in ``CudaFeed.drain``, at arena close. Tests without a
+    GPU pass a stand-in with the same methods that records the calls
+    (``tests/unit/test_cuda_feed_cpu.py``); events and streams are used through
     their torch methods: ``record``, ``query``, ``elapsed_time``, ``wait_stream``, ``wait_event``,
     ``synchronize``.
     """

@@ -1,5 +1,10 @@
 """The GPU-side image transform: dtype, layout and normalize applied on the consumer stream
-after the copy (``gpufeed.cuda._feed.CudaFeed`` calls ``apply``; docs/design/cuda-feed.md)."""
+after the copy (``gpufeed.cuda._feed.CudaFeed`` calls ``apply``; docs/design/cuda-feed.md).
+
+What has run: ``apply`` on CPU tensors, which gives the CPU path's numbers exactly
+(``tests/unit/test_normalize.py``); on a CUDA device it has not run yet (``tests/gpu`` skips
+without CUDA).
+"""
 
 from __future__ import annotations
 

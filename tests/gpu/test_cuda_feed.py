@@ -1,6 +1,6 @@
 """The CUDA feed on a real GPU: byte-identical batches, held batches, streams, memory, teardown.
 
-Skipped without CUDA (see conftest.py); the CPU-side pieces are tested in tests/unit/test_cuda_cpu.py.
+Skipped without CUDA (see conftest.py); the CPU-side pieces are tested in tests/unit/test_cuda_feed_cpu.py.
 """
 
 from __future__ import annotations
