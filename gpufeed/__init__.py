@@ -6,7 +6,6 @@ Importing gpufeed starts nothing: no processes, threads, decoders or CUDA contex
 """
 
 from gpufeed.cache import HostCache, parse_cache_bytes
-from gpufeed.config import EngineConfig
 from gpufeed.decoders import backends, decode, read_header
 from gpufeed.doctor import diagnose
 from gpufeed.errors import (
@@ -28,7 +27,6 @@ __all__ = [
     "BackendUnavailableError",
     "DecodeError",
     "DistributedSampler",
-    "EngineConfig",
     "FastLoader",
     "GpufeedError",
     "GpufeedWarning",

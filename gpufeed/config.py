@@ -1,4 +1,8 @@
-"""gpufeed's own loader options, as data: frozen dataclasses validated on construction."""
+"""gpufeed's own loader options, as data: frozen dataclasses validated on construction.
+
+``FastLoader`` takes these options as keyword arguments, as DataLoader takes its own, and holds
+them as an :class:`EngineConfig` (``loader.engine_config``); the engine reads them from there.
+"""
 
 from __future__ import annotations
 

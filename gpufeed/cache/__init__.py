@@ -20,4 +20,4 @@ from gpufeed.cache._lru import (
     parse_cache_bytes,
 )
 
-__all__ = ["ROW_ALIGN", "CacheSize", "CachedValue", "HostCache", "aligned_copy", "parse_cache_bytes"]
+__all__ = ["CacheSize", "CachedValue", "HostCache", "ROW_ALIGN", "aligned_copy", "parse_cache_bytes"]

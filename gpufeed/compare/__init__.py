@@ -18,11 +18,11 @@ from gpufeed.compare._datasets import SyntheticImageDataset
 from gpufeed.compare._environment import describe_environment
 
 __all__ = [
-    "SAMPLER_THREAD_NAME",
     "CompareResult",
     "LoaderSummary",
     "PeakPSS",
     "RoundResult",
+    "SAMPLER_THREAD_NAME",
     "SyntheticImageDataset",
     "TreeMemory",
     "compare",

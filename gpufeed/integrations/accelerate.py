@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from gpufeed.errors import check_int, shorten
 from gpufeed.loader import FastLoader
 
-__all__ = ["AcceleratedFastLoader", "AccelerateSetup", "prepare", "skip_first_batches"]
+__all__ = ["AccelerateSetup", "AcceleratedFastLoader", "prepare", "skip_first_batches"]
 
 T_co = TypeVar("T_co", covariant=True)
 
