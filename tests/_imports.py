@@ -28,7 +28,7 @@ facts["plain"] = {"threads": names(), "children": len(mp.active_children()),
                   "turbojpeg": "turbojpeg" in sys.modules, "tune": "gpufeed.tune" in sys.modules}
 
 import gpufeed.serve
-facts["start_server"] = {"threads": names(), "prometheus_client": "prometheus_client" in sys.modules}
+facts["serve"] = {"threads": names(), "prometheus_client": "prometheus_client" in sys.modules}
 
 import gpufeed.decoders, gpufeed.image, gpufeed.sources, gpufeed.synth
 facts["decode"] = {"backends": [m for m in ("turbojpeg", "cv2", "lmdb") if m in sys.modules]}

@@ -337,3 +337,15 @@ def _owned_by(ops: Any, t: torch.Tensor, stream: Any) -> torch.Tensor:
     ops.record_stream(t, stream)  # allocated on the copy stream, used on the consumer's
     return t
 
+
+def hand_out(feed: CudaFeed, host: torch.Tensor) -> torch.Tensor:
+    """One host batch on the device, ready for the current (consumer) stream: the copy runs on
+    the feed's copy stream without blocking the host, the consumer stream waits for it, and the
+    result is tied to the consumer stream (``ImageBatcher``'s hand-out; ``CudaIter`` does the
+    same for a loader's batches). The feed keeps the host batch, so its slot, until the copy has
+    completed."""
+    feed.retire()
+    on_device, copied = feed.copy(host)
+    consumer = feed.ops.current_stream()
+    consumer.wait_event(copied)
+    return _owned_by(feed.ops, on_device, consumer)

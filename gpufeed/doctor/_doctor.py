@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed._progress import ProgressBar
+from gpufeed.cuda._sync import wait_for_device
 from gpufeed.decoders import read_header
 from gpufeed.doctor._evidence import Evidence
 from gpufeed.doctor._host_load import HostLoad
@@ -109,10 +110,7 @@ def _make_step(step: Callable[[Any], Any] | None, step_ms: float | None, sync: b
 
     def synced(batch: Any) -> None:
         step(batch)
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # else the step's time is the kernel launches' time
+        wait_for_device()  # else the step's time is the kernel launches' time
 
     return synced
 

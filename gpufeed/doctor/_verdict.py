@@ -9,8 +9,8 @@ import math
 
 from gpufeed._engine.ranks import fitting_workers
 from gpufeed._observe.memory import format_bytes
+from gpufeed._observe.rules import reads_ahead
 from gpufeed.doctor._evidence import Evidence
-from gpufeed.tune._rules import reads_ahead
 
 # What a verdict can name (gpufeed.doctor.Report.bottleneck).
 BOTTLENECKS = ("read", "decode", "transform", "workers", "transfer", "compute", "cache", "host")
@@ -214,7 +214,7 @@ class _Ahead:
 
 
 def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
-    """:func:`gpufeed.tune._rules.reads_ahead` on the measured read latency and decode
+    """:func:`gpufeed._observe.rules.reads_ahead` on the measured read latency and decode
     time; None when the evidence has no timed reads (a DataLoader, or every sample a cache hit)."""
     latency, per_batch = ev.read_latency_mean_s, ev.decode_per_batch_s
     if latency is None or not per_batch:

@@ -32,7 +32,7 @@ from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed, resolve_device
+from gpufeed.cuda._feed import CudaFeed, hand_out, resolve_device
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import DecodeError, check_int, shorten
 from gpufeed.image._cv2threads import single_threaded_cv2
@@ -135,14 +135,7 @@ class _Runner:
         if feed is None:
             with torch.inference_mode():
                 return self.model(images)
-        # As the loader's CUDA feed does it: the slot is page-locked (HostRegistrar), the copy
-        # runs on the feed's copy stream without blocking the host, the model's stream waits for
-        # it, and the feed keeps the host batch (so its slot) until the copy completed.
-        feed.retire()
-        on_device, copied = feed.copy(images)
-        consumer = feed.ops.current_stream()
-        consumer.wait_event(copied)
-        feed.ops.record_stream(on_device, consumer)  # allocated on the copy stream
+        on_device = hand_out(feed, images)  # the slot is page-locked (HostRegistrar)
         with torch.inference_mode():
             x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
             return self.model(x)

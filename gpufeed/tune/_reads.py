@@ -3,7 +3,7 @@
 A measurement's read share comes from the loader's own stage timings (``FastLoader.stats()``,
 image path). When reads dominate the one-worker baseline (slow storage: NFS, object stores,
 a slow wrapped dataset), :func:`tune_reads` steps the dataset's ``read_concurrency`` through
-:data:`gpufeed.tune._rules.READ_CONCURRENCIES` before the worker counts are measured:
+:data:`gpufeed._observe.rules.READ_CONCURRENCIES` before the worker counts are measured:
 reads in flight cost threads, workers cost processes.
 """
 
@@ -13,13 +13,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed.errors import is_int
-from gpufeed.tune._rules import (
+from gpufeed._observe.rules import (
     READ_CONCURRENCIES,
     reads_ahead,
     reads_dominate,
     search_read_concurrency,
 )
+from gpufeed.errors import is_int
 
 __all__ = ["prefetch_for_reads", "read_concurrency_of", "read_fraction", "read_options", "read_timing", "stage_seconds",
            "tune_reads"]
@@ -118,7 +118,7 @@ def tune_reads(dataset: Any, measure_at: Callable[[int], Any], baseline: Any, mi
 def prefetch_for_reads(row: Any, prefetch: int, why: str) -> tuple[int, str]:
     """``prefetch_factor`` and why: ``prefetch`` (from the data wait), raised when the reads of
     ``row`` (a ``TuneRow``) outlast the decode of the tasks a worker holds
-    ahead (:func:`gpufeed.tune._rules.reads_ahead`): reads run ahead only within them."""
+    ahead (:func:`gpufeed._observe.rules.reads_ahead`): reads run ahead only within them."""
     if row.read_latency_s is None or not row.decode_per_sample_s or not row.batch_samples:
         return prefetch, why
     rule = reads_ahead(row.read_latency_s, row.decode_per_sample_s, row.batch_samples,

@@ -12,11 +12,11 @@ import psutil
 
 from gpufeed._engine.ranks import find_local_ranks, fitting_workers
 from gpufeed._observe.memory import format_bytes
+from gpufeed._observe.rules import gain as relative_gain
 from gpufeed._progress import ProgressBar
 from gpufeed.errors import check_int
 from gpufeed.tune._reads import read_options, tune_reads
 from gpufeed.tune._row import TuneRow
-from gpufeed.tune._rules import gain as relative_gain
 
 MeasureFn = Callable[[int, bool], TuneRow]
 

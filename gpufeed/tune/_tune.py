@@ -16,6 +16,14 @@ import psutil
 from gpufeed._engine.context import usable_cores
 from gpufeed._observe.batches import batch_size_of, doublings
 from gpufeed._observe.memory import PeakPSS, format_bytes, process_pss_bytes
+from gpufeed._observe.rules import (
+    READ_CONCURRENCIES,
+    cache_bytes_needed,
+    recommend_cache_bytes,
+    recommend_prefetch_factor,
+    search_read_concurrency,
+)
+from gpufeed._observe.rules import gain as relative_gain
 from gpufeed._progress import ProgressBar
 from gpufeed.errors import check_int, is_int, shorten
 from gpufeed.loader import FastLoader
@@ -29,14 +37,6 @@ from gpufeed.tune._reads import (
     stage_seconds,
 )
 from gpufeed.tune._row import TuneRow
-from gpufeed.tune._rules import (
-    READ_CONCURRENCIES,
-    cache_bytes_needed,
-    recommend_cache_bytes,
-    recommend_prefetch_factor,
-    search_read_concurrency,
-)
-from gpufeed.tune._rules import gain as relative_gain
 from gpufeed.tune._search import Search, host_limits
 
 __all__ = [

@@ -19,7 +19,7 @@ import torch
 from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed
+from gpufeed.cuda._feed import CudaFeed, hand_out
 from gpufeed.stats import Stats
 
 SLOT = 1 << 20
@@ -283,3 +283,23 @@ def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_outp
     arena = context.arena(warm_cap=2)
     assert (context.registrar is not None) == cuda_output and made == ([arena] if cuda_output else [])
     context.close()
+
+
+def test_hand_out_of_one_batch_copies_on_the_copy_stream_for_the_consumer_and_keeps_the_slot(gpu, feed):
+    # ImageBatcher's hand-out: one tensor per batch, with the loader's stream discipline
+    host = Host(gpu, feed)
+    epoch = host.epoch(n=1)
+    images, _labels = next(epoch)
+    free_before = host.free()
+    on_device = hand_out(feed, images)
+    assert int(on_device[0, 0, 0, 0]) == 0
+    assert [c for c in gpu.log if c[0] == "copy"] == [("copy", "copy", True)]
+    assert [c for c in gpu.log if c[0] in ("wait_stream", "wait_event", "record_stream")] == [
+        ("wait_stream", "copy", "default"), ("wait_event", "default", 1), ("record_stream", "default")]
+    assert gpu.syncs() == []
+    del images, _labels
+    assert feed.pending == 1 and host.free() == free_before  # the copy may still read the slot
+    gpu.done(upto=2)  # the copy's start and end events
+    feed.retire()
+    assert feed.pending == 0 and host.free() == free_before + 1
+    epoch.close()

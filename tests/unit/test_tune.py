@@ -14,6 +14,7 @@ import pytest
 from torch.utils.data import Dataset
 
 from gpufeed import ImageFolder
+from gpufeed._observe.rules import reads_ahead
 from gpufeed.tune import (
     TuneRow,
     cache_bytes_needed,
@@ -25,7 +26,6 @@ from gpufeed.tune import (
     worker_counts,
 )
 from gpufeed.tune._reads import prefetch_for_reads
-from gpufeed.tune._rules import reads_ahead
 
 GiB = 2**30
 MiB = 2**20
