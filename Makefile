@@ -77,10 +77,11 @@ package-check: $(STAMP)
 	$(PKG_PIP) dist/gpufeed-*.whl
 	cd $(PKG_VENV) && env -u PYTHONPATH bin/python "$(CURDIR)/scripts/package_smoke.py"
 
-# The whole suite in .venv (tests/torchvision skips there, saying why), then tests/torchvision
-# with real torchvision in .venv-tv.
+# The whole suite in .venv (tests/torchvision skips there, saying why), with the tests of the
+# project's benchmark goals (benchmarks/test_goals.py: plain tests, which `make bench`'s
+# --benchmark-only skips), then tests/torchvision with real torchvision in .venv-tv.
 test: sysdeps $(STAMP) $(TV_STAMP) lint docs package-check
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests benchmarks/test_goals.py
 	$(TV_VENV)/bin/python -m pytest tests/torchvision
 
 # The pytest-benchmark suites, then the tests marked perf (speed ratios, memory figures), which

@@ -7,7 +7,7 @@ DataLoader+OpenCV (``IMREAD_REDUCED_*``) on phone-sized JPEGs, alternating round
 Without ROOT, a folder of ``--images`` phone-sized photo-like JPEGs (3000x2250 to 4000x3000,
 quality 95, 2.5-4.5 MB: ``gpufeed demo --large``'s images) is made once in ./demo-large and
 reused. Goals (eval): FastLoader >= 3x DataLoader+PIL, >= 1.1x PIL with draft and OpenCV reduced.
-See gpufeed/compare/_large_photos.py for the pipelines.
+See gpufeed/compare/_large_photos.py for the pipelines, benchmarks/_goals.py for the goals.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks._goals import large_photo_goals
 from gpufeed.cli.bench import format_environment, prepare_demo_data, write
 from gpufeed.compare._large_photos import run_large_photo_bench
 
@@ -42,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(f.stat().st_size for f in files)
     write(f"{len(files)} files in {root}, {sizes[0] / 1e6:.1f}-{sizes[-1] / 1e6:.1f} MB "
           f"(median {sizes[len(sizes) // 2] / 1e6:.1f} MB)")
-    result, goals = run_large_photo_bench(root, args.transform, num_workers=args.workers,
-                                          batch_size=args.batch_size, num_batches=args.batches,
-                                          num_rounds=args.rounds, num_warmup_rounds=args.warmup)
+    result = run_large_photo_bench(root, args.transform, num_workers=args.workers,
+                                   batch_size=args.batch_size, num_batches=args.batches,
+                                   num_rounds=args.rounds, num_warmup_rounds=args.warmup)
+    goals = large_photo_goals(result, args.transform)
     write(f"{args.transform}, batch {args.batch_size}, num_workers={args.workers}")
     write(result.format_table())
     for g in goals:

@@ -138,8 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     (a worker's traceback with ``--verbose``); warnings are one line each, without the
     library's source line.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.run`` (arguments parsed by :func:`build_parser`) as :func:`main` does: logging
+    set up, errors a user can act on as one line, Ctrl-C as "interrupted"; exit status. For a
+    script that runs a subcommand with arguments of its own (``benchmarks/e2e_images.py``)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     run: Command = args.run

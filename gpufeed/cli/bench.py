@@ -32,7 +32,6 @@ from gpufeed.compare._images import (
     CV_NAME,
     DTYPES,
     FAST_NAME,
-    GOAL_SPEEDUP,
     LAYOUT_REFERENCE,
     PIL_NAME,
     TRANSFORMS,
@@ -44,12 +43,16 @@ from gpufeed.compare._images import (
 from gpufeed.image._torchvision import UINT8_HINT
 from gpufeed.synth import LARGE_SIZE, make_image_folder
 
-__all__ = ["add_bench_parser", "add_demo_parser", "format_report", "format_summary", "outputs_of",
-           "prepare_demo_data", "run_bench", "run_demo", "write"]
+__all__ = ["Annotate", "add_bench_parser", "add_demo_parser", "format_report", "format_summary",
+           "outputs_of", "prepare_demo_data", "run_bench", "run_demo", "write"]
 
 DEMO_MARKER = ".gpufeed-demo.json"
 DEMO_SIZE = ((320, 380), (370, 430))  # (min_h, max_h), (min_w, max_w): ~400x350 photos
 DEMO_CLASSES = 10
+
+#: What a script built on ``gpufeed bench`` adds to each comparison (:func:`run_bench`): the lines
+#: printed after its report, and the fields added to its entry in the ``--json`` file.
+Annotate = Callable[[ImageBenchResult], tuple[list[str], dict[str, Any]]]
 
 
 # ---------------------------------------------------------------------------------- parsers
@@ -72,8 +75,8 @@ def _dtypes(value: str) -> list[str]:
 
 def outputs_of(dtypes: list[str], channels_last: str) -> list[Output]:
     """FastLoader's output formats for ``--dtype`` and ``--channels-last`` ("off", "on",
-    "both"): every combination, with NCHW float32 (the layout goal's reference) first when
-    any format other than uint8 NCHW is asked for."""
+    "both"): every combination, with NCHW float32 (the reference of the ``x f32`` ratios) first
+    when any format other than uint8 NCHW is asked for."""
     layouts = {"off": [False], "on": [True], "both": [False, True]}[channels_last]
     outputs = [Output(d, cl) for d in dtypes for cl in layouts]
     if outputs != [Output()]:
@@ -113,7 +116,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--dtype", type=_dtypes, default=["uint8"], metavar="D[,D...]",
                    help="FastLoader output dtype(s): uint8, float32, float16, bfloat16 (float: "
                         "ImageNet-normalized), a comma list or 'all'; one FastLoader per format, "
-                        "with NCHW float32 added as the reference of the layout goal (default uint8)")
+                        "with NCHW float32 added as the reference of the 'x f32' ratios (default uint8)")
     p.add_argument("--channels-last", nargs="?", const="on", default="off",
                    choices=("off", "on", "both"),
                    help="FastLoader output in channels_last memory format; 'both' runs NCHW and "
@@ -175,18 +178,21 @@ def _run_one(args: argparse.Namespace, root: str, transform: str, workers: int,
         close()
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """``gpufeed bench``: one comparison per ``--workers`` value; table, goals, environment."""
+def run_bench(args: argparse.Namespace, *, annotate: Annotate | None = None) -> int:
+    """``gpufeed bench``: one comparison per ``--workers`` value (its table, ratios and memory),
+    then the environment. ``annotate``: see :data:`Annotate`."""
     runs = []
+    entries = []
     for workers in args.workers:
         run = _run_one(args, args.root, args.transform, workers)
-        write(format_report(run))
-        write("")
+        lines, fields = ([], {}) if annotate is None else annotate(run)
+        write("\n".join([format_report(run), *lines, ""]))
         runs.append(run)
+        entries.append({**run.to_dict(), **fields})
     write(format_environment(runs[-1].result.environment))
     if args.json:
         payload = {"benchmark": "images", "args": {k: v for k, v in vars(args).items() if k != "run"},
-                   "runs": [r.to_dict() for r in runs]}
+                   "runs": entries}
         Path(args.json).write_text(json.dumps(_finite(payload), indent=2, allow_nan=False),
                                    encoding="utf-8")
         write(f"\nwrote {args.json}")
@@ -250,7 +256,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for transform in TRANSFORMS:
         # The eval run's warm-up rounds already warmed the page cache, imports and allocator.
         run = _run_one(args, str(root), transform, args.workers, warmup=0 if runs else None)
-        write(format_report(run, goals=False))
+        write(format_report(run))
         write("")
         runs.append(run)
     write("summary: " + "; ".join(format_summary(r) for r in runs))
@@ -267,9 +273,9 @@ def _images_per_s(summary: Any) -> list[float]:
     return [r.samples_per_s for r in summary.rounds]
 
 
-def format_report(run: ImageBenchResult, goals: bool = True) -> str:
+def format_report(run: ImageBenchResult) -> str:
     """The table (images/s, ratios vs each DataLoader pipeline, start-up, memory), per-round
-    ratios, FastLoader's memory across epochs, and (``goals``) the goal lines."""
+    ratios, FastLoader's memory across epochs, and notes."""
     res = run.result
     refs = [n for n in (PIL_NAME, CV_NAME) if n in [s.name for s in res.loaders]]
     short = {PIL_NAME: "PIL", CV_NAME: "OpenCV"}
@@ -279,7 +285,7 @@ def format_report(run: ImageBenchResult, goals: bool = True) -> str:
     names = [s.name for s in res.loaders]
     speed_refs = list(refs)
     if LAYOUT_REFERENCE.name in names and sum(n.startswith(FAST_NAME) for n in names) > 1:
-        speed_refs.append(LAYOUT_REFERENCE.name)  # the layout goal's reference
+        speed_refs.append(LAYOUT_REFERENCE.name)  # the other formats' reference
         short[LAYOUT_REFERENCE.name] = "f32"
     w = max(len("loader"), *(len(s.name) for s in res.loaders))
     ratio_cols = "".join(f" {'x ' + short[r]:>8}" for r in speed_refs)
@@ -319,19 +325,9 @@ def format_report(run: ImageBenchResult, goals: bool = True) -> str:
                      f"({how}): PSS after each {readings}; growth "
                      f"{format_bytes(f.growth_bytes)} ({100 * f.growth_fraction:+.1f}%)")
     lines.extend(f"note: {n}" for n in res.notes)
-    if not goals:
-        if PIL_NAME not in refs and CV_NAME in refs:
-            lines.append(f"note: {PIL_NAME} not measured (Pillow is not installed: "
-                         f"pip install 'gpufeed[bench]')")
-        return "\n".join(lines)
-    for g in run.goals():
-        digits = 3 if math.isfinite(g.value) and abs(g.value - g.target) < 0.005 else 2
-        value = f"{g.value:.{digits}f}x" if math.isfinite(g.value) else "n/a"
-        detail = f" [{g.detail.strip()}]" if g.detail else ""
-        lines.append(f"goal: {g.name}: {g.status} ({value}){detail}")
     if PIL_NAME not in refs and CV_NAME in refs:  # the DataLoader pipelines ran, without PIL
-        lines.append(f"goal: {run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME}: not measured "
-                     f"(Pillow is not installed: pip install 'gpufeed[bench]')")
+        lines.append(f"note: {PIL_NAME} not measured (Pillow is not installed: "
+                     f"pip install 'gpufeed[bench]')")
     return "\n".join(lines)
 
 

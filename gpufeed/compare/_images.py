@@ -18,7 +18,7 @@ Three loaders, each yielding ``(images, labels)``: images uint8 ``[N, 3, H, W]``
     ``FastLoader(ImageFolder(root, transform=ResizeCenterCrop(224, 256) | RandomResizedCrop(224)))``.
     With ``outputs`` (:class:`Output`), one FastLoader per output format instead, e.g.
     ``FastLoader channels_last float16`` (float outputs are normalized with ImageNet's mean and
-    std): the layout goal is every format at least :data:`GOAL_LAYOUT` of NCHW float32's images/s.
+    std), each compared with NCHW float32's images/s (:data:`LAYOUT_REFERENCE`).
 
 Same geometry: eval boxes are torchvision's (shorter side to ``resize``, then the centre crop,
 offsets ``int(round((h - th) / 2))``); train boxes come from
@@ -63,15 +63,12 @@ __all__ = [
     "CV_NAME",
     "DTYPES",
     "FAST_NAME",
-    "GOAL_LAYOUT",
-    "GOAL_SPEEDUP",
     "IMAGENET_NORMALIZE",
     "LAYOUT_REFERENCE",
     "PIL_NAME",
     "TRANSFORMS",
     "describe_geometry",
     "Flatness",
-    "Goal",
     "ImageBenchResult",
     "OpenCVImageFolder",
     "Output",
@@ -89,9 +86,6 @@ PIL_NAME = "DataLoader+PIL"
 CV_NAME = "DataLoader+OpenCV"
 FAST_NAME = "FastLoader"
 TRANSFORMS = ("eval", "train")
-GOAL_SPEEDUP = 2.0  # FastLoader images/s over DataLoader+PIL, eval and train, at num_workers=2
-GOAL_NUM_WORKERS = 2
-GOAL_LAYOUT = 0.95  # every (layout, dtype) of FastLoader's output over NCHW float32, images/s
 IMAGENET_NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DTYPES = {"uint8": torch.uint8, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
@@ -124,7 +118,7 @@ class Output:
                     normalize=None if dtype == torch.uint8 else IMAGENET_NORMALIZE)
 
 
-LAYOUT_REFERENCE = Output("float32", False)  # what GOAL_LAYOUT compares every format with
+LAYOUT_REFERENCE = Output("float32", False)  # every other format's images/s is compared with this one's
 
 RoundCallback = Callable[[str], None]
 
@@ -285,28 +279,8 @@ def measure_flatness(
 
 
 @dataclass(frozen=True)
-class Goal:
-    """One goal and whether this run met it. ``value``/``target`` are ratios.
-
-    ``status``: "met", "NOT met", or "inconclusive" (speed: the ratio of medians and the median
-    of the per-round ratios fall on different sides of the target: the machine was too noisy).
-    """
-
-    name: str
-    value: float
-    target: float
-    met: bool
-    detail: str = ""
-    status: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.status:
-            object.__setattr__(self, "status", "met" if self.met else "NOT met")
-
-
-@dataclass(frozen=True)
 class ImageBenchResult:
-    """One end-to-end run: the comparison, FastLoader's memory across epochs, the goals."""
+    """One end-to-end run: the comparison and FastLoader's memory across epochs."""
 
     root: str
     transform: str
@@ -336,52 +310,8 @@ class ImageBenchResult:
         base = self.added_pss_bytes(baseline or self.baseline)
         return self.added_pss_bytes(name) / base if base > 0 else float("nan")
 
-    def goals(self) -> list[Goal]:
-        """Speed (>= 2.0x DataLoader+PIL images/s, stated at num_workers=2), layouts (every
-        FastLoader output format >= 0.95x NCHW float32's images/s, when both ran) and memory
-        (peak PSS and footprint <= every DataLoader pipeline's)."""
-        names = [s.name for s in self.result.loaders]
-        refs = [n for n in names if n != FAST_NAME]
-        goals = []
-        if FAST_NAME in names and PIL_NAME in names:
-            speed = self.result.ratio(FAST_NAME, PIL_NAME)
-            paired = statistics.median(self.result.paired_ratios(FAST_NAME, PIL_NAME))
-            details = [f"median per-round ratio {paired:.2f}x"]
-            if self.num_workers != GOAL_NUM_WORKERS:
-                details.append(f"measured at num_workers={self.num_workers}; the goal is stated "
-                               f"at {GOAL_NUM_WORKERS}")
-            met = speed >= GOAL_SPEEDUP
-            status = "" if met == (paired >= GOAL_SPEEDUP) else "inconclusive"
-            if status:
-                details.append("too noisy to call: raise --rounds, on a quieter machine")
-            goals.append(Goal(f"{self.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME} images/s",
-                              speed, GOAL_SPEEDUP, met and not status, "; ".join(details), status))
-        fast = [n for n in names if n.startswith(FAST_NAME)]
-        layout_ref = LAYOUT_REFERENCE.name
-        if layout_ref in names and len(fast) > 1:
-            for n in fast:
-                if n == layout_ref:
-                    continue
-                value = self.result.ratio(n, layout_ref)
-                paired = statistics.median(self.result.paired_ratios(n, layout_ref))
-                met = value >= GOAL_LAYOUT
-                status = "" if met == (paired >= GOAL_LAYOUT) else "inconclusive"
-                detail = f"median per-round ratio {paired:.2f}x"
-                if status:
-                    detail += "; too noisy to call: raise --rounds, on a quieter machine"
-                goals.append(Goal(f"{n} >= {GOAL_LAYOUT:.2f}x {layout_ref} images/s", value,
-                                  GOAL_LAYOUT, met and not status, detail, status))
-        refs = [n for n in refs if not n.startswith(FAST_NAME)]
-        if FAST_NAME in names and refs:
-            for label, ratio in (("peak PSS", self.result.memory_ratio),
-                                 ("peak footprint", self.result.footprint_ratio)):
-                worst = max(ratio(FAST_NAME, r) for r in refs)
-                detail = ", ".join(f"{ratio(FAST_NAME, r):.2f}x {r}" for r in refs)
-                goals.append(Goal(f"{label} <= DataLoader's", worst, 1.0, worst <= 1.0, detail))
-        return goals
-
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable: settings, every round, ratios, goals, flatness, environment."""
+        """JSON-serialisable: settings, every round, ratios, flatness, environment."""
         out = {"benchmark": "images", "root": self.root, "transform": self.transform,
                "geometry": self.geometry,
                "num_images": self.num_images, "batch_size": self.batch_size,
@@ -392,7 +322,6 @@ class ImageBenchResult:
             out["ratios"][n]["added_pss"] = self.added_pss_ratio(n)
         out["added_pss_bytes"] = {n: self.added_pss_bytes(n) for n in names}
         out["start_pss_bytes"] = {n: list(v) for n, v in self.start_pss_bytes.items()}
-        out["goals"] = [vars(g) for g in self.goals()]
         out["flatness"] = None if self.flatness is None else self.flatness.to_dict()
         return out
 

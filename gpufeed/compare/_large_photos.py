@@ -18,15 +18,12 @@ gpufeed's crop boxes):
     else INTER_LINEAR) and ``cv2.flip``.
 ``FastLoader``
     ``FastLoader(ImageFolder(root, transform=...))`` (DCT-scaled decode by libjpeg-turbo).
-
-Goals (eval): FastLoader at least :data:`GOALS` times each pipeline's images/s.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
 from typing import Any
 
 import numpy as np
@@ -37,7 +34,6 @@ from gpufeed.compare._compare import CompareResult, LoaderFactory, compare
 from gpufeed.compare._images import (
     FAST_NAME,
     PIL_NAME,
-    Goal,
     _ignore_sigint,
     image_environment,
     loader_factories,
@@ -50,14 +46,11 @@ from gpufeed.errors import shorten
 from gpufeed.image._transforms import ImageTransform, ResizeCenterCrop
 from gpufeed.sources import ImageFolder
 
-__all__ = ["CV_REDUCED_NAME", "GOALS", "PIL_DRAFT_NAME", "OpenCVReducedImageFolder",
-           "PILDraftImageFolder", "large_photo_goals", "large_photo_factories", "needed_scale",
-           "run_large_photo_bench"]
+__all__ = ["CV_REDUCED_NAME", "PIL_DRAFT_NAME", "OpenCVReducedImageFolder", "PILDraftImageFolder",
+           "large_photo_factories", "needed_scale", "run_large_photo_bench"]
 
 PIL_DRAFT_NAME = "DataLoader+PIL draft"
 CV_REDUCED_NAME = "DataLoader+OpenCV reduced"
-# Goals: FastLoader images/s over each pipeline's, eval transform (benchmarks/README.md, "Large photos")
-GOALS = {PIL_NAME: 3.0, PIL_DRAFT_NAME: 1.1, CV_REDUCED_NAME: 1.1}
 
 
 def needed_scale(transform: ImageTransform, box: tuple[float, float, float, float]) -> float:
@@ -162,28 +155,11 @@ def large_photo_factories(root: str | os.PathLike, transform: str = "eval", *, b
             FAST_NAME: base[FAST_NAME]}
 
 
-def large_photo_goals(result: CompareResult, transform: str) -> list[Goal]:
-    """FastLoader over each pipeline of :data:`GOALS` (stated for eval; "inconclusive" when the
-    ratio of medians and the median per-round ratio fall on different sides of the target)."""
-    goals = []
-    for ref, target in GOALS.items():
-        value = result.ratio(FAST_NAME, ref)
-        paired = statistics.median(result.paired_ratios(FAST_NAME, ref))
-        met = value >= target
-        status = "" if met == (paired >= target) else "inconclusive"
-        detail = f"median per-round ratio {paired:.2f}x"
-        if transform != "eval":
-            detail += "; the goal is stated for eval"
-        goals.append(Goal(f"{transform} {FAST_NAME} >= {target:.1f}x {ref} images/s", value, target,
-                          met and not status, detail, status))
-    return goals
-
-
 def run_large_photo_bench(root: str | os.PathLike, transform: str = "eval", *, num_workers: int = 2,
                           batch_size: int = 16, num_batches: int | None = None, num_rounds: int = 3,
-                          num_warmup_rounds: int = 1, seed: int = 0) -> tuple[CompareResult, list[Goal]]:
-    """The four pipelines on ``root`` in alternating rounds (baseline DataLoader+PIL), and the
-    goals. ``num_batches``: per round (default: the full batches of one epoch)."""
+                          num_warmup_rounds: int = 1, seed: int = 0) -> CompareResult:
+    """The four pipelines on ``root`` in alternating rounds (baseline DataLoader+PIL).
+    ``num_batches``: per round (default: the full batches of one epoch)."""
     if transform not in ("eval", "train"):
         raise ValueError(f"`transform` must be 'eval' or 'train'. Found: {shorten(transform)}.")
     full = len(ImageFolder(root)) // batch_size
@@ -198,4 +174,4 @@ def run_large_photo_bench(root: str | os.PathLike, transform: str = "eval", *, n
     with single_threaded_cv2():
         result = compare(factories, num_batches=num_batches, num_rounds=num_rounds,
                          num_warmup_rounds=num_warmup_rounds, baseline=PIL_NAME, environment=env)
-    return result, large_photo_goals(result, transform)
+    return result

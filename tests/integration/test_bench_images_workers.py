@@ -38,9 +38,11 @@ def test_bench_cli_runs_and_writes_json(folder, tmp_path, capsys):
                "--no-progress", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
-    for needle in (PIL_NAME, CV_NAME, FAST_NAME, "goal: train >= 2.0x", "environment:", "decoders:",
-                   "memory over 2 epoch(s)"):
+    for needle in (PIL_NAME, CV_NAME, FAST_NAME, "environment:", "decoders:", "memory over 2 epoch(s)",
+                   f"{FAST_NAME} / {PIL_NAME} per round:"):
         assert needle in text, needle
+    # figures and ratios, no verdicts (the project's goals are benchmarks/e2e_images.py's)
+    assert not any(word in text for word in ("goal", "NOT met", "inconclusive", " met "))
     payload = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     (run,) = payload["runs"]
     assert run["transform"] == "train" and run["num_workers"] == 1 and run["num_images"] == 12
@@ -49,7 +51,7 @@ def test_bench_cli_runs_and_writes_json(folder, tmp_path, capsys):
     assert run["ratios"][FAST_NAME][f"images_per_s_vs_{PIL_NAME}"] > 0
     assert len(run["flatness"]["pss_bytes"]) == 2
     assert run["environment"]["num_workers"] == 1 and "decoders" in run["environment"]
-    assert {g["name"] for g in run["goals"]} >= {"peak PSS <= DataLoader's"}
+    assert "goals" not in run
 
 
 @pytest.mark.timeout(120)

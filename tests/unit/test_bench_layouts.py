@@ -1,5 +1,5 @@
 """`gpufeed bench --dtype/--channels-last/--no-reference`: one FastLoader per output format,
-each checked against NCHW float32 (the layout goal), in one alternating run."""
+each compared with NCHW float32, in one alternating run."""
 
 from __future__ import annotations
 
