@@ -41,8 +41,24 @@ log = logging.getLogger(__name__)
 _REGISTER_GRAIN_BYTES = 2 << 20
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device | None:
-    """The CUDA device ``device`` names, or None; raises at construction when CUDA is missing."""
+def visible_device_count() -> int:
+    """CUDA devices this process may use, counted without initialising CUDA where NVML can.
+
+    ``torch.cuda.device_count()`` asks NVML (honouring ``CUDA_VISIBLE_DEVICES``) until CUDA is
+    initialised, and falls back to ``cudaGetDeviceCount`` only where NVML is missing or fails;
+    ``torch.cuda.is_available()`` would call ``cudaGetDeviceCount`` (``cuInit``) every time, and
+    a process that forks workers afterwards has them inherit a CUDA driver they cannot use.
+    """
+    return int(torch.cuda.device_count())
+
+
+def check_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device ``device`` names, index None for plain ``"cuda"``; None for no device.
+
+    Runs at construction: it calls no CUDA runtime function (no context, no lazy init, nothing
+    that poisons a later fork); a machine without CUDA, or an index past the devices NVML counts,
+    fails here with the fix.
+    """
     if device is None:
         return None
     try:
@@ -53,17 +69,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
         return None
     if dev.type != "cuda":
         raise ValueError(f"`device` must be a CUDA device (or 'cpu'). Found: {shorten(device)}.")
-    if not torch.cuda.is_available():
+    count = visible_device_count()
+    if count == 0:
         raise BackendUnavailableError(
             f"device={device!r} needs CUDA, which this process does not have: torch {torch.__version__} "
-            f"(built with CUDA {torch.version.cuda}), torch.cuda.is_available() is False. Fix: install a "
-            "CUDA build of torch on a machine with an NVIDIA GPU, or leave `device` unset and move "
-            "batches yourself (pin_memory=True)."
+            f"(built with CUDA {torch.version.cuda}) sees no CUDA device (torch.cuda.device_count() is 0). "
+            "Fix: install a CUDA build of torch on a machine with an NVIDIA GPU (and check "
+            "CUDA_VISIBLE_DEVICES), or leave `device` unset and move batches yourself (pin_memory=True)."
         )
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    if index >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s).")
-    return torch.device("cuda", index)
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device={device!r}: this machine has {count} CUDA device(s).")
+    return dev
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``check_device``, then plain ``"cuda"`` becomes the current device: for the process that
+    iterates, at its first iteration (``torch.cuda.current_device()`` initialises CUDA)."""
+    dev = check_device(device)
+    if dev is None or dev.index is not None:
+        return dev
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
