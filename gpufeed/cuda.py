@@ -27,6 +27,7 @@ streams gpufeed cannot see, so batches are copied into torch's pinned memory as 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -122,11 +123,21 @@ class HostRegistrar:
     ``drain`` (the CUDA feed's ``CudaFeed.drain``) runs at close before the first
     ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
     no longer page-locked. ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    Every cudart call runs inside ``use_device()`` (the loader's device made current,
+    ``CudaOps.use_device``): a rank given ``device="cuda:3"`` that never called
+    ``torch.cuda.set_device`` would otherwise make a context on device 0, one per rank.
     """
 
-    def __init__(self, arena: Any, drain: Callable[[], None] | None = None, cudart: Any = None) -> None:
+    def __init__(
+        self,
+        arena: Any,
+        drain: Callable[[], None] | None = None,
+        cudart: Any = None,
+        use_device: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
         self._arena = arena
         self._drain = drain
+        self._use_device = use_device
         self._cudart = torch.cuda.cudart() if cudart is None else cudart
         self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
         arena.add_close_hook(self.close)
@@ -145,9 +156,10 @@ class HostRegistrar:
             want *= 2
         want = min(want, self._arena.slot_bytes)
         ptr = self._arena.slot_tensor(slot).data_ptr()
-        if have is not None:
-            self._cudart.cudaHostUnregister(have[0])
-        err = self._cudart.cudaHostRegister(ptr, want, 0)
+        with self._use_device():
+            if have is not None:
+                self._cudart.cudaHostUnregister(have[0])
+            err = self._cudart.cudaHostRegister(ptr, want, 0)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}")
         self._registered[slot] = (ptr, want)
@@ -157,8 +169,9 @@ class HostRegistrar:
         """Drain the copies, then unregister every range (the arena's close hook; idempotent)."""
         if self._drain is not None:
             self._drain()
-        for ptr, _ in self._registered.values():
-            self._cudart.cudaHostUnregister(ptr)
+        with self._use_device():
+            for ptr, _ in self._registered.values():
+                self._cudart.cudaHostUnregister(ptr)
         self._registered.clear()
 
 
@@ -191,6 +204,10 @@ class CudaOps:
 
     def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
         return torch.cuda.stream(stream)
+
+    def use_device(self) -> AbstractContextManager[Any]:
+        """The loader's device made current (page-locking and pinning run on the current one)."""
+        return torch.cuda.device(self.device)
 
     def new_event(self) -> Any:
         return torch.cuda.Event(enable_timing=True)  # creating and recording one never blocks
@@ -252,7 +269,7 @@ class CudaFeed:
 
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain, cudart=cudart)
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
         return CudaIter(self, host_iter)
@@ -265,7 +282,7 @@ class CudaFeed:
         """
         ops, stream = self.ops, self.stream
         stream.wait_stream(ops.current_stream())
-        with ops.use_stream(stream):
+        with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
             start = ops.new_event()
             start.record(stream)
             dev = map_tensors(host, self._to_device)

@@ -34,6 +34,8 @@ class Gpu:
         self.log: list[tuple] = []
         self.ranges: dict[int, int] = {}  # registered address -> bytes
         self.events: list[Event] = []
+        self.current = [0]  # the current device (a stack: ``Ops.use_device`` pushes), 0 as in CUDA
+        self.page_locks: list[tuple[str, int]] = []  # (call, the device current at it)
 
     def done(self, upto: int | None = None) -> None:
         """Complete the first ``upto`` events recorded (all by default), as the GPU would."""
@@ -46,6 +48,7 @@ class Gpu:
     # cudart, as HostRegistrar calls it
     def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:
         self.log.append(("cudaHostRegister", ptr))
+        self.page_locks.append(("cudaHostRegister", self.current[-1]))
         self.ranges[ptr] = nbytes
         return 0
 
@@ -53,6 +56,7 @@ class Gpu:
         copy_streams = {e.stream for e in self.events if e.stream is not None and e.stream.name == "copy"}
         drained = all(e.done for e in self.events if e.stream in copy_streams)
         self.log.append(("cudaHostUnregister", ptr, drained))
+        self.page_locks.append(("cudaHostUnregister", self.current[-1]))
         del self.ranges[ptr]
         return 0
 
@@ -102,8 +106,9 @@ class Stream:
 class Ops:
     """``gpufeed.cuda.CudaOps`` for the fake GPU; device tensors are CPU clones."""
 
-    def __init__(self, gpu: Gpu) -> None:
+    def __init__(self, gpu: Gpu, index: int = 0) -> None:
         self.gpu = gpu
+        self.index = index  # the loader's device, as far as ``use_device`` is concerned
         self.device = torch.device("cpu")
         self.streams = [Stream(gpu, "default")]
 
@@ -121,6 +126,14 @@ class Ops:
         finally:
             self.streams.pop()
 
+    @contextlib.contextmanager
+    def use_device(self):
+        self.gpu.current.append(self.index)
+        try:
+            yield
+        finally:
+            self.gpu.current.pop()
+
     def new_event(self) -> Event:
         return Event(self.gpu)
 
@@ -129,6 +142,7 @@ class Ops:
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         self.gpu.log.append(("pin",))
+        self.gpu.page_locks.append(("pin", self.gpu.current[-1]))
         out = t.clone()
         out._torch_pinned = True  # type: ignore[attr-defined]
         return out
@@ -283,3 +297,17 @@ def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_outp
     arena = context.arena(warm_cap=2)
     assert (context.registrar is not None) == cuda_output and made == ([arena] if cuda_output else [])
     context.close()
+
+
+def test_every_page_locking_call_runs_with_the_loaders_device_current(gpu):
+    """A rank with device="cuda:1" that never called set_device: cudaHostRegister,
+    cudaHostUnregister and torch's pinning must not run on device 0 (a context there per rank)."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu, index=1))
+    host = Host(gpu, feed)
+    for _ in feed.wrap(host.epoch(n=3, pageable=True)):
+        gpu.done()
+    host.arena.close()
+    calls = {call for call, _ in gpu.page_locks}
+    assert calls == {"cudaHostRegister", "cudaHostUnregister", "pin"}
+    assert [device for _, device in gpu.page_locks] == [1] * len(gpu.page_locks)
+    assert gpu.current == [0]  # and nothing left current afterwards
