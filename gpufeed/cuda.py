@@ -2,10 +2,11 @@
 
 Lifecycle (docs/design/cuda-feed.md has the whole story):
 
-* ``HostRegistrar`` page-locks arena slots with ``cudaHostRegister`` the first time a batch of a
-  given extent lands in them (growing by doubling, so each slot is registered a handful of times
-  per loader, never per batch). At arena close it first drains the copy stream
-  (``CudaFeed.drain``), then unregisters everything, before the arena unmaps.
+* ``HostRegistrar`` page-locks arena slots with ``cudaHostRegister`` to the largest batch extent
+  written there, rounded up to 2 MiB (for batches of one size: once per slot, never per batch).
+  A slot the arena trims (surplus or idle warm slots give their pages back) is unregistered
+  first. At arena close it first drains the copy stream (``CudaFeed.drain``), then unregisters
+  everything, before the arena unmaps.
 * ``CudaFeed`` owns the loader's copy stream for the loader's whole life (a stream per epoch
   would strand the caching allocator's per-stream pools). For every host batch it makes the copy
   stream wait on the consumer's stream (memory the consumer freed may still have queued reads),
@@ -39,7 +40,7 @@ import torch
 from gpufeed.errors import BackendUnavailableError, shorten
 
 log = logging.getLogger(__name__)
-_REGISTER_GRAIN_BYTES = 2 << 20
+REGISTER_GRAIN_BYTES = 2 << 20  # registrations are whole multiples of this
 
 
 def visible_device_count() -> int:
@@ -118,14 +119,25 @@ def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 class HostRegistrar:
-    """Page-locks arena slots with cudaHostRegister, once per slot extent; unregisters all at close.
+    """Page-locks arena slots with cudaHostRegister, to the largest batch extent written there.
+
+    A slot is registered over the largest extent a batch used in it, rounded up to
+    ``REGISTER_GRAIN_BYTES`` (2 MiB, so that extents a few bytes apart share one registration),
+    and registered again only when a larger batch lands there: for batches of one size, once per
+    slot. ``pinned_bytes`` (``stats.pinned_bytes``, ``FastLoader.stats()``) counts what is
+    page-locked now. When the arena gives a slot's pages back (``Arena`` trims surplus or idle
+    warm slots), it first calls ``unpin``: the range is unregistered, then the pages go.
 
     ``drain`` (the CUDA feed's ``CudaFeed.drain``) runs at close before the first
     ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
-    no longer page-locked. ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    no longer page-locked. A slot the arena trims is free, and a slot is freed only after the
+    copies reading it completed (``CudaFeed``), so ``unpin`` waits for nothing.
+    ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
     Every cudart call runs inside ``use_device()`` (the loader's device made current,
     ``CudaOps.use_device``): a rank given ``device="cuda:3"`` that never called
     ``torch.cuda.set_device`` would otherwise make a context on device 0, one per rank.
+    ``ensure`` runs on the consumer thread, ``unpin`` in whatever thread frees a slot: a lock
+    keeps the books.
     """
 
     def __init__(
@@ -134,13 +146,27 @@ class HostRegistrar:
         drain: Callable[[], None] | None = None,
         cudart: Any = None,
         use_device: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        stats: Any = None,
     ) -> None:
         self._arena = arena
         self._drain = drain
         self._use_device = use_device
+        self._stats = stats  # pinned_bytes is kept here
         self._cudart = torch.cuda.cudart() if cudart is None else cudart
         self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
+        self._lock = threading.Lock()
         arena.add_close_hook(self.close)
+        arena.add_unpin_hook(self.unpin)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the arena page-locked now."""
+        with self._lock:
+            return sum(nbytes for _, nbytes in self._registered.values())
+
+    def _count(self, delta: int) -> None:
+        if self._stats is not None:
+            self._stats.pinned_bytes += delta
 
     def ensure(self, slot: int, nbytes: int) -> None:
         """Make the first ``nbytes`` of ``slot`` page-locked (a no-op when they already are).
@@ -148,31 +174,46 @@ class HostRegistrar:
         Growing a registration unregisters the smaller one first: the slot was free until now,
         so no copy reads it (the feed keeps a host batch until its copy completed).
         """
-        have = self._registered.get(slot)
-        if have is not None and have[1] >= nbytes:
-            return
-        want = _REGISTER_GRAIN_BYTES
-        while want < nbytes or (have is not None and want <= have[1]):
-            want *= 2
-        want = min(want, self._arena.slot_bytes)
-        ptr = self._arena.slot_tensor(slot).data_ptr()
-        with self._use_device():
-            if have is not None:
-                self._cudart.cudaHostUnregister(have[0])
-            err = self._cudart.cudaHostRegister(ptr, want, 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}")
-        self._registered[slot] = (ptr, want)
+        want = min(-(-nbytes // REGISTER_GRAIN_BYTES) * REGISTER_GRAIN_BYTES, self._arena.slot_bytes)
+        with self._lock:
+            have = self._registered.get(slot)
+            if have is not None and have[1] >= want:
+                return
+            ptr = self._arena.slot_tensor(slot).data_ptr()
+            with self._use_device():
+                if have is not None:
+                    del self._registered[slot]
+                    self._count(-have[1])
+                    self._cudart.cudaHostUnregister(have[0])
+                err = self._cudart.cudaHostRegister(ptr, want, 0)
+            if int(err) != 0:
+                raise RuntimeError(
+                    f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}"
+                )
+            self._registered[slot] = (ptr, want)
+            self._count(want)
         self._arena.mark_pinned(slot)
+
+    def unpin(self, slot: int) -> None:
+        """Unregister ``slot`` (the arena is about to give its pages back; a no-op if not locked)."""
+        with self._lock:
+            have = self._registered.pop(slot, None)
+            if have is None:
+                return
+            with self._use_device():
+                self._cudart.cudaHostUnregister(have[0])
+            self._count(-have[1])
 
     def close(self) -> None:
         """Drain the copies, then unregister every range (the arena's close hook; idempotent)."""
         if self._drain is not None:
             self._drain()
-        with self._use_device():
-            for ptr, _ in self._registered.values():
-                self._cudart.cudaHostUnregister(ptr)
-        self._registered.clear()
+        with self._lock:
+            with self._use_device():
+                for ptr, _ in self._registered.values():
+                    self._cudart.cudaHostUnregister(ptr)
+            self._count(-sum(nbytes for _, nbytes in self._registered.values()))
+            self._registered.clear()
 
 
 class DeviceTransform(Protocol):
@@ -246,7 +287,7 @@ class CudaFeed:
         ops: Any = None,
     ) -> None:
         self.device = device
-        self.stats = stats  # h2d_s is added here
+        self.stats = stats  # h2d_s is added here, pinned_bytes by the registrar
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
         self.ops = CudaOps(device) if ops is None else ops
@@ -269,7 +310,8 @@ class CudaFeed:
 
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device)
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device,
+                             stats=self.stats)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
         return CudaIter(self, host_iter)

@@ -446,7 +446,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         (fetch_s, read_s, decode_s, transform_s, collate_s, pack_s, h2d_s); wait_s and
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
         (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
-        overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
+        overflow_bytes; pinned_bytes (arena bytes page-locked now for ``device=``: each slot to
+        its largest batch rounded up to 2 MiB, given back when slots are trimmed; 0 without
+        CUDA); workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
         images_per_s, skipped, cache_hits, cache_misses (this loader's look-ups), cache_bytes
         (bytes the cache holds: with a shared cache, the host's, the same on every rank),
         cache_budget_bytes (its budget: the host's), cache_shared (1: the job's host cache),

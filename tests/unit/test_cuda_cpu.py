@@ -18,6 +18,7 @@ def test_cpu_or_none_device_means_no_cuda_feed():
     assert resolve_device("cpu") is None
     loader = FastLoader(torch.utils.data.TensorDataset(torch.arange(6)), batch_size=3, device="cpu")
     assert [b[0].tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+    assert loader.stats()["pinned_bytes"] == 0  # nothing page-locked without CUDA
 
 
 @pytest.mark.parametrize("bad", ["tpu", "cuda:x", 3.5])

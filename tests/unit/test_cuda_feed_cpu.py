@@ -36,6 +36,7 @@ class Gpu:
         self.events: list[Event] = []
         self.current = [0]  # the current device (a stack: ``Ops.use_device`` pushes), 0 as in CUDA
         self.page_locks: list[tuple[str, int]] = []  # (call, the device current at it)
+        self.on_unregister = lambda ptr: None  # what a test looks at before a range is unlocked
 
     def done(self, upto: int | None = None) -> None:
         """Complete the first ``upto`` events recorded (all by default), as the GPU would."""
@@ -57,6 +58,7 @@ class Gpu:
         drained = all(e.done for e in self.events if e.stream in copy_streams)
         self.log.append(("cudaHostUnregister", ptr, drained))
         self.page_locks.append(("cudaHostUnregister", self.current[-1]))
+        self.on_unregister(ptr)
         del self.ranges[ptr]
         return 0
 
@@ -311,3 +313,58 @@ def test_every_page_locking_call_runs_with_the_loaders_device_current(gpu):
     assert calls == {"cudaHostRegister", "cudaHostUnregister", "pin"}
     assert [device for _, device in gpu.page_locks] == [1] * len(gpu.page_locks)
     assert gpu.current == [0]  # and nothing left current afterwards
+
+
+MiB = 1 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def test_a_slot_is_page_locked_to_its_largest_batch_rounded_up_to_2_mib_and_counted_in_stats(gpu, feed):
+    arena = Arena(96 * MiB, warm_cap=4)  # virtual: nothing here is written
+    registrar = feed.registrar(arena, cudart=gpu)
+    a, b = arena.acquire(), arena.acquire()
+    largest = {a: 0, b: 0}
+    for slot, extent in ((a, 38_500_000), (a, 30_000_000), (b, 3_000), (a, 40_000_000), (b, 5 * MiB)):
+        registrar.ensure(slot, extent)
+        largest[slot] = max(largest[slot], extent)
+        ranges = {arena.slot_tensor(s).data_ptr(): s for s in (a, b)}
+        for ptr, nbytes in gpu.ranges.items():
+            assert largest[ranges[ptr]] <= nbytes <= _round_up(largest[ranges[ptr]], 2 * MiB)
+        assert feed.stats.snapshot()["pinned_bytes"] == sum(gpu.ranges.values())
+    assert sorted(gpu.ranges.values()) == [6 * MiB, 40 * MiB]  # not 64 MiB for a 38.5 MB batch
+    arena.close()
+    assert gpu.ranges == {} and feed.stats.snapshot()["pinned_bytes"] == 0
+
+
+@pytest.mark.parametrize("how", ["idle trim", "surplus release"])
+def test_trimming_unlocks_page_locked_slots_before_giving_their_pages_back(gpu, how):
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu, index=1))
+    arena = Arena(8 * MiB, warm_cap=1 if how == "surplus release" else 4)
+    registrar = feed.registrar(arena, cudart=gpu)
+    slots = [arena.acquire() for _ in range(3)]
+    slot_at = {arena.slot_tensor(s).data_ptr(): s for s in slots}
+    resident_at_unregister = []
+    gpu.on_unregister = lambda ptr: resident_at_unregister.append(arena.resident_bytes(slot_at[ptr]))
+    for slot in slots:
+        arena.slot_tensor(slot)[: 3 * MiB].fill_(7)  # the batch the worker wrote
+        registrar.ensure(slot, 3 * MiB)
+    assert feed.stats.snapshot()["pinned_bytes"] == 3 * 4 * MiB
+    for slot in slots:
+        arena.release(slot)  # surplus release: the 2nd and 3rd find warm_cap ids waiting
+    if how == "idle trim":
+        arena.trim_waiting()
+    trimmed = [s for s in slots if arena.resident_bytes(s) == 0]
+    assert len(trimmed) == (3 if how == "idle trim" else 2)
+    assert resident_at_unregister == [3 * MiB] * len(trimmed)  # unlocked while its pages were there
+    assert len(gpu.ranges) == 3 - len(trimmed) and not arena.snapshot().pinned & set(trimmed)
+    assert feed.stats.snapshot()["pinned_bytes"] == sum(gpu.ranges.values())
+    assert {device for _, device in gpu.page_locks} == {1}
+    reused = arena.acquire()  # a trimmed slot, written and page-locked again
+    assert reused in trimmed
+    registrar.ensure(reused, 3 * MiB)
+    assert len(gpu.ranges) == 4 - len(trimmed) and reused in arena.snapshot().pinned
+    arena.close()
+    assert gpu.ranges == {} and feed.stats.snapshot()["pinned_bytes"] == 0
