@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds at most (each measures every count once)")
     p.add_argument("--budget-s", type=float, default=110.0,
                    help="a round after the first starts only if it should end within this many seconds of start")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the figures here (also what was measured when cut short by SIGTERM)")
+    p.add_argument("--require-goals", action="store_true",
+                   help="exit 1 unless the efficiency goal was judged and met")
     args = p.parse_args(argv)
     started = time.perf_counter()
     try:
@@ -220,6 +224,29 @@ def main(argv: list[str] | None = None) -> int:
           f"workers {counts}; {args.seconds:g} s per measurement after every worker delivered")
     sys.stdout.flush()
     rounds: list[list[dict[str, float]]] = []
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+        _measure_rounds(args, root, counts, num_images, started, rounds)
+    except BaseException as exc:
+        print(f"core scaling: cut short ({type(exc).__name__}: {exc}) after {len(rounds)} complete round(s)")
+        if args.json:
+            args.json.write_text(json.dumps({"topology": topo, "counts": counts, "rounds": rounds,
+                                             "cut_short": f"{type(exc).__name__}: {exc}"}, indent=2))
+        raise
+    return _report(args, topo, counts, goal_k, rounds, num_images, ht, started)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a time limit): the rounds measured so far still reach --json."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
+def _measure_rounds(args: argparse.Namespace, root: Path, counts: list[int], num_images: int, started: float,
+                    rounds: list[list[dict[str, float]]]) -> None:
+    """Append each complete round to ``rounds`` (the order alternates), within ``--budget-s``."""
     round_s = 0.0
     for r in range(args.rounds):
         if r and time.perf_counter() - started + round_s > args.budget_s:
@@ -236,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
         rounds.append(this)
         round_s = time.perf_counter() - t_round
+
+
+def _report(args: argparse.Namespace, topo: dict[str, Any], counts: list[int], goal_k: int,
+            rounds: list[list[dict[str, float]]], num_images: int, ht: str, started: float) -> int:
+    """Print the table and the goal, write --json; the exit status."""
     result = summarize(rounds, counts, goal_k)
     print(f"\n{'workers':>7} {'images/s':>9} {'speedup':>8} {'efficiency':>10} {'parent cores':>12} "
           f"{'worker busy':>11}  (medians of {len(rounds)} round(s))")
@@ -254,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                             "resize": args.resize, "seconds": args.seconds, "transform": "eval", "dtype": "uint8"},
                "environment": describe_environment(max(counts)), "elapsed_s": time.perf_counter() - started}
         args.json.write_text(json.dumps(out, indent=2))
+    if args.require_goals and g["met"] is not True:
+        print("core scaling: --require-goals: the goal was " + ("not met" if g["met"] is False else "not judged"))
+        return 1
     return 0
 
 

@@ -34,6 +34,7 @@ import argparse
 import bisect
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -479,7 +480,12 @@ def train_mode(args: argparse.Namespace, setup: Setup, clock: StepTimer, log: Ca
     log(f"compute only (batch resident on the device): {floor_ms:.2f} ms/step ({clock.source})")
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in args.feeds}
     errors: dict[str, str] = {}
+    round_s = 0.0
     for r in range(args.rounds):
+        if r and time.perf_counter() + round_s > args.deadline:
+            log(f"  budget: round {r + 1} and later skipped (a round takes ~{round_s:.0f} s; --budget-s)")
+            break
+        t_round = time.perf_counter()
         order = args.feeds[r % len(args.feeds):] + args.feeds[:r % len(args.feeds)]
         for name in order:
             if name in errors:
@@ -496,6 +502,7 @@ def train_mode(args: argparse.Namespace, setup: Setup, clock: StepTimer, log: Ca
             ov_text = "" if ov is None else f", overlap {_pct(ov.get('overlap_share'))}"
             log(f"  round {r + 1} {name} {res['label']}: {res['wall_step_ms']:.2f} ms/step, "
                 f"{res['images_per_s']:.0f} images/s, data wait {_pct(res['data_wait_fraction'])}{ov_text}")
+        round_s = time.perf_counter() - t_round
     # The same images in the same order: the first rows of every feed's first batch agree.
     ran = [name for name in args.feeds if rounds[name]]
     mismatch = []
@@ -735,7 +742,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-reps", type=int, default=20, help="pinned reference copies (default 20)")
     p.add_argument("--model", choices=("resnet50", "small"), default=None, help="default resnet50 (dry run small)")
     p.add_argument("--json", metavar="OUT", help="also write every figure as JSON to OUT")
-    p.add_argument("--require-goals", action="store_true", help="exit 1 when a goal that can be judged is not met")
+    p.add_argument("--require-goals", action="store_true",
+                   help="exit 1 unless every goal was judged and met (a goal not judged fails too)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="time budget (seconds from start): a train round after the first, or the feed mode, "
+                   "starts only if it should end within it (default: none)")
     return p
 
 
@@ -815,6 +826,8 @@ def _report(train: dict[str, Any] | None, feed: dict[str, Any] | None, goals: li
 def main(argv: list[str] | None = None) -> int:
     args, modes = _parse_args(argv)
     dry = args.cpu_dry_run
+    started = time.perf_counter()
+    args.deadline = started + args.budget_s if args.budget_s is not None else float("inf")
     if dry:
         device = torch.device("cpu")
     elif torch.cuda.is_available():
@@ -825,17 +838,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     clock = StepTimer(device)
     setup = Setup(device, args.batch_size, args.workers, args.prefetch_factor, args.cache_bytes)
-    started = time.perf_counter()
     env = _environment(args, device, clock)
-
-    train = feed = None
-    if "train" in modes:
-        _log(f"train mode: {args.rounds} round(s) x {args.warmup} warm-up + {args.steps} timed + "
-             f"{args.profile_steps} profiled steps per feed")
-        train = train_mode(args, setup, clock, _log)
-    if "feed" in modes:
-        _log(f"feed mode: synthetic 3x{args.image_size}x{args.image_size} uint8, {args.feed_batches} batches per feed")
-        feed = feed_mode(args, setup, clock, _log)
+    # What was measured reaches the JSON even when the run is cut short: the budget skips the
+    # rest, a SIGTERM (``timeout`` in make gpu-check) or an error ends it; ``cut_short`` says why.
+    run: dict[str, Any] = {"train": None, "feed": None, "cut_short": None}
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        if "train" in modes:
+            _log(f"train mode: {args.rounds} round(s) x {args.warmup} warm-up + {args.steps} timed + "
+                 f"{args.profile_steps} profiled steps per feed")
+            run["train"] = train_mode(args, setup, clock, _log)
+        if "feed" in modes and time.perf_counter() > args.deadline:
+            run["cut_short"] = f"feed mode skipped: --budget-s {args.budget_s:g} spent"
+            _log(f"budget: {run['cut_short']}")
+        elif "feed" in modes:
+            _log(f"feed mode: synthetic 3x{args.image_size}x{args.image_size} uint8, {args.feed_batches} "
+                 "batches per feed")
+            run["feed"] = feed_mode(args, setup, clock, _log)
+    except BaseException as exc:
+        run["cut_short"] = describe_error(exc) if isinstance(exc, Exception) else f"{type(exc).__name__}: {exc}"
+        _log(f"cuda_feed: cut short ({run['cut_short']})")
+        if args.json:
+            _write_json(args, dry, clock, env, run, ok=False, goals=[], errors={"run": run["cut_short"]})
+        raise
+    train, feed = run["train"], run["feed"]
 
     goals = judge(train, feed) if clock.on_gpu else []
     errors = {**{f"train {k}": v for k, v in (train or {}).get("errors", {}).items()},
@@ -843,17 +869,35 @@ def main(argv: list[str] | None = None) -> int:
     mismatch = (train or {}).get("batch_mismatch", [])
     ok = _report(train, feed, goals, errors, mismatch, clock.on_gpu, started)
     if args.json:
-        payload = {"benchmark": "cuda_feed", "dry_run": dry, "timing_source": clock.source, "ok": ok,
-                   "args": vars(args), "environment": env, "train": train, "feed": feed, "errors": errors,
-                   "goals": [{"goal": g, "met": m, "evidence": e} for g, m, e in goals]}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2, default=str)
-        _log(f"wrote {args.json}")
+        _write_json(args, dry, clock, env, run, ok=ok, goals=goals, errors=errors)
     if not ok:
         return 1
-    if args.require_goals and any(m is False for _, m, _ in goals):
+    if args.require_goals and not (goals and all(m is True for _, m, _ in goals)):
+        _log("cuda_feed: --require-goals: " + ("no goal judged (a CPU dry run)" if not goals else
+                                                "a goal was not met or not judged"))
         return 1
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a time limit): raised in the main thread so the JSON is still written (a
+    BaseException, as KeyboardInterrupt: the per-feed handlers must not take it for a feed's
+    failure; the modes that completed are kept, the one it interrupted is lost)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum} (SIGTERM): the time limit of the caller")
+
+
+def _write_json(args: argparse.Namespace, dry: bool, clock: StepTimer, env: dict[str, Any], run: dict[str, Any],
+                *, ok: bool, goals: list[tuple[str, bool | None, str]], errors: dict[str, Any]) -> None:
+    payload = {"benchmark": "cuda_feed", "dry_run": dry, "timing_source": clock.source, "ok": ok,
+               "cut_short": run["cut_short"], "args": {k: v for k, v in vars(args).items() if k != "deadline"},
+               "environment": env, "train": run["train"], "feed": run["feed"], "errors": errors,
+               "goals": [{"goal": g, "met": m, "evidence": e} for g, m, e in goals]}
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, default=str)
+    _log(f"wrote {args.json}")
 
 if __name__ == "__main__":
     sys.exit(main())

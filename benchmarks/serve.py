@@ -55,6 +55,7 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import tempfile
 import threading
@@ -755,8 +756,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="closed-loop clients per mode (0: skip that part; default 16; cuda: 0)")
     p.add_argument("--rounds", type=int, default=3, help="closed-loop rounds (the modes alternate in each)")
     p.add_argument("--no-overload", dest="overload", action="store_false", help="skip the 1.5x overload point")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the figures here, after each model and when the run is cut short (SIGTERM)")
+    p.add_argument("--require-goals", action="store_true",
+                   help="exit 1 unless every model has a goal on this device and its headline met it")
     return p
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a time limit): the models measured so far still reach --json."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
+def _write(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -782,10 +799,28 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.duration:g} s per point; preprocessing (decode + ResizeCenterCrop): batch-1 in its handler, "
           f"batcher in fn, images in ImageBatcher's worker processes"
           + ("" if args.torch_device.type == "cpu" else f"; model on {serve_device.describe(args.torch_device)}"))
-    out = [bench_model(SPECS[name], jpegs, args) for name in args.models]
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return 1 if any(m["errors"] for m in out) else 0
+    out: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for name in args.models:
+            out.append(bench_model(SPECS[name], jpegs, args))
+            _write(args, out)
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        print(f"serve.py: cut short ({reason}); {len(out)} of {len(args.models)} model(s) measured", flush=True)
+        out.append({"model": None, "cut_short": reason, "errors": {"run": reason}})
+        _write(args, out)
+        raise
+    _write(args, out)
+    if any(m["errors"] for m in out):
+        return 1
+    if args.require_goals and not all(m["headline"]["met"] is True for m in out):
+        print("serve.py: --require-goals: " + "; ".join(
+            f"{m['model']}: " + ("no goal on this device" if m["headline"]["goal"] is None else
+                                 f"headline {m['headline']['ratio']:.2f}x, goal >= {m['headline']['goal']}x")
+            for m in out if m["headline"]["met"] is not True))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

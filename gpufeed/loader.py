@@ -25,7 +25,7 @@ from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
 from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed, resolve_device
+from gpufeed.cuda._feed import CudaFeed, check_device, resolve_device
 from gpufeed.errors import GpufeedWarning, check_int, shorten
 from gpufeed.image._cv2threads import single_threaded_cv2
 from gpufeed.metrics import start_server
@@ -76,6 +76,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         device: ``"cuda"``, ``"cuda:N"`` or a ``torch.device``: batches arrive on that device,
             copied from the page-locked arena on the loader's own stream ahead of use; on the
             image path uint8 crosses PCIe and dtype/normalize/layout run on the GPU.
+            Construction calls no CUDA runtime function: the devices are counted through NVML
+            (``torch.cuda.device_count()``; ``cudaGetDeviceCount`` only where NVML is missing),
+            and ``"cuda"`` becomes the current device at the first ``iter()``.
         prefetch_batches: with ``device``, how many batches are copied ahead (>= 1).
         pin_workers: pin worker k to one CPU (``os.sched_setaffinity``), round-robin over this
             rank's share of the host: the local ranks that share CPUs split them, so no CPU
@@ -155,7 +158,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         check_int("prefetch_batches", prefetch_batches, 1)
         if metrics_port is not None:
             check_int("metrics_port", metrics_port, 0, 65535, rule="in 0-65535 (0: any free port)")
-        resolve_device(device)
+        check_device(device)  # no CUDA call: "cuda" is resolved at the first iteration
         check_local_ranks(local_ranks)
         # Every option is an attribute under its parameter name, holding the value given (decision
         # 14): frameworks rebuild loaders from them. Set before DataLoader's own __init__ so that
@@ -442,7 +445,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         (fetch_s, read_s, decode_s, transform_s, collate_s, pack_s, h2d_s); wait_s and
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
         (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
-        overflow_bytes; workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
+        overflow_bytes; pinned_bytes (arena bytes page-locked now for ``device=``: each slot to
+        its largest batch rounded up to 2 MiB, given back when slots are trimmed; 0 without
+        CUDA); workers (per live worker: pid, cpu_s, rss_bytes). Image path: images,
         images_per_s, skipped, cache_hits, cache_misses (this loader's look-ups), cache_bytes
         (bytes the cache holds: with a shared cache, the host's, the same on every rank),
         cache_budget_bytes (its budget: the host's), cache_shared (1: the job's host cache),

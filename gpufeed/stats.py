@@ -46,6 +46,7 @@ class Stats:
     parent_batches: int = 0  # batches completed in the main process, no worker (all cache hits)
     parent_s: float = 0.0  # main-process seconds making those (cache copies, labels)
     overflow_bytes: int = 0  # payload bytes that did not fit a slot and were pickled
+    pinned_bytes: int = 0  # device=: arena bytes page-locked now (not a total: it falls when trimmed)
     first_wait_at: float | None = field(default=None, repr=False)
 
     def add_batch(self, *, samples: int, fetch_s: float, collate_s: float, pack_s: float, report: Any = None) -> None:

@@ -109,7 +109,8 @@ class Arena:
     def __init__(self, slot_bytes: int, name: str = "gpufeed-arena", warm_cap: int = 2) -> None:
         self.slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
         self.warm_cap = max(1, int(warm_cap))  # most warm ids left waiting in the pipe
-        self._pinned: set[int] = set()  # page-locked slots (CUDA) keep their pages
+        self._pinned: set[int] = set()  # page-locked slots (CUDA): unpinned before they are emptied
+        self._unpin_hooks: list[Callable[[int], None]] = []
         self._fd = _create_fd(name)
         self._warm_r, self._warm_w = os.pipe()
         os.set_blocking(self._warm_r, False)
@@ -238,21 +239,24 @@ class Arena:
                 unneeded = self._window_min
                 self._window_min, self._window_count = 1 << 30, 0
             surplus = waiting >= self.warm_cap or unneeded > 0
-            if surplus and slot not in self._pinned:
+            if surplus:
                 self._empty(slot)
             else:
                 try:
                     os.write(self._warm_w, struct.pack("<i", slot))
                 except BlockingIOError:  # 16k ids waiting: cannot happen short of a leak
-                    if slot in self._pinned:
-                        self._cold.append(slot)
-                    else:
-                        self._empty(slot)
+                    self._empty(slot)
             if unneeded > 1:
                 self._trim_pipe(unneeded - 1)
 
     def _empty(self, slot: int) -> None:
-        """Give ``slot``'s pages back to the OS and make it cold (lock held; not pinned)."""
+        """Give ``slot``'s pages back to the OS and make it cold (lock held). A page-locked slot
+        is unpinned first (the unpin hooks: ``cudaHostUnregister``): a free slot is read by no
+        copy, and memory must not be page-locked while it is removed."""
+        if slot in self._pinned:
+            self._pinned.discard(slot)
+            for hook in self._unpin_hooks:
+                hook(slot)
         if hasattr(mmap, "MADV_REMOVE"):
             chunk, first, _ = chunk_of(slot)
             self._maps[chunk].madvise(mmap.MADV_REMOVE, (slot - first) * self.slot_bytes, self.slot_bytes)
@@ -260,8 +264,8 @@ class Arena:
         self._cold.append(slot)
 
     def trim_waiting(self) -> int:
-        """Empty every warm slot waiting in the pipe (pinned ones excepted); returns how many
-        ids it took from the pipe (pinned ones included, which go back).
+        """Empty every warm slot waiting in the pipe (page-locked ones are unpinned first);
+        returns how many ids it took from the pipe.
 
         For a parent that has waited far longer than a task takes (``Engine.wait``): the loader
         is idle or stalled, and a slot waiting now is not needed soon.
@@ -270,7 +274,7 @@ class Arena:
 
     def _trim_pipe(self, limit: int | None) -> int:
         """Take up to ``limit`` (None: all) ids from the pipe, oldest first, and empty their
-        slots; page-locked ones go back. Returns how many were taken."""
+        slots. Returns how many were taken."""
         taken: list[int] = []
         while (limit is None or len(taken) < limit) and (slot := take_warm(self._warm_r)) is not None:
             taken.append(slot)
@@ -278,10 +282,7 @@ class Arena:
             if self._closed:
                 return 0
             for slot in taken:
-                if slot in self._pinned:
-                    os.write(self._warm_w, struct.pack("<i", slot))
-                else:
-                    self._empty(slot)
+                self._empty(slot)
         return len(taken)
 
     def free_slots(self) -> int:
@@ -296,8 +297,14 @@ class Arena:
                 self._cold.append(slot)
 
     def mark_pinned(self, slot: int) -> None:
-        """The slot is page-locked (cudaHostRegister): its pages must stay."""
-        self._pinned.add(slot)
+        """The slot is page-locked (cudaHostRegister): the unpin hooks run before it is emptied."""
+        with self._lock:
+            self._pinned.add(slot)
+
+    def add_unpin_hook(self, hook: Callable[[int], None]) -> None:
+        """Run ``hook(slot)`` before a page-locked slot's pages are given back (it unregisters
+        the slot: ``gpufeed.cuda._feed.HostRegistrar.unpin``)."""
+        self._unpin_hooks.append(hook)
 
     def slot_tensor(self, slot: int) -> torch.Tensor:
         """The whole of ``slot`` as a uint8 tensor, for the parent's own short-lived writes."""
@@ -418,7 +425,7 @@ class ArenaSnapshot:
     one field or across fields, is a bookkeeping error."""
 
     num_slots: int  # slots created so far
-    cold: tuple[int, ...]  # the cold list, page-locked ones included
+    cold: tuple[int, ...]  # the cold list (never page-locked: emptying unpins first)
     warm: tuple[int, ...]  # ids waiting in the warm pipe, oldest first
     leased: tuple[int, ...]  # slots of batches the user holds
     pinned: frozenset[int]  # page-locked slots, whatever their state

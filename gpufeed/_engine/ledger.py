@@ -5,7 +5,6 @@ Every slot of an arena is, at any moment, in exactly one of these states (``Slot
 free, kept by the ``Arena``:
     cold         on the cold list, no pages: never written, or emptied (MADV_REMOVE).
     warm         its id waits in the warm pipe; usually with pages (a worker wrote it before).
-    pinned cold  on the cold list, page-locked (the CUDA feed): its pages stay.
 in use, recorded here:
     held         the slot of a dispatched task: its fallback until the reply settles it, then
                  the slot its batch is in.
@@ -14,20 +13,21 @@ in use, recorded here:
 Between a worker taking a warm id from the pipe and its claim reaching the parent, the slot has
 no state here: only that worker knows it (a death in that instant strands it).
 Page-locked slots are used only by the CUDA feed, which holds host batches until their copies
-completed, so a released slot is never still being read.
+completed, so a released slot is never still being read. Page-locking is not a state: a warm,
+held, claimed or leased slot may be page-locked; a cold one never is (emptying unpins first).
 
 The verbs that move a slot:
     take         cold -> held; with ``warm=True`` warm -> held (the parent writes it itself)
     bind         warm (the one freed last), else cold -> held: a task the parent completes as it
                  hands it out
     claim        (taken from the pipe by a worker) -> claimed; -> free if the task was dropped
-    settle       the reply came: claimed -> held, and the unused fallback held -> (pinned) cold
+    settle       the reply came: claimed -> held, and the unused fallback held -> cold
     drop_claim   the worker died: claimed -> free; the task is re-sent with its fallback
     lease        held -> leased; -> free when the batch's last view dies
     release      a dropped task: held and claimed -> free; ``release_all`` frees every task's
-    free         (``Arena.release``) -> warm, or -> cold, emptied, when surplus; a page-locked
-                 slot is never emptied (-> pinned cold only when the pipe is full)
-    trim         (``Arena.trim_waiting``) warm -> cold, emptied; page-locked ones stay warm
+    free         (``Arena.release``) -> warm, or -> cold, emptied, when surplus (a page-locked
+                 slot is unpinned, then emptied)
+    trim         (``Arena.trim_waiting``) warm -> cold, emptied (page-locked ones unpinned first)
 A fallback a dead worker may have written has pages: it is freed as written (warm or emptied),
 never put back on the cold list as it is.
 """
@@ -44,7 +44,6 @@ class SlotState(enum.Enum):
 
     COLD = "cold"
     WARM = "warm"
-    PINNED_COLD = "pinned cold"
     HELD = "held"
     CLAIMED = "claimed"
     LEASED = "leased"
@@ -160,7 +159,7 @@ class SlotLedger:
             (SlotState.CLAIMED, self.claims.values()),
         )
         for slot in snap.cold:
-            states[slot].append(SlotState.PINNED_COLD if slot in snap.pinned else SlotState.COLD)
+            states[slot].append(SlotState.COLD)
         for state, slots in found:
             for slot in slots:
                 states[slot].append(state)

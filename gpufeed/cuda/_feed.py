@@ -2,10 +2,11 @@
 
 Lifecycle (docs/design/cuda-feed.md has the whole story):
 
-* ``HostRegistrar`` page-locks arena slots with ``cudaHostRegister`` the first time a batch of a
-  given extent lands in them (growing by doubling, so each slot is registered a handful of times
-  per loader, never per batch). At arena close it first drains the copy stream
-  (``CudaFeed.drain``), then unregisters everything, before the arena unmaps.
+* ``HostRegistrar`` page-locks arena slots with ``cudaHostRegister`` to the largest batch extent
+  written there, rounded up to 2 MiB (for batches of one size: once per slot, never per batch).
+  A slot the arena trims (surplus or idle warm slots give their pages back) is unregistered
+  first. At arena close it first drains the copy stream (``CudaFeed.drain``), then unregisters
+  everything, before the arena unmaps.
 * ``CudaFeed`` owns the loader's copy stream for the loader's whole life (a stream per epoch
   would strand the caching allocator's per-stream pools). For every host batch it makes the copy
   stream wait on the consumer's stream (memory the consumer freed may still have queued reads),
@@ -33,6 +34,7 @@ has run on a GPU").
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,11 +46,27 @@ import torch
 from gpufeed.errors import BackendUnavailableError, shorten
 
 log = logging.getLogger(__name__)
-_REGISTER_GRAIN_BYTES = 2 << 20
+REGISTER_GRAIN_BYTES = 2 << 20  # registrations are whole multiples of this
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device | None:
-    """The CUDA device ``device`` names, or None; raises at construction when CUDA is missing."""
+def visible_device_count() -> int:
+    """CUDA devices this process may use, counted without initialising CUDA where NVML can.
+
+    ``torch.cuda.device_count()`` asks NVML (honouring ``CUDA_VISIBLE_DEVICES``) until CUDA is
+    initialised, and falls back to ``cudaGetDeviceCount`` only where NVML is missing or fails;
+    ``torch.cuda.is_available()`` would call ``cudaGetDeviceCount`` (``cuInit``) every time, and
+    a process that forks workers afterwards has them inherit a CUDA driver they cannot use.
+    """
+    return int(torch.cuda.device_count())
+
+
+def check_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device ``device`` names, index None for plain ``"cuda"``; None for no device.
+
+    Runs at construction: it calls no CUDA runtime function (no context, no lazy init, nothing
+    that poisons a later fork); a machine without CUDA, or an index past the devices NVML counts,
+    fails here with the fix.
+    """
     if device is None:
         return None
     try:
@@ -59,17 +77,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
         return None
     if dev.type != "cuda":
         raise ValueError(f"`device` must be a CUDA device (or 'cpu'). Found: {shorten(device)}.")
-    if not torch.cuda.is_available():
+    count = visible_device_count()
+    if count == 0:
         raise BackendUnavailableError(
             f"device={device!r} needs CUDA, which this process does not have: torch {torch.__version__} "
-            f"(built with CUDA {torch.version.cuda}), torch.cuda.is_available() is False. Fix: install a "
-            "CUDA build of torch on a machine with an NVIDIA GPU, or leave `device` unset and move "
-            "batches yourself (pin_memory=True)."
+            f"(built with CUDA {torch.version.cuda}) sees no CUDA device (torch.cuda.device_count() is 0). "
+            "Fix: install a CUDA build of torch on a machine with an NVIDIA GPU (and check "
+            "CUDA_VISIBLE_DEVICES), or leave `device` unset and move batches yourself (pin_memory=True)."
         )
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    if index >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s).")
-    return torch.device("cuda", index)
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device={device!r}: this machine has {count} CUDA device(s).")
+    return dev
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``check_device``, then plain ``"cuda"`` becomes the current device: for the process that
+    iterates, at its first iteration (``torch.cuda.current_device()`` initialises CUDA)."""
+    dev = check_device(device)
+    if dev is None or dev.index is not None:
+        return dev
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -98,19 +125,54 @@ def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 class HostRegistrar:
-    """Page-locks arena slots with cudaHostRegister, once per slot extent; unregisters all at close.
+    """Page-locks arena slots with cudaHostRegister, to the largest batch extent written there.
+
+    A slot is registered over the largest extent a batch used in it, rounded up to
+    ``REGISTER_GRAIN_BYTES`` (2 MiB, so that extents a few bytes apart share one registration),
+    and registered again only when a larger batch lands there: for batches of one size, once per
+    slot. ``pinned_bytes`` (``stats.pinned_bytes``, ``FastLoader.stats()``) counts what is
+    page-locked now. When the arena gives a slot's pages back (``Arena`` trims surplus or idle
+    warm slots), it first calls ``unpin``: the range is unregistered, then the pages go.
 
     ``drain`` (the CUDA feed's ``CudaFeed.drain``) runs at close before the first
     ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
-    no longer page-locked. ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    no longer page-locked. A slot the arena trims is free, and a slot is freed only after the
+    copies reading it completed (``CudaFeed``), so ``unpin`` waits for nothing.
+    ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    Every cudart call runs inside ``use_device()`` (the loader's device made current,
+    ``CudaOps.use_device``): a rank given ``device="cuda:3"`` that never called
+    ``torch.cuda.set_device`` would otherwise make a context on device 0, one per rank.
+    ``ensure`` runs on the consumer thread, ``unpin`` in whatever thread frees a slot: a lock
+    keeps the books.
     """
 
-    def __init__(self, arena: Any, drain: Callable[[], None] | None = None, cudart: Any = None) -> None:
+    def __init__(
+        self,
+        arena: Any,
+        drain: Callable[[], None] | None = None,
+        cudart: Any = None,
+        use_device: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        stats: Any = None,
+    ) -> None:
         self._arena = arena
         self._drain = drain
+        self._use_device = use_device
+        self._stats = stats  # pinned_bytes is kept here
         self._cudart = torch.cuda.cudart() if cudart is None else cudart
         self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
+        self._lock = threading.Lock()
         arena.add_close_hook(self.close)
+        arena.add_unpin_hook(self.unpin)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the arena page-locked now."""
+        with self._lock:
+            return sum(nbytes for _, nbytes in self._registered.values())
+
+    def _count(self, delta: int) -> None:
+        if self._stats is not None:
+            self._stats.pinned_bytes += delta
 
     def ensure(self, slot: int, nbytes: int) -> None:
         """Make the first ``nbytes`` of ``slot`` page-locked (a no-op when they already are).
@@ -118,29 +180,46 @@ class HostRegistrar:
         Growing a registration unregisters the smaller one first: the slot was free until now,
         so no copy reads it (the feed keeps a host batch until its copy completed).
         """
-        have = self._registered.get(slot)
-        if have is not None and have[1] >= nbytes:
-            return
-        want = _REGISTER_GRAIN_BYTES
-        while want < nbytes or (have is not None and want <= have[1]):
-            want *= 2
-        want = min(want, self._arena.slot_bytes)
-        ptr = self._arena.slot_tensor(slot).data_ptr()
-        if have is not None:
-            self._cudart.cudaHostUnregister(have[0])
-        err = self._cudart.cudaHostRegister(ptr, want, 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}")
-        self._registered[slot] = (ptr, want)
+        want = min(-(-nbytes // REGISTER_GRAIN_BYTES) * REGISTER_GRAIN_BYTES, self._arena.slot_bytes)
+        with self._lock:
+            have = self._registered.get(slot)
+            if have is not None and have[1] >= want:
+                return
+            ptr = self._arena.slot_tensor(slot).data_ptr()
+            with self._use_device():
+                if have is not None:
+                    del self._registered[slot]
+                    self._count(-have[1])
+                    self._cudart.cudaHostUnregister(have[0])
+                err = self._cudart.cudaHostRegister(ptr, want, 0)
+            if int(err) != 0:
+                raise RuntimeError(
+                    f"cudaHostRegister of {want} bytes of arena slot {slot} failed with error {int(err)}"
+                )
+            self._registered[slot] = (ptr, want)
+            self._count(want)
         self._arena.mark_pinned(slot)
+
+    def unpin(self, slot: int) -> None:
+        """Unregister ``slot`` (the arena is about to give its pages back; a no-op if not locked)."""
+        with self._lock:
+            have = self._registered.pop(slot, None)
+            if have is None:
+                return
+            with self._use_device():
+                self._cudart.cudaHostUnregister(have[0])
+            self._count(-have[1])
 
     def close(self) -> None:
         """Drain the copies, then unregister every range (the arena's close hook; idempotent)."""
         if self._drain is not None:
             self._drain()
-        for ptr, _ in self._registered.values():
-            self._cudart.cudaHostUnregister(ptr)
-        self._registered.clear()
+        with self._lock:
+            with self._use_device():
+                for ptr, _ in self._registered.values():
+                    self._cudart.cudaHostUnregister(ptr)
+            self._count(-sum(nbytes for _, nbytes in self._registered.values()))
+            self._registered.clear()
 
 
 class DeviceTransform(Protocol):
@@ -173,6 +252,10 @@ class CudaOps:
 
     def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
         return torch.cuda.stream(stream)
+
+    def use_device(self) -> AbstractContextManager[Any]:
+        """The loader's device made current (page-locking and pinning run on the current one)."""
+        return torch.cuda.device(self.device)
 
     def new_event(self) -> Any:
         return torch.cuda.Event(enable_timing=True)  # creating and recording one never blocks
@@ -211,7 +294,7 @@ class CudaFeed:
         ops: Any = None,
     ) -> None:
         self.device = device
-        self.stats = stats  # h2d_s is added here
+        self.stats = stats  # h2d_s is added here, pinned_bytes by the registrar
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
         self.ops = CudaOps(device) if ops is None else ops
@@ -234,7 +317,8 @@ class CudaFeed:
 
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain, cudart=cudart)
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device,
+                             stats=self.stats)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
         return CudaIter(self, host_iter)
@@ -247,7 +331,7 @@ class CudaFeed:
         """
         ops, stream = self.ops, self.stream
         stream.wait_stream(ops.current_stream())
-        with ops.use_stream(stream):
+        with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
             start = ops.new_event()
             start.record(stream)
             dev = map_tensors(host, self._to_device)

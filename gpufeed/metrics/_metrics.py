@@ -50,6 +50,8 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
         "Mean ready batches at __next__ since creation (batches).",
     ),
     ("cache_bytes", "gpufeed_cache_bytes", "Bytes held by the loader's host cache (bytes)."),
+    ("pinned_bytes", "gpufeed_pinned_bytes",
+     "Arena bytes page-locked for the CUDA feed now, 0 without device= (bytes)."),
     ("cache_hit_rate", "gpufeed_cache_hit_ratio", "Host cache hits / lookups since creation (ratio 0-1)."),
     (
         "samples_per_s",

@@ -1,6 +1,7 @@
 """The GPU proof's tooling stays runnable without a GPU: benchmarks/cuda_feed.py's CPU dry run
-(every code path, tiny sizes, stand-ins labelled), its overlap arithmetic, and `make gpu-check`'s
-script, which says in one line that there is no CUDA and exits 0."""
+(every code path, tiny sizes, stand-ins labelled), its overlap arithmetic, its budget and
+--require-goals, and `make gpu-check`'s script, which says in one line that it checked nothing
+and exits 2 without CUDA."""
 
 from __future__ import annotations
 
@@ -96,8 +97,23 @@ def test_overlap_report_counts_copy_time_under_kernels():
 @pytest.mark.timeout(600)  # the first test to run starts every side-by-side run (tests/conftest.py)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: make gpu-check would run every GPU check")
 @pytest.mark.skipif(shutil.which("bash") is None, reason="scripts/gpu_check.sh needs bash")
-def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0(side_by_side):
+def test_gpu_check_without_cuda_says_it_checked_nothing_and_exits_2(side_by_side):
     proc = run_result(side_by_side, "gpu-check-without-cuda")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpu-check: skipped, no CUDA here"), proc.stdout
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA device: nothing checked"), proc.stdout
+
+
+def test_cuda_feed_out_of_budget_still_writes_its_json_and_require_goals_fails_without_goals(tmp_path):
+    """A budget spent before the feed mode skips it and says so in the JSON; --require-goals
+    passes only when every goal was judged and met, so a run with none judged exits 1."""
+    out = tmp_path / "cuda_feed.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", BENCH, "--cpu-dry-run", "--mode", "feed", "--budget-s", "0", "--require-goals",
+         "--json", str(out)],
+        cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=80,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["feed"] is None and "--budget-s 0 spent" in result["cut_short"]
+    assert "--require-goals: no goal judged" in proc.stdout

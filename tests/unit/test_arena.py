@@ -165,13 +165,18 @@ def test_snapshot_says_where_free_and_leased_slots_are_and_leaves_the_pipe_as_it
     assert arena.snapshot().leased == () and arena.snapshot().warm == (d,)
 
 
-def test_pinned_slots_keep_their_pages(arena):
+def test_surplus_pinned_slots_are_unpinned_before_their_pages_go(arena):
     slots = [arena.acquire() for _ in range(3)]
+    unpinned = []
+    arena.add_unpin_hook(lambda s: unpinned.append((s, arena.resident_bytes(s))))
     for s in slots:
         write(arena, s)
         arena.mark_pinned(s)
         arena.release(s)
-    assert arena.emptied == 0 and arena.warm_waiting() == 3
+    surplus = slots[arena.warm_cap:]  # released with warm_cap ids waiting
+    assert arena.emptied == len(surplus) and arena.warm_waiting() == arena.warm_cap
+    assert unpinned == [(s, SLOT) for s in surplus]  # unpinned while its pages were there
+    assert arena.snapshot().pinned == set(slots[: arena.warm_cap])
 
 
 def test_close_closes_the_pipe(arena):
@@ -236,18 +241,20 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     assert not theirs.poll()  # no claim for a fallback
 
 
-def test_trim_waiting_empties_waiting_warm_slots_but_not_pinned_ones(arena):
+def test_trim_waiting_empties_waiting_warm_slots_unpinning_pinned_ones_first(arena):
     a, b, c = (arena.acquire() for _ in range(3))
     for s in (a, b, c):
         write(arena, s)
     arena.mark_pinned(c)
+    unpinned = []
+    arena.add_unpin_hook(lambda s: unpinned.append((s, arena.resident_bytes(s))))
     arena.release(a)
     arena.release(c)
     assert arena.trim_waiting() == 2
-    assert arena.emptied == 1 and arena.warm_waiting() == 1  # the pinned one is back in the pipe
-    assert arena.resident_bytes() == 2 * SLOT  # b (in use) and the pinned c
+    assert arena.emptied == 2 and arena.warm_waiting() == 0
+    assert unpinned == [(c, SLOT)] and arena.snapshot().pinned == frozenset()
+    assert arena.resident_bytes() == SLOT  # b, in use
     assert arena.free_slots() == 2
-    assert take_warm(arena.handle().warm_fd) == c
 
 
 @pytest.mark.timeout(30)

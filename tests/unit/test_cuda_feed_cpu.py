@@ -34,6 +34,9 @@ class Gpu:
         self.log: list[tuple] = []
         self.ranges: dict[int, int] = {}  # registered address -> bytes
         self.events: list[Event] = []
+        self.current = [0]  # the current device (a stack: ``Ops.use_device`` pushes), 0 as in CUDA
+        self.page_locks: list[tuple[str, int]] = []  # (call, the device current at it)
+        self.on_unregister = lambda ptr: None  # what a test looks at before a range is unlocked
 
     def done(self, upto: int | None = None) -> None:
         """Complete the first ``upto`` events recorded (all by default), as the GPU would."""
@@ -46,6 +49,7 @@ class Gpu:
     # cudart, as HostRegistrar calls it
     def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:
         self.log.append(("cudaHostRegister", ptr))
+        self.page_locks.append(("cudaHostRegister", self.current[-1]))
         self.ranges[ptr] = nbytes
         return 0
 
@@ -53,6 +57,8 @@ class Gpu:
         copy_streams = {e.stream for e in self.events if e.stream is not None and e.stream.name == "copy"}
         drained = all(e.done for e in self.events if e.stream in copy_streams)
         self.log.append(("cudaHostUnregister", ptr, drained))
+        self.page_locks.append(("cudaHostUnregister", self.current[-1]))
+        self.on_unregister(ptr)
         del self.ranges[ptr]
         return 0
 
@@ -102,8 +108,9 @@ class Stream:
 class Ops:
     """``gpufeed.cuda._feed.CudaOps`` for the fake GPU; device tensors are CPU clones."""
 
-    def __init__(self, gpu: Gpu) -> None:
+    def __init__(self, gpu: Gpu, index: int = 0) -> None:
         self.gpu = gpu
+        self.index = index  # the loader's device, as far as ``use_device`` is concerned
         self.device = torch.device("cpu")
         self.streams = [Stream(gpu, "default")]
 
@@ -121,6 +128,14 @@ class Ops:
         finally:
             self.streams.pop()
 
+    @contextlib.contextmanager
+    def use_device(self):
+        self.gpu.current.append(self.index)
+        try:
+            yield
+        finally:
+            self.gpu.current.pop()
+
     def new_event(self) -> Event:
         return Event(self.gpu)
 
@@ -129,6 +144,7 @@ class Ops:
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         self.gpu.log.append(("pin",))
+        self.gpu.page_locks.append(("pin", self.gpu.current[-1]))
         out = t.clone()
         out._torch_pinned = True  # type: ignore[attr-defined]
         return out
@@ -283,6 +299,75 @@ def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_outp
     arena = context.arena(warm_cap=2)
     assert (context.registrar is not None) == cuda_output and made == ([arena] if cuda_output else [])
     context.close()
+
+
+def test_every_page_locking_call_runs_with_the_loaders_device_current(gpu):
+    """A rank with device="cuda:1" that never called set_device: cudaHostRegister,
+    cudaHostUnregister and torch's pinning must not run on device 0 (a context there per rank)."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu, index=1))
+    host = Host(gpu, feed)
+    for _ in feed.wrap(host.epoch(n=3, pageable=True)):
+        gpu.done()
+    host.arena.close()
+    calls = {call for call, _ in gpu.page_locks}
+    assert calls == {"cudaHostRegister", "cudaHostUnregister", "pin"}
+    assert [device for _, device in gpu.page_locks] == [1] * len(gpu.page_locks)
+    assert gpu.current == [0]  # and nothing left current afterwards
+
+
+MiB = 1 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def test_a_slot_is_page_locked_to_its_largest_batch_rounded_up_to_2_mib_and_counted_in_stats(gpu, feed):
+    arena = Arena(96 * MiB, warm_cap=4)  # virtual: nothing here is written
+    registrar = feed.registrar(arena, cudart=gpu)
+    a, b = arena.acquire(), arena.acquire()
+    largest = {a: 0, b: 0}
+    for slot, extent in ((a, 38_500_000), (a, 30_000_000), (b, 3_000), (a, 40_000_000), (b, 5 * MiB)):
+        registrar.ensure(slot, extent)
+        largest[slot] = max(largest[slot], extent)
+        ranges = {arena.slot_tensor(s).data_ptr(): s for s in (a, b)}
+        for ptr, nbytes in gpu.ranges.items():
+            assert largest[ranges[ptr]] <= nbytes <= _round_up(largest[ranges[ptr]], 2 * MiB)
+        assert feed.stats.snapshot()["pinned_bytes"] == sum(gpu.ranges.values())
+    assert sorted(gpu.ranges.values()) == [6 * MiB, 40 * MiB]  # not 64 MiB for a 38.5 MB batch
+    arena.close()
+    assert gpu.ranges == {} and feed.stats.snapshot()["pinned_bytes"] == 0
+
+
+@pytest.mark.parametrize("how", ["idle trim", "surplus release"])
+def test_trimming_unlocks_page_locked_slots_before_giving_their_pages_back(gpu, how):
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu, index=1))
+    arena = Arena(8 * MiB, warm_cap=1 if how == "surplus release" else 4)
+    registrar = feed.registrar(arena, cudart=gpu)
+    slots = [arena.acquire() for _ in range(3)]
+    slot_at = {arena.slot_tensor(s).data_ptr(): s for s in slots}
+    resident_at_unregister = []
+    gpu.on_unregister = lambda ptr: resident_at_unregister.append(arena.resident_bytes(slot_at[ptr]))
+    for slot in slots:
+        arena.slot_tensor(slot)[: 3 * MiB].fill_(7)  # the batch the worker wrote
+        registrar.ensure(slot, 3 * MiB)
+    assert feed.stats.snapshot()["pinned_bytes"] == 3 * 4 * MiB
+    for slot in slots:
+        arena.release(slot)  # surplus release: the 2nd and 3rd find warm_cap ids waiting
+    if how == "idle trim":
+        arena.trim_waiting()
+    trimmed = [s for s in slots if arena.resident_bytes(s) == 0]
+    assert len(trimmed) == (3 if how == "idle trim" else 2)
+    assert resident_at_unregister == [3 * MiB] * len(trimmed)  # unlocked while its pages were there
+    assert len(gpu.ranges) == 3 - len(trimmed) and not arena.snapshot().pinned & set(trimmed)
+    assert feed.stats.snapshot()["pinned_bytes"] == sum(gpu.ranges.values())
+    assert {device for _, device in gpu.page_locks} == {1}
+    reused = arena.acquire()  # a trimmed slot, written and page-locked again
+    assert reused in trimmed
+    registrar.ensure(reused, 3 * MiB)
+    assert len(gpu.ranges) == 4 - len(trimmed) and reused in arena.snapshot().pinned
+    arena.close()
+    assert gpu.ranges == {} and feed.stats.snapshot()["pinned_bytes"] == 0
 
 
 def test_hand_out_of_one_batch_copies_on_the_copy_stream_for_the_consumer_and_keeps_the_slot(gpu, feed):

@@ -124,6 +124,11 @@ class SlotLifecycle(RuleBasedStateMachine):
         self.orphans: dict[tuple[int, int], tuple[int, int]] = {}
         self.leases: list[tuple[int, memoryview]] = []  # batches the user holds
         self.pinned: dict[int, int] = {}  # page-locked slot -> its resident bytes then
+        self.arena.add_unpin_hook(self._unpinned)
+
+    def _unpinned(self, slot: int) -> None:
+        """The arena is about to empty a page-locked slot: its pages are all still there."""
+        assert self.arena.resident_bytes(slot) >= self.pinned.pop(slot), f"slot {slot} lost pages while locked"
 
     def teardown(self) -> None:
         self.leases.clear()
@@ -288,8 +293,9 @@ class SlotLifecycle(RuleBasedStateMachine):
         for slot in having(SlotState.COLD):
             assert self.arena.resident_bytes(slot) == 0, f"cold slot {slot} has pages"
         snap = self.arena.snapshot()
-        assert set(having(SlotState.PINNED_COLD)) <= snap.pinned
-        for slot, nbytes in self.pinned.items():  # page-locked pages are never given back
+        assert not set(having(SlotState.COLD)) & snap.pinned  # emptying unpins first
+        assert snap.pinned == set(self.pinned)
+        for slot, nbytes in self.pinned.items():  # page-locked pages stay until it is unpinned
             assert self.arena.resident_bytes(slot) >= nbytes, f"page-locked slot {slot} lost pages"
         owed = [
             {k for k, t in self.tasks.items() if t.worker == w and not t.answered}

@@ -83,7 +83,7 @@ class FakeLoader:
             "batches": 7, "samples": 50, "wait_s": 1.5, "errors": 2, "worker_restarts": 1,
             "skipped": 3, "cache_hits": 30, "cache_misses": 20, "cache_bytes": 4096,
             "cache_hit_rate": 0.6, "data_wait_fraction": 0.25, "queue_depth": 2,
-            "queue_depth_mean": 1.5, "samples_per_s": 123.0, "overflow_bytes": 0,
+            "queue_depth_mean": 1.5, "samples_per_s": 123.0, "overflow_bytes": 0, "pinned_bytes": 6 << 20,
             **{f"{stage}_s": i + 0.5 for i, stage in enumerate(STAGES)},
             "workers": [
                 {"worker": 0, "pid": 11, "cpu_s": 3.25, "rss_bytes": 1 << 20},
@@ -107,6 +107,7 @@ def test_every_stats_key_maps_to_exactly_the_documented_metric_names(server):
     one = frozenset({("loader", "fake")})
     assert got[("gpufeed_skipped_total", one)] == 3
     assert got[("gpufeed_cache_hit_ratio", one)] == 0.6
+    assert got[("gpufeed_pinned_bytes", one)] == 6 << 20
     w1 = frozenset({("loader", "fake"), ("worker", "1")})
     assert got[("gpufeed_worker_cpu_seconds_total", w1)] == 4.5
     assert got[("gpufeed_worker_rss_bytes", w1)] == 2 << 20
