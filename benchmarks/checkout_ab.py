@@ -24,8 +24,6 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the benchmarks package lies
-
 
 def child(root: str, transform: str, workers: int, batch_size: int) -> None:
     """One checkout's side: a warm-up epoch, then one timed epoch per "go" line on stdin."""
@@ -50,13 +48,12 @@ def child(root: str, transform: str, workers: int, batch_size: int) -> None:
 
 
 def _start(args: argparse.Namespace, checkout: str, cwd: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "benchmarks.checkout_ab", os.path.abspath(args.root), *args.checkouts,
+    cmd = [sys.executable, os.path.abspath(__file__), os.path.abspath(args.root), *args.checkouts,
            "--child", "--transform", args.transform, "--workers", str(args.workers),
            "--batch-size", str(args.batch_size)]
-    # gpufeed from the checkout (first on the path), this benchmarks package after it; the child
-    # runs in an empty directory so that the working directory's gpufeed does not come first.
-    path = os.pathsep.join([os.path.abspath(checkout), REPO])
-    return subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=path), stdin=subprocess.PIPE,
+    # gpufeed from the checkout alone (the child imports nothing else of a checkout, and runs this
+    # file as a script, in an empty directory, so that no other gpufeed comes first).
+    return subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=os.path.abspath(checkout)), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, cwd=cwd)
 
 
@@ -94,7 +91,10 @@ def main() -> None:
         for checkout in args.checkouts:
             proc = _start(args, checkout, empty)
             assert proc.stdout is not None
-            sys.stdout.write(f"{checkout}: {proc.stdout.readline().strip()}\n")
+            ready = proc.stdout.readline().strip()
+            if not ready.startswith("ready"):
+                raise RuntimeError(f"the child for {checkout} did not start (exit status {proc.wait(timeout=60)})")
+            sys.stdout.write(f"{checkout}: {ready}\n")
             procs.append(proc)
         rates: list[list[float]] = [[], []]
         for r in range(args.rounds):
