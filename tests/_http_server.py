@@ -5,8 +5,9 @@ Directory listings are the standard library's (``SimpleHTTPRequestHandler``), wh
 HTTP filesystem parses. Faults are injected per path (relative to the served root, ``/``-joined):
 a delay on every request, a 503 on the first GET of some paths (``fail_once``), a fixed status
 on every GET of others (``fail_always``: 503, 404...), a longer delay for some (``slow``). The
-server counts GETs per path and the largest number of requests handled at once, and keeps the
-``X-Test`` request headers it saw. HTTP/1.0 (one request per connection) by default, or
+server counts GETs per path and the largest number of requests waiting for their answer at
+once (from arrival to the answer's first byte), and keeps the ``X-Test`` request headers it
+saw. HTTP/1.0 (one request per connection) by default, or
 HTTP/1.1 keep-alive (``keep_alive=True``: idle connections are dropped after 2 s), and
 non-daemon handler threads: :meth:`close` stops the server and joins every handler thread.
 """
@@ -133,17 +134,21 @@ class _Handler(SimpleHTTPRequestHandler):
         status = state._begin(path, self.headers.get("X-Test"))
         try:
             delay_s = state.slow.get(path, state.delay_s)
-            if delay_s and state._stop.wait(delay_s):
-                self.send_error(503, "server stopping")
-                return
-            if status is not None:
-                self.send_error(status, "injected failure")
-                return
-            if self.headers.get("Range") and self._send_range():
-                return
-            super().do_GET()
+            stopping = bool(delay_s) and state._stop.wait(delay_s)
         finally:
+            # Active until its answer begins, not until this thread is done: a client that has
+            # read the whole answer may send its next request before this thread runs again (on
+            # a loaded machine), and that request did not overlap this one.
             state._end()
+        if stopping:
+            self.send_error(503, "server stopping")
+            return
+        if status is not None:
+            self.send_error(status, "injected failure")
+            return
+        if self.headers.get("Range") and self._send_range():
+            return
+        super().do_GET()
 
     def _send_range(self) -> bool:
         """Answer ``Range: bytes=A-B`` of a file with 206 and those bytes (what object stores

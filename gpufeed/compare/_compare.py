@@ -311,6 +311,7 @@ def _run_round(
     sample_interval_s: float,
     teardown_timeout_s: float,
     notes: list[str],
+    clock: Callable[[], float],
 ) -> RoundResult:
     """Builds a loader, iterates it under a :class:`PeakPSS`, tears it down; one RoundResult."""
     me = psutil.Process()
@@ -322,7 +323,7 @@ def _run_round(
     loader: Iterable[Any] | None = None
     iterator: Iterator[Any] | None = None
     with PeakPSS(interval_s=sample_interval_s) as mem:
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             loader = factory()
             with sigint_held():  # workers start here: none is interrupted before it ignores Ctrl-C
@@ -333,10 +334,10 @@ def _run_round(
                 n_batches += 1
                 del batch
                 if n_batches == 1:
-                    first_batch_at = time.perf_counter()
+                    first_batch_at = clock()
                 if num_batches is not None and n_batches >= num_batches:
                     break
-            t_end = time.perf_counter()
+            t_end = clock()
         except BaseException:
             # Ctrl-C or an error: the traceback keeps the iterator alive, so dropping it would
             # not stop its workers, and waiting for them would take teardown_timeout_s. Stop
@@ -419,6 +420,7 @@ def compare(
     teardown_timeout_s: float = 30.0,
     environment: Mapping[str, Any] | None = None,
     rotate: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> CompareResult:
     """Runs the loaders in alternating rounds and summarises them.
 
@@ -438,6 +440,8 @@ def compare(
         rotate: start round ``i`` at loader ``i mod len(factories)`` (then on in the given
             order, wrapping around), so that every loader takes every place in a round; a loader
             that always runs right after another pays for what that one leaves behind.
+        clock: seconds, for the rounds' start-up and steady timings (a test passes a manual
+            clock to fix what each batch costs); teardown waits always run on real time.
 
     Returns:
         A :class:`CompareResult` (``format_table()`` for people, ``to_dict()`` for files).
@@ -464,7 +468,7 @@ def compare(
         for name in names[shift:] + names[:shift]:
             r = _run_round(
                 name, factories[name], i - num_warmup_rounds, num_batches, consume,
-                sample_interval_s, teardown_timeout_s, notes,
+                sample_interval_s, teardown_timeout_s, notes, clock,
             )
             if i >= num_warmup_rounds:
                 rounds[name].append(r)

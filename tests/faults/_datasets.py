@@ -69,6 +69,19 @@ class Slow(SquareGrids):
         return super().__getitem__(i)
 
 
+class Marked(SquareGrids):
+    """Leaves an empty file named after each index it loads in ``marker_dir``: the test sees
+    which samples the workers have fetched (a clock-free way to wait for them)."""
+
+    def __init__(self, n: int, marker_dir: str) -> None:
+        super().__init__(n)
+        self.marker_dir = marker_dir
+
+    def __getitem__(self, i: int):
+        (Path(self.marker_dir) / str(i)).touch()
+        return super().__getitem__(i)
+
+
 class BadSampleError(Exception):
     """An exception whose constructor takes two arguments (does not round-trip through pickle)."""
 

@@ -155,7 +155,9 @@ def test_missing_file_is_not_retried_and_skip_counts_it(tree, serve, num_workers
 def test_timeout_counts_as_transient(tree, serve):
     slow = "class_00/img_00001.jpg"
     server = serve(slow={slow: 5.0})
-    reader = RemoteReader(options=RemoteOptions(timeout_s=0.2, retries=1, backoff_s=0.01))
+    # 1 s: 50x a served file's 20 ms, so that the read after the timeouts never times out on a
+    # loaded machine; 5x shorter than the slow file's delay
+    reader = RemoteReader(options=RemoteOptions(timeout_s=1.0, retries=1, backoff_s=0.01))
     with pytest.raises(ReadError, match="TimeoutError.*gave up after 2 attempts"):
         reader.read(f"{server.url}/{slow}", 3)
     assert server.gets[slow] == 2

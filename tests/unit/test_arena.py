@@ -231,13 +231,13 @@ def test_a_worker_waits_briefly_for_the_slot_the_consumer_is_about_to_free(arena
     theirs, ours = multiprocessing.Pipe(duplex=False)
     timer = threading.Timer(0.02, arena.release, args=(warm,))
     timer.start()
-    got = _pick_slot(arena.handle().warm_fd, ours, 0, 7, fallback, wait_s=2.0)
+    got = _pick_slot(arena.handle().warm_fd, ours, 0, 7, fallback, wait_s=60.0)  # returns at the release
     timer.join()
     assert got == warm
     assert theirs.recv() == Claim(epoch=0, idx=7, slot=warm)  # the parent is told before the slot is written
     t0 = time.monotonic()
     assert _pick_slot(arena.handle().warm_fd, ours, 0, 8, fallback, wait_s=0.05) == fallback
-    assert 0.04 <= time.monotonic() - t0 < 1.0  # waited, then wrote the cold fallback
+    assert 0.04 <= time.monotonic() - t0 < 60.0  # waited its 50 ms (the upper bound: a hang guard only)
     assert not theirs.poll()  # no claim for a fallback
 
 

@@ -17,6 +17,7 @@ from gpufeed.compare import SAMPLER_THREAD_NAME, PeakPSS, format_bytes
 from gpufeed.compare._compare import batch_size_of, compare, touch_batch
 from gpufeed.compare._datasets import SyntheticImageDataset
 from gpufeed.compare._environment import cpu_model, describe_environment
+from gpufeed.serve import ManualClock
 
 MiB = 1 << 20
 
@@ -145,34 +146,44 @@ def test_synthetic_dataset_samples() -> None:
         ds[300]
 
 
-def _list_loader(num_batches: int, delay_s: float):
+def _list_loader(num_batches: int, delay_s: float = 0.0, clock: ManualClock | None = None):
+    """Batches of 8 rows, each costing ``delay_s`` seconds on ``clock`` (exact, whatever else the
+    machine runs)."""
     def factory():
         def gen():
             for i in range(num_batches):
-                time.sleep(delay_s)
+                if clock is not None:
+                    clock.advance(delay_s)
                 yield torch.full((8, 3), i)
         return gen()
     return factory
 
 
 def test_compare_on_two_trivial_loaders() -> None:
+    clock = ManualClock()  # 30 ms vs 2 ms per batch, whatever else the machine runs
     result = compare(
-        {"slow": _list_loader(6, 0.03), "fast": _list_loader(6, 0.002)},
+        {"slow": _list_loader(6, 0.03, clock), "fast": _list_loader(6, 0.002, clock)},
         num_batches=5,
         num_rounds=3,
         num_warmup_rounds=1,
         sample_interval_s=0.01,
+        clock=clock.now,
     )
     assert result.baseline == "slow"
     assert [s.name for s in result.loaders] == ["slow", "fast"]
-    for s in result.loaders:
+    for s, per_batch_s in zip(result.loaders, (0.03, 0.002)):
         assert len(s.rounds) == 3
         assert all(r.num_batches == 5 and r.num_samples == 40 for r in s.rounds)
-        assert s.median_batches_per_s > 0 and s.median_samples_per_s == pytest.approx(8 * s.median_batches_per_s)
+        # the first batch is start-up; the other 4 are the steady state
+        for r in s.rounds:
+            assert r.startup_s == pytest.approx(per_batch_s) and r.steady_s == pytest.approx(4 * per_batch_s)
+            assert r.total_batches_per_s == pytest.approx(1 / per_batch_s)
+        assert s.median_batches_per_s == pytest.approx(1 / per_batch_s)
+        assert s.median_samples_per_s == pytest.approx(8 * s.median_batches_per_s)
         assert s.peak_pss_bytes > 10 * MiB
     assert result.ratio("slow") == pytest.approx(1.0)
-    assert result.ratio("fast") > 2  # 2 ms vs 30 ms per batch: ~10x measured on a busy 2-core box
-    assert len(result.paired_ratios("fast")) == 3
+    assert result.ratio("fast") == pytest.approx(15.0)  # 30 ms / 2 ms
+    assert result.paired_ratios("fast") == pytest.approx([15.0] * 3)
     assert result.memory_ratio("fast") > 0
     d = result.to_dict()
     json.dumps(d)
@@ -188,7 +199,7 @@ def test_compare_rotate_starts_each_round_one_loader_further_on() -> None:
     def named(name: str):
         def factory():
             calls.append(name)
-            return _list_loader(3, 0)()
+            return _list_loader(3)()
         return factory
 
     result = compare({n: named(n) for n in "abc"}, num_batches=2, num_rounds=3,
@@ -204,7 +215,7 @@ def test_compare_rotate_starts_each_round_one_loader_further_on() -> None:
 
 
 def test_compare_validates_arguments() -> None:
-    f = _list_loader(3, 0)
+    f = _list_loader(3)
     with pytest.raises(ValueError, match="num_rounds"):
         compare({"a": f}, num_rounds=0)
     with pytest.raises(ValueError, match="num_batches"):
