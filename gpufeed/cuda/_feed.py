@@ -247,6 +247,14 @@ class CudaOps:
     def new_stream(self) -> Any:
         return torch.cuda.Stream(device=self.device)
 
+    def new_consumer_stream(self) -> Any:
+        """A stream a server's batch thread runs its batches on (``ImageBatcher``), made once
+        per thread."""
+        return torch.cuda.Stream(device=self.device)
+
+    def default_stream(self) -> Any:
+        return torch.cuda.default_stream(self.device)
+
     def current_stream(self) -> Any:
         return torch.cuda.current_stream(self.device)
 
@@ -283,6 +291,12 @@ class CudaFeed:
     freed to the workers) only after its copy's end event completed; the iterator never waits for
     that, not even at the end of an epoch or when it is dropped mid-epoch: the batches stay here
     until a later ``__next__`` finds them done, or until ``drain`` (at arena close) waits.
+
+    Threads: ``copy``, ``retire`` and ``drain`` may run in several threads at once (the model
+    threads of ``ImageBatcher``, a finalizer). One lock guards the shared state: the copy
+    stream's creation (once), the FIFO, ``staged`` and the stats; and a copy is issued whole under
+    it (the wait on the consumer stream, the events, the copies, its place in the FIFO), so the
+    FIFO's order is the copy stream's order and each copy is preceded by its own consumer's wait.
     """
 
     def __init__(
@@ -305,7 +319,12 @@ class CudaFeed:
 
     @property
     def stream(self) -> Any:
-        """The loader's one copy stream, created on first use."""
+        """The loader's one copy stream, created on first use (once, whatever the threads)."""
+        with self._lock:
+            return self._copy_stream()
+
+    def _copy_stream(self) -> Any:
+        """``stream``, with the lock held."""
         if self._stream is None:
             self._stream = self.ops.new_stream()
         return self._stream
@@ -329,22 +348,25 @@ class CudaFeed:
         The copy stream first waits for the work queued on the current stream: a device block the
         consumer freed may be handed to this copy while its kernels still read it.
         """
-        ops, stream = self.ops, self.stream
-        stream.wait_stream(ops.current_stream())
-        with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
-            start = ops.new_event()
-            start.record(stream)
-            dev = map_tensors(host, self._to_device)
-            end = ops.new_event()
-            end.record(stream)
+        ops = self.ops
+        consumer = ops.current_stream()
         with self._lock:
+            stream = self._copy_stream()
+            stream.wait_stream(consumer)
+            with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
+                start = ops.new_event()
+                start.record(stream)
+                dev = map_tensors(host, self._to_device)
+                end = ops.new_event()
+                end.record(stream)
             self._pending.append((host, start, end))
         return dev, end
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         # A non_blocking copy from pageable memory is staged by the driver behind the stream's
         # queued work, a hidden host wait. Arena views are page-locked (HostRegistrar); a payload
-        # that overflowed its slot is not, and goes through torch's pinned memory instead.
+        # that overflowed its slot is not, and goes through torch's pinned memory instead (with
+        # the lock held: an overflow is rare, and the order of the copy stream stays whole).
         if not self.ops.is_pinned(t):
             t = self.ops.pin(t)
             self.staged += 1
@@ -356,16 +378,18 @@ class CudaFeed:
         with self._lock:
             while self._pending and self._pending[0][2].query():
                 done.append(self._pending.popleft())
-        if self.stats is not None:
-            for _, start, end in done:
-                self.stats.h2d_s += start.elapsed_time(end) / 1000.0
+            if self.stats is not None:
+                for _, start, end in done:
+                    self.stats.h2d_s += start.elapsed_time(end) / 1000.0
         del done  # the host batches die here, outside the lock
 
     def drain(self) -> None:
         """Wait for every copy issued on the copy stream, then drop their host batches. Runs
         before the arena unregisters its memory (``HostRegistrar.close``): the one host wait."""
-        if self._stream is not None:
-            self._stream.synchronize()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.synchronize()
         with self._lock:
             done, self._pending = self._pending, collections.deque()
         del done
@@ -433,3 +457,14 @@ def hand_out(feed: CudaFeed, host: torch.Tensor) -> torch.Tensor:
     consumer = feed.ops.current_stream()
     consumer.wait_event(copied)
     return _owned_by(feed.ops, on_device, consumer)
+
+
+def hand_back(feed: CudaFeed, results: Any, stream: Any) -> None:
+    """A batch's results, computed on ``stream`` (a server's batch thread), made ready for the
+    device's default stream, with no host wait: the default stream waits on ``stream``, and each
+    device tensor in ``results`` is tied to the default stream (its memory is not reused before
+    the work queued there when it is freed has run)."""
+    ops = feed.ops
+    default = ops.default_stream()
+    default.wait_stream(stream)
+    map_tensors(results, lambda t: _owned_by(ops, t, default) if t.device == ops.device else t)

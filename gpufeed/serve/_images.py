@@ -32,7 +32,7 @@ from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed, hand_out, resolve_device
+from gpufeed.cuda._feed import CudaFeed, hand_back, hand_out, resolve_device
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import DecodeError, check_int, shorten
 from gpufeed.image._cv2threads import single_threaded_cv2
@@ -85,6 +85,7 @@ class _Runner:
         self.name = name
         self.undecodable = 0  # requests failed by their bytes (one thread at a time adds: _lock)
         self._lock = threading.Lock()
+        self._thread = threading.local()  # each model thread's CUDA stream, made at its first batch
 
     def __call__(self, items: list[_Item]) -> list[Any]:
         numbers = [item.number for item in items]
@@ -135,10 +136,19 @@ class _Runner:
         if feed is None:
             with torch.inference_mode():
                 return self.model(images)
-        on_device = hand_out(feed, images)  # the slot is page-locked (HostRegistrar)
-        with torch.inference_mode():
-            x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
-            return self.model(x)
+        # Each model thread runs its batches on a stream of its own: on one shared stream (the
+        # default) two batches would run one after the other on the GPU, and each copy would wait
+        # on the other thread's model (docs/design/cuda-feed.md, "Concurrent batches").
+        stream = getattr(self._thread, "stream", None)
+        if stream is None:
+            stream = self._thread.stream = feed.ops.new_consumer_stream()
+        with feed.ops.use_stream(stream):
+            on_device = hand_out(feed, images)  # the slot is page-locked (HostRegistrar)
+            with torch.inference_mode():
+                x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
+                out = self.model(x)
+            hand_back(feed, out, stream)  # a caller may read device results on the default stream
+        return out
 
 
 def _check_arguments(model: Any, transform: Any, num_workers: Any, max_request_bytes: Any, decode_timeout_s: Any,
