@@ -138,7 +138,8 @@ class HostRegistrar:
     ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
     no longer page-locked. A slot the arena trims is free, and a slot is freed only after the
     copies reading it completed (``CudaFeed``), so ``unpin`` waits for nothing.
-    ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    ``cudart`` defaults to ``torch.cuda.cudart()``, fetched at the first call (it initialises
+    CUDA; tests pass a recorder).
     Every cudart call runs inside ``use_device()`` (the loader's device made current,
     ``CudaOps.use_device``): a rank given ``device="cuda:3"`` that never called
     ``torch.cuda.set_device`` would otherwise make a context on device 0, one per rank.
@@ -158,11 +159,17 @@ class HostRegistrar:
         self._drain = drain
         self._use_device = use_device
         self._stats = stats  # pinned_bytes is kept here
-        self._cudart = torch.cuda.cudart() if cudart is None else cudart
+        self._given_cudart = cudart  # torch.cuda.cudart() initialises CUDA: fetched at first use
         self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
         self._lock = threading.Lock()
         arena.add_close_hook(self.close)
         arena.add_unpin_hook(self.unpin)
+
+    @property
+    def _cudart(self) -> Any:
+        if self._given_cudart is None:
+            self._given_cudart = torch.cuda.cudart()
+        return self._given_cudart
 
     @property
     def pinned_bytes(self) -> int:
@@ -215,9 +222,10 @@ class HostRegistrar:
         if self._drain is not None:
             self._drain()
         with self._lock:
-            with self._use_device():
-                for ptr, _ in self._registered.values():
-                    self._cudart.cudaHostUnregister(ptr)
+            if self._registered:  # nothing registered: no CUDA call (a batcher closed unused)
+                with self._use_device():
+                    for ptr, _ in self._registered.values():
+                        self._cudart.cudaHostUnregister(ptr)
             self._count(-sum(nbytes for _, nbytes in self._registered.values()))
             self._registered.clear()
 
@@ -307,19 +315,33 @@ class CudaFeed:
         stats: Any = None,
         ops: Any = None,
     ) -> None:
-        self.device = device
+        self.device = device  # plain "cuda" (no index) is resolved at first use (``ops``)
         self.stats = stats  # h2d_s is added here, pinned_bytes by the registrar
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
-        self.ops = CudaOps(device) if ops is None else ops
+        self._ops = ops
         self.staged = 0  # pageable host tensors copied through torch's pinned memory (overflow)
         self._stream: Any = None
         self._pending: collections.deque[tuple[Any, Any, Any]] = collections.deque()  # (host, start, end)
         self._lock = threading.Lock()  # ``drain`` may run in a finalizer, in another thread
 
     @property
+    def ops(self) -> Any:
+        """The CUDA calls, for the feed's device: made at first use, where a plain ``"cuda"``
+        becomes the current device of the thread using it (``resolve_device``); a feed built
+        at construction (``ImageBatcher``) so calls no CUDA runtime function until its first batch."""
+        if self._ops is None:
+            with self._lock:
+                if self._ops is None:
+                    device = resolve_device(self.device)
+                    assert device is not None, "a CudaFeed has a CUDA device"
+                    self.device, self._ops = device, CudaOps(device)
+        return self._ops
+
+    @property
     def stream(self) -> Any:
         """The loader's one copy stream, created on first use (once, whatever the threads)."""
+        self.ops  # noqa: B018 - made before the lock is taken (``ops`` takes it)
         with self._lock:
             return self._copy_stream()
 
@@ -336,7 +358,7 @@ class CudaFeed:
 
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device,
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=lambda: self.ops.use_device(),
                              stats=self.stats)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:

@@ -315,7 +315,7 @@ def test_a_pageable_host_tensor_is_pinned_by_torch_before_its_non_blocking_copy(
 def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_output):
     """With ``pin_memory=True`` alone the user copies on streams gpufeed cannot see: the arena is
     not page-locked (batches are copied into torch's pinned memory instead)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     made = []
     context = EngineContext(EngineConfig(), Stats(), cuda_output=cuda_output,
                             make_registrar=lambda arena: made.append(arena) or object())
