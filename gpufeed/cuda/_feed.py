@@ -17,7 +17,9 @@ Lifecycle (docs/design/cuda-feed.md has the whole story):
 * At hand-out the consumer stream (the current stream at ``__next__`` time) waits on the event;
   uint8 images are converted, laid out and normalized *on the consumer stream*, and every device
   tensor allocated on the copy stream is ``record_stream``-ed on the consumer stream, so it stays
-  valid for as long as the user holds it.
+  valid for as long as the user holds it. (The wait on the consumer stream and ``record_stream``
+  are the defaults; ``CudaFeed`` has two private variants for benchmarks/cuda_feed.py to measure
+  against them, docs/design/cuda-feed.md, "Guarding device memory".)
 
 Page-locked arena memory is handed out only to this feed, which issues every copy from it on a
 stream it knows. With ``pin_memory=True`` and no ``device`` the user issues the copies, on
@@ -314,8 +316,20 @@ class CudaFeed:
         gpu_transform: DeviceTransform | None = None,
         stats: Any = None,
         ops: Any = None,
+        *,
+        wait_on_consumer: bool = True,
+        keep_references: bool = False,
     ) -> None:
         self.device = device  # plain "cuda" (no index) is resolved at first use (``ops``)
+        # Two guards against the copy stream reusing device memory the consumer still reads; the
+        # defaults use both. The other settings are variants for benchmarks/cuda_feed.py to
+        # measure (docs/design/cuda-feed.md, "Guarding device memory"), not user options:
+        # wait_on_consumer=False: no wait of the copy stream on the consumer stream before a copy;
+        # keep_references=True: no record_stream; the feed keeps each device batch until an event
+        # recorded on its consumer stream at that stream's next hand-out has completed.
+        self.wait_on_consumer = wait_on_consumer
+        self.keep_references = keep_references
+        self._held: list[list[Any]] = []  # keep_references: [device batch, consumer stream, event or None]
         self.stats = stats  # h2d_s is added here, pinned_bytes by the registrar
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
@@ -356,6 +370,11 @@ class CudaFeed:
         """Host batches held because their copy may not have completed."""
         return len(self._pending)
 
+    @property
+    def held(self) -> int:
+        """Device batches the feed keeps (``keep_references`` only) until their use completed."""
+        return len(self._held)
+
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
         return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=lambda: self.ops.use_device(),
@@ -374,7 +393,8 @@ class CudaFeed:
         consumer = ops.current_stream()
         with self._lock:
             stream = self._copy_stream()
-            stream.wait_stream(consumer)
+            if self.wait_on_consumer:
+                stream.wait_stream(consumer)
             with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
                 start = ops.new_event()
                 start.record(stream)
@@ -394,16 +414,37 @@ class CudaFeed:
             self.staged += 1
         return self.ops.to_device(t)
 
+    def hand_to(self, dev: Any, consumer: Any) -> Any:
+        """``dev`` (allocated on the copy stream) made safe to use on ``consumer``: each tensor
+        ``record_stream``-ed on it; or, with ``keep_references``, kept by the feed until an event
+        recorded on ``consumer`` at its next hand-out (after the work queued on ``dev``) completed."""
+        ops = self.ops
+        if not self.keep_references:
+            return map_tensors(dev, lambda t: _owned_by(ops, t, consumer))
+        used = ops.new_event()
+        used.record(consumer)  # after everything queued on consumer so far: the earlier batches' use
+        with self._lock:
+            for entry in self._held:
+                if entry[1] is consumer and entry[2] is None:
+                    entry[2] = used
+            self._held.append([dev, consumer, None])
+        return dev
+
     def retire(self) -> None:
-        """Drop the host batches whose copies completed (their slots go back to the workers)."""
-        done = []
+        """Drop the host batches whose copies completed (their slots go back to the workers), and
+        (``keep_references``) the device batches whose use completed."""
+        done: list[Any] = []
         with self._lock:
             while self._pending and self._pending[0][2].query():
                 done.append(self._pending.popleft())
             if self.stats is not None:
                 for _, start, end in done:
                     self.stats.h2d_s += start.elapsed_time(end) / 1000.0
-        del done  # the host batches die here, outside the lock
+            if self._held:
+                used = [e for e in self._held if e[2] is not None and e[2].query()]
+                self._held = [e for e in self._held if not any(e is u for u in used)]
+                done.extend(used)
+        del done  # the host (and kept device) batches die here, outside the lock
 
     def drain(self) -> None:
         """Wait for every copy issued on the copy stream, then drop their host batches. Runs
@@ -452,7 +493,7 @@ class CudaIter:
         dev, end = self._queue.popleft()
         consumer = feed.ops.current_stream()
         consumer.wait_event(end)
-        dev = map_tensors(dev, lambda t: _owned_by(feed.ops, t, consumer))
+        dev = feed.hand_to(dev, consumer)
         transform = feed.gpu_transform
         if transform is not None:
             dev = (transform.apply(dev[0]), dev[1])
@@ -478,7 +519,7 @@ def hand_out(feed: CudaFeed, host: torch.Tensor) -> torch.Tensor:
     on_device, copied = feed.copy(host)
     consumer = feed.ops.current_stream()
     consumer.wait_event(copied)
-    return _owned_by(feed.ops, on_device, consumer)
+    return feed.hand_to(on_device, consumer)
 
 
 def hand_back(feed: CudaFeed, results: Any, stream: Any) -> None:

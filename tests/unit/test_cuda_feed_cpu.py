@@ -493,3 +493,40 @@ def test_a_batch_threads_outputs_are_ready_for_the_default_stream(gpu, feed):
     assert feed.ops.current_stream().name == "default" and gpu.syncs() == []
     del images
     epoch.close()
+
+
+def test_the_no_wait_variant_issues_no_wait_on_the_consumer_stream(gpu):
+    """A benchmark variant (benchmarks/cuda_feed.py): the copy stream never waits on the consumer;
+    the rest of the ordering is the default's."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu), wait_on_consumer=False)
+    host = Host(gpu, feed)
+    got = [int(images[0, 0, 0, 0]) for images, _ in feed.wrap(host.epoch())]
+    assert got == list(range(N))
+    assert not any(c[0] == "wait_stream" for c in gpu.log)
+    assert [c[2] for c in gpu.log if c[0] == "wait_event"] == [2 * k + 1 for k in range(N)]
+    assert [c for c in gpu.log if c[0] == "record_stream"] == [("record_stream", "default")] * (2 * N)
+    assert gpu.syncs() == []
+
+
+def test_the_keep_references_variant_holds_each_batch_until_an_event_after_its_use_completed(gpu):
+    """A benchmark variant: no record_stream; the feed keeps each device batch until an event
+    recorded on the consumer stream at the next hand-out (after the work queued on the batch)
+    has completed."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu), keep_references=True)
+    host = Host(gpu, feed)
+    it = feed.wrap(host.epoch())
+    first = weakref.ref(next(it)[0])
+    assert first() is not None  # the feed holds it: no event after its use yet
+    next(it)
+    uses = [c for c in gpu.log if c[0] == "record" and c[1] == "default"]
+    assert len(uses) == 2  # one event on the consumer stream per hand-out
+    assert first() is not None  # the event after batch 0's use has not completed
+    gpu.done()
+    next(it)
+    assert first() is None  # dropped at the next poll once that event completed
+    for _ in it:
+        gpu.done()
+    assert not any(c[0] == "record_stream" for c in gpu.log)
+    assert [c for c in gpu.log if c[0] == "wait_stream"] == [("wait_stream", "copy", "default")] * N
+    assert gpu.syncs() == []
+    assert feed.held == 1  # the last batch: no hand-out after it yet
