@@ -489,7 +489,8 @@ def test_a_batch_threads_outputs_are_ready_for_the_default_stream(gpu, feed):
     me = f"consumer-{threading.current_thread().name}"
     assert len(result) == 2 and [c for c in gpu.log if c[0] == "record_stream"] == [
         ("record_stream", me), ("record_stream", "default"), ("record_stream", "default")]
-    assert [c for c in gpu.log if c[0] == "wait_stream"] == [("wait_stream", "copy", me), ("wait_stream", "default", me)]
+    waits = [c for c in gpu.log if c[0] == "wait_stream"]
+    assert waits == [("wait_stream", "copy", me), ("wait_stream", "default", me)]
     assert feed.ops.current_stream().name == "default" and gpu.syncs() == []
     del images
     epoch.close()
