@@ -23,6 +23,10 @@ in the loader's stats, and the profiler's memcpy records) against the device's p
 
 Goals on a GPU: data wait (a) < 5% when the CPU side keeps up; >= 90% of (a)'s H2D time overlapped
 with compute; per-copy bandwidth >= 80% of pinned; (a)'s step time within 3% of (b)'s or faster.
+``--variants`` runs (a) once more per variant of how its CUDA feed guards device memory the
+consumer may still read (the copy stream waiting on the consumer's or not; ``record_stream`` or
+references kept until an event passes), side by side, each with its overlap figure
+(``VARIANTS``; docs/design/cuda-feed.md says which figure decides).
 ``--cpu-dry-run`` runs every code path on CPU with tiny sizes; CUDA events, the profiler's GPU
 records and the bandwidth are replaced by stand-ins labelled "CPU stand-in", never reported as
 GPU figures, and no goal is judged.
@@ -64,6 +68,16 @@ DRY_FEEDS = {  # what the same code runs on CPU: no device, nothing page-locked
     "b": "DataLoader+.to(cpu) (stand-in)",
     "c": "FastLoader+.to(cpu) (stand-in)",
 }
+# How feed (a)'s CudaFeed guards device memory the consumer may still read (a private option of
+# the feed, docs/design/cuda-feed.md "Guarding device memory"): (wait_on_consumer, keep_references).
+# --variants runs (a) once per variant, side by side; a variant's feed is named "a[VARIANT]".
+VARIANTS = {
+    "wait+record_stream": (True, False),  # the default: the copy stream waits on the consumer's
+    "nowait+record_stream": (False, False),
+    "wait+keep": (True, True),  # references kept until an event passes, instead of record_stream
+    "nowait+keep": (False, True),
+}
+DEFAULT_VARIANT = "wait+record_stream"
 GOAL_DATA_WAIT = 0.05
 GOAL_OVERLAP = 0.90
 GOAL_BANDWIDTH = 0.80
@@ -349,17 +363,43 @@ def _moved(loader: Any, setup: Setup, images: bool) -> Iterator[Any]:
             yield batch.to(dev, non_blocking=True)
 
 
+def split_feed(name: str) -> tuple[str, str]:
+    """``"a[nowait+keep]"`` -> ``("a", "nowait+keep")``; a plain name has the default variant."""
+    base, _, rest = name.partition("[")
+    return base, rest.rstrip("]") if rest else DEFAULT_VARIANT
+
+
+def feed_label(name: str, on_gpu: bool) -> str:
+    base, variant = split_feed(name)
+    label = (FEEDS if on_gpu else DRY_FEEDS)[base]
+    if name == base:
+        return label
+    return label if on_gpu else f"{label}, no effect without a device"  # the name says the variant
+
+
+def set_feed_variant(loader: FastLoader, variant: str) -> None:
+    """Give ``loader``'s CudaFeed the guard ``variant`` (a private option, measured only here): the
+    feed is made before ``iter`` (``iter`` reuses it). Without a device there is no feed."""
+    loader._engine_context()  # noqa: SLF001 - the private option this benchmark exists to measure
+    feed = loader._cuda_feed  # noqa: SLF001
+    if feed is not None:
+        feed.wait_on_consumer, feed.keep_references = VARIANTS[variant]
+
+
 def open_feed(name: str, dataset: Any, sampler: list[int], setup: Setup, images: bool) -> OpenFeed:
     """Feed ``name`` over ``dataset`` in ``sampler``'s order. On CPU (dry run), (a) is the same
     FastLoader without ``device`` (a stand-in) and nothing is page-locked."""
     common: dict[str, Any] = dict(batch_size=setup.batch_size, sampler=sampler, num_workers=setup.workers,
                                   prefetch_factor=setup.prefetch_factor)
     gpu = setup.on_gpu
-    if name == "a":
+    base, variant = split_feed(name)
+    if base == "a":
         kw: dict[str, Any] = {}
         if images:
             kw = dict(normalize=(MEAN, STD), channels_last=True, cache_bytes=setup.cache_bytes)
         loader: Any = FastLoader(dataset, **common, device=setup.device if gpu else None, **kw)
+        if variant != DEFAULT_VARIANT:
+            set_feed_variant(loader, variant)
         return OpenFeed(iter(loader), loader)
     if name == "b":
         loader = DataLoader(dataset, **common, pin_memory=gpu)
@@ -421,7 +461,7 @@ def run_train_feed(
     step_ms = [m0.elapsed_time(m2) for m0, _, m2 in marks]
     return {
         "feed": name,
-        "label": (FEEDS if clock.on_gpu else DRY_FEEDS)[name],
+        "label": feed_label(name, clock.on_gpu),
         "steps": steps,
         "wall_step_ms": wall_s / steps * 1000.0,
         "images_per_s": steps * setup.batch_size / wall_s,
@@ -598,7 +638,7 @@ def run_feed_only(name: str, setup: Setup, clock: StepTimer, shape: tuple[int, .
     event_gbps = batches * batch_bytes / h2d_s / 1e9 if (name == "a" and clock.on_gpu and h2d_s > 0) else None
     return {
         "feed": name,
-        "label": (FEEDS if clock.on_gpu else DRY_FEEDS)[name],
+        "label": feed_label(name, clock.on_gpu),
         "batches_per_s": timed / wall_s,
         "batch_bytes": batch_bytes,
         "per_copy_gbps_events": event_gbps,
@@ -715,6 +755,25 @@ def format_train_table(train: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def variants_summary(train: dict[str, Any] | None, feed: dict[str, Any] | None,
+                     variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Feed (a)'s variants side by side: each one's overlap share (train and feed mode, from the
+    profiler), step time and data wait (train), batches/s (feed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        name = "a" if variant == DEFAULT_VARIANT else f"a[{variant}]"
+        t = (train or {}).get("feeds", {}).get(name) or {}
+        f = (feed or {}).get("feeds", {}).get(name) or {}
+        out[variant] = {
+            "feed": name, "wait_on_consumer": VARIANTS[variant][0], "keep_references": VARIANTS[variant][1],
+            "train_overlap_share": (t.get("overlap") or {}).get("overlap_share"),
+            "wall_step_ms": t.get("wall_step_ms"), "data_wait_fraction": t.get("data_wait_fraction"),
+            "feed_overlap_share": (f.get("profile") or {}).get("overlap_share"),
+            "batches_per_s": f.get("batches_per_s"),
+        }
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line: every option, its default told in its help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -722,6 +781,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run every code path on CPU with tiny sizes; GPU figures replaced by labelled stand-ins")
     p.add_argument("--mode", default="train,feed", help="train, feed or both (default train,feed)")
     p.add_argument("--feeds", default="a,b,c", help="which feeds, in order (default a,b,c)")
+    p.add_argument("--variants", default=DEFAULT_VARIANT,
+                   help=f"feed (a)'s guards of device memory, run side by side, each with its overlap: "
+                   f"{', '.join(VARIANTS)} or all (default {DEFAULT_VARIANT}, the feed's own)")
     p.add_argument("--batch-size", type=int, default=None, help="default 256 (dry run 8)")
     p.add_argument("--workers", type=int, default=None,
                    help="num_workers of every loader (default: usable cores - 4, at most 12; dry run 2)")
@@ -768,6 +830,17 @@ def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
     modes = {m.strip() for m in args.mode.split(",") if m.strip()}
     if unknown := [f for f in args.feeds if f not in FEEDS] + sorted(modes - {"train", "feed"}):
         p.error(f"unknown feed or mode: {unknown}")
+    variants = list(VARIANTS) if args.variants.strip() == "all" else [
+        v.strip() for v in args.variants.split(",") if v.strip()]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        p.error(f"unknown --variants {unknown}; expected some of {list(VARIANTS)} or all")
+    extra = [f"a[{v}]" for v in variants if v != DEFAULT_VARIANT]
+    if extra and "a" not in args.feeds:
+        p.error("--variants are variants of feed a: add a to --feeds")
+    if extra:
+        at = args.feeds.index("a") + 1
+        args.feeds[at:at] = extra
+    args.variants = variants
     if args.warmup < 1:
         p.error("--warmup must be >= 1")
     return args, modes
@@ -796,13 +869,20 @@ def _environment(args: argparse.Namespace, device: torch.device, clock: StepTime
 
 
 def _report(train: dict[str, Any] | None, feed: dict[str, Any] | None, goals: list[tuple[str, bool | None, str]],
-            errors: dict[str, Any], mismatch: list[str], on_gpu: bool, started: float) -> bool:
+            errors: dict[str, Any], mismatch: list[str], on_gpu: bool, started: float,
+            variants: dict[str, dict[str, Any]]) -> bool:
     """Log the tables, failures and goals; returns whether every feed ran and agreed."""
     tag = "" if on_gpu else f" [every figure: {STAND_IN}]"
     _log("")
     if train is not None and train["feeds"]:
         _log(f"train ({train['model']}; compute only {train['compute_only_step_ms']:.2f} ms/step){tag}:")
         _log(format_train_table(train))
+    if len(variants) > 1:
+        _log(f"feed (a)'s variants (H2D overlap with compute, train / feed mode){tag}:")
+        for variant, v in variants.items():
+            step = "n/a" if v["wall_step_ms"] is None else f"{v['wall_step_ms']:.2f} ms/step"
+            _log(f"  {variant:<22} overlap {_pct(v['train_overlap_share'])} / {_pct(v['feed_overlap_share'])}, "
+                 f"{step}, data wait {_pct(v['data_wait_fraction'])}")
     if feed is not None and feed["feeds"]:
         cells = ", ".join(f"{n} {r['batches_per_s']:.1f}" for n, r in feed["feeds"].items())
         pinned = feed["pinned"]
@@ -867,7 +947,8 @@ def main(argv: list[str] | None = None) -> int:
     errors = {**{f"train {k}": v for k, v in (train or {}).get("errors", {}).items()},
               **{f"feed {k}": v for k, v in (feed or {}).get("errors", {}).items()}}
     mismatch = (train or {}).get("batch_mismatch", [])
-    ok = _report(train, feed, goals, errors, mismatch, clock.on_gpu, started)
+    run["variants"] = variants_summary(train, feed, args.variants)
+    ok = _report(train, feed, goals, errors, mismatch, clock.on_gpu, started, run["variants"])
     if args.json:
         _write_json(args, dry, clock, env, run, ok=ok, goals=goals, errors=errors)
     if not ok:
@@ -893,7 +974,8 @@ def _write_json(args: argparse.Namespace, dry: bool, clock: StepTimer, env: dict
                 *, ok: bool, goals: list[tuple[str, bool | None, str]], errors: dict[str, Any]) -> None:
     payload = {"benchmark": "cuda_feed", "dry_run": dry, "timing_source": clock.source, "ok": ok,
                "cut_short": run["cut_short"], "args": {k: v for k, v in vars(args).items() if k != "deadline"},
-               "environment": env, "train": run["train"], "feed": run["feed"], "errors": errors,
+               "environment": env, "train": run["train"], "feed": run["feed"],
+               "variants": run.get("variants"), "errors": errors,
                "goals": [{"goal": g, "met": m, "evidence": e} for g, m, e in goals]}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2, default=str)

@@ -114,7 +114,9 @@ class EngineContext:
         """
         if self._arena is None:
             arena = Arena(self.config.max_batch_bytes, warm_cap=warm_cap)
-            if self._cuda_output and self._make_registrar is not None and torch.cuda.is_available():
+            # device_count(): NVML's count, no CUDA runtime call (is_available() would make one,
+            # and ImageBatcher builds its arena before its workers start)
+            if self._cuda_output and self._make_registrar is not None and torch.cuda.device_count() > 0:
                 self.registrar = self._make_registrar(arena)
             self._arena = arena
         return self._arena

@@ -17,7 +17,9 @@ Lifecycle (docs/design/cuda-feed.md has the whole story):
 * At hand-out the consumer stream (the current stream at ``__next__`` time) waits on the event;
   uint8 images are converted, laid out and normalized *on the consumer stream*, and every device
   tensor allocated on the copy stream is ``record_stream``-ed on the consumer stream, so it stays
-  valid for as long as the user holds it.
+  valid for as long as the user holds it. (The wait on the consumer stream and ``record_stream``
+  are the defaults; ``CudaFeed`` has two private variants for benchmarks/cuda_feed.py to measure
+  against them, docs/design/cuda-feed.md, "Guarding device memory".)
 
 Page-locked arena memory is handed out only to this feed, which issues every copy from it on a
 stream it knows. With ``pin_memory=True`` and no ``device`` the user issues the copies, on
@@ -138,7 +140,8 @@ class HostRegistrar:
     ``cudaHostUnregister``: a copy still queued on the copy stream must never read memory that is
     no longer page-locked. A slot the arena trims is free, and a slot is freed only after the
     copies reading it completed (``CudaFeed``), so ``unpin`` waits for nothing.
-    ``cudart`` defaults to ``torch.cuda.cudart()`` (tests pass a recorder).
+    ``cudart`` defaults to ``torch.cuda.cudart()``, fetched at the first call (it initialises
+    CUDA; tests pass a recorder).
     Every cudart call runs inside ``use_device()`` (the loader's device made current,
     ``CudaOps.use_device``): a rank given ``device="cuda:3"`` that never called
     ``torch.cuda.set_device`` would otherwise make a context on device 0, one per rank.
@@ -158,11 +161,17 @@ class HostRegistrar:
         self._drain = drain
         self._use_device = use_device
         self._stats = stats  # pinned_bytes is kept here
-        self._cudart = torch.cuda.cudart() if cudart is None else cudart
+        self._given_cudart = cudart  # torch.cuda.cudart() initialises CUDA: fetched at first use
         self._registered: dict[int, tuple[int, int]] = {}  # slot -> (address, bytes)
         self._lock = threading.Lock()
         arena.add_close_hook(self.close)
         arena.add_unpin_hook(self.unpin)
+
+    @property
+    def _cudart(self) -> Any:
+        if self._given_cudart is None:
+            self._given_cudart = torch.cuda.cudart()
+        return self._given_cudart
 
     @property
     def pinned_bytes(self) -> int:
@@ -215,9 +224,10 @@ class HostRegistrar:
         if self._drain is not None:
             self._drain()
         with self._lock:
-            with self._use_device():
-                for ptr, _ in self._registered.values():
-                    self._cudart.cudaHostUnregister(ptr)
+            if self._registered:  # nothing registered: no CUDA call (a batcher closed unused)
+                with self._use_device():
+                    for ptr, _ in self._registered.values():
+                        self._cudart.cudaHostUnregister(ptr)
             self._count(-sum(nbytes for _, nbytes in self._registered.values()))
             self._registered.clear()
 
@@ -246,6 +256,14 @@ class CudaOps:
 
     def new_stream(self) -> Any:
         return torch.cuda.Stream(device=self.device)
+
+    def new_consumer_stream(self) -> Any:
+        """A stream a server's batch thread runs its batches on (``ImageBatcher``), made once
+        per thread."""
+        return torch.cuda.Stream(device=self.device)
+
+    def default_stream(self) -> Any:
+        return torch.cuda.default_stream(self.device)
 
     def current_stream(self) -> Any:
         return torch.cuda.current_stream(self.device)
@@ -283,6 +301,12 @@ class CudaFeed:
     freed to the workers) only after its copy's end event completed; the iterator never waits for
     that, not even at the end of an epoch or when it is dropped mid-epoch: the batches stay here
     until a later ``__next__`` finds them done, or until ``drain`` (at arena close) waits.
+
+    Threads: ``copy``, ``retire`` and ``drain`` may run in several threads at once (the model
+    threads of ``ImageBatcher``, a finalizer). One lock guards the shared state: the copy
+    stream's creation (once), the FIFO, ``staged`` and the stats; and a copy is issued whole under
+    it (the wait on the consumer stream, the events, the copies, its place in the FIFO), so the
+    FIFO's order is the copy stream's order and each copy is preceded by its own consumer's wait.
     """
 
     def __init__(
@@ -292,20 +316,51 @@ class CudaFeed:
         gpu_transform: DeviceTransform | None = None,
         stats: Any = None,
         ops: Any = None,
+        *,
+        wait_on_consumer: bool = True,
+        keep_references: bool = False,
     ) -> None:
-        self.device = device
+        self.device = device  # plain "cuda" (no index) is resolved at first use (``ops``)
+        # Two guards against the copy stream reusing device memory the consumer still reads; the
+        # defaults use both. The other settings are variants for benchmarks/cuda_feed.py to
+        # measure (docs/design/cuda-feed.md, "Guarding device memory"), not user options:
+        # wait_on_consumer=False: no wait of the copy stream on the consumer stream before a copy;
+        # keep_references=True: no record_stream; the feed keeps each device batch until an event
+        # recorded on its consumer stream at that stream's next hand-out has completed.
+        self.wait_on_consumer = wait_on_consumer
+        self.keep_references = keep_references
+        self._held: list[list[Any]] = []  # keep_references: [device batch, consumer stream, event or None]
         self.stats = stats  # h2d_s is added here, pinned_bytes by the registrar
         self.prefetch_batches = prefetch_batches
         self.gpu_transform = gpu_transform
-        self.ops = CudaOps(device) if ops is None else ops
+        self._ops = ops
         self.staged = 0  # pageable host tensors copied through torch's pinned memory (overflow)
         self._stream: Any = None
         self._pending: collections.deque[tuple[Any, Any, Any]] = collections.deque()  # (host, start, end)
         self._lock = threading.Lock()  # ``drain`` may run in a finalizer, in another thread
 
     @property
+    def ops(self) -> Any:
+        """The CUDA calls, for the feed's device: made at first use, where a plain ``"cuda"``
+        becomes the current device of the thread using it (``resolve_device``); a feed built
+        at construction (``ImageBatcher``) so calls no CUDA runtime function until its first batch."""
+        if self._ops is None:
+            with self._lock:
+                if self._ops is None:
+                    device = resolve_device(self.device)
+                    assert device is not None, "a CudaFeed has a CUDA device"
+                    self.device, self._ops = device, CudaOps(device)
+        return self._ops
+
+    @property
     def stream(self) -> Any:
-        """The loader's one copy stream, created on first use."""
+        """The loader's one copy stream, created on first use (once, whatever the threads)."""
+        self.ops  # noqa: B018 - made before the lock is taken (``ops`` takes it)
+        with self._lock:
+            return self._copy_stream()
+
+    def _copy_stream(self) -> Any:
+        """``stream``, with the lock held."""
         if self._stream is None:
             self._stream = self.ops.new_stream()
         return self._stream
@@ -315,9 +370,14 @@ class CudaFeed:
         """Host batches held because their copy may not have completed."""
         return len(self._pending)
 
+    @property
+    def held(self) -> int:
+        """Device batches the feed keeps (``keep_references`` only) until their use completed."""
+        return len(self._held)
+
     def registrar(self, arena: Any, cudart: Any = None) -> HostRegistrar:
         """The arena's registrar, draining this feed's copies before it unregisters."""
-        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=self.ops.use_device,
+        return HostRegistrar(arena, drain=self.drain, cudart=cudart, use_device=lambda: self.ops.use_device(),
                              stats=self.stats)
 
     def wrap(self, host_iter: Iterator[Any]) -> CudaIter:
@@ -329,43 +389,70 @@ class CudaFeed:
         The copy stream first waits for the work queued on the current stream: a device block the
         consumer freed may be handed to this copy while its kernels still read it.
         """
-        ops, stream = self.ops, self.stream
-        stream.wait_stream(ops.current_stream())
-        with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
-            start = ops.new_event()
-            start.record(stream)
-            dev = map_tensors(host, self._to_device)
-            end = ops.new_event()
-            end.record(stream)
+        ops = self.ops
+        consumer = ops.current_stream()
         with self._lock:
+            stream = self._copy_stream()
+            if self.wait_on_consumer:
+                stream.wait_stream(consumer)
+            with ops.use_device(), ops.use_stream(stream):  # the device: for torch's pinning (``pin``)
+                start = ops.new_event()
+                start.record(stream)
+                dev = map_tensors(host, self._to_device)
+                end = ops.new_event()
+                end.record(stream)
             self._pending.append((host, start, end))
         return dev, end
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         # A non_blocking copy from pageable memory is staged by the driver behind the stream's
         # queued work, a hidden host wait. Arena views are page-locked (HostRegistrar); a payload
-        # that overflowed its slot is not, and goes through torch's pinned memory instead.
+        # that overflowed its slot is not, and goes through torch's pinned memory instead (with
+        # the lock held: an overflow is rare, and the order of the copy stream stays whole).
         if not self.ops.is_pinned(t):
             t = self.ops.pin(t)
             self.staged += 1
         return self.ops.to_device(t)
 
+    def hand_to(self, dev: Any, consumer: Any) -> Any:
+        """``dev`` (allocated on the copy stream) made safe to use on ``consumer``: each tensor
+        ``record_stream``-ed on it; or, with ``keep_references``, kept by the feed until an event
+        recorded on ``consumer`` at its next hand-out (after the work queued on ``dev``) completed."""
+        ops = self.ops
+        if not self.keep_references:
+            return map_tensors(dev, lambda t: _owned_by(ops, t, consumer))
+        used = ops.new_event()
+        used.record(consumer)  # after everything queued on consumer so far: the earlier batches' use
+        with self._lock:
+            for entry in self._held:
+                if entry[1] is consumer and entry[2] is None:
+                    entry[2] = used
+            self._held.append([dev, consumer, None])
+        return dev
+
     def retire(self) -> None:
-        """Drop the host batches whose copies completed (their slots go back to the workers)."""
-        done = []
+        """Drop the host batches whose copies completed (their slots go back to the workers), and
+        (``keep_references``) the device batches whose use completed."""
+        done: list[Any] = []
         with self._lock:
             while self._pending and self._pending[0][2].query():
                 done.append(self._pending.popleft())
-        if self.stats is not None:
-            for _, start, end in done:
-                self.stats.h2d_s += start.elapsed_time(end) / 1000.0
-        del done  # the host batches die here, outside the lock
+            if self.stats is not None:
+                for _, start, end in done:
+                    self.stats.h2d_s += start.elapsed_time(end) / 1000.0
+            if self._held:
+                used = [e for e in self._held if e[2] is not None and e[2].query()]
+                self._held = [e for e in self._held if not any(e is u for u in used)]
+                done.extend(used)
+        del done  # the host (and kept device) batches die here, outside the lock
 
     def drain(self) -> None:
         """Wait for every copy issued on the copy stream, then drop their host batches. Runs
         before the arena unregisters its memory (``HostRegistrar.close``): the one host wait."""
-        if self._stream is not None:
-            self._stream.synchronize()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.synchronize()
         with self._lock:
             done, self._pending = self._pending, collections.deque()
         del done
@@ -406,7 +493,7 @@ class CudaIter:
         dev, end = self._queue.popleft()
         consumer = feed.ops.current_stream()
         consumer.wait_event(end)
-        dev = map_tensors(dev, lambda t: _owned_by(feed.ops, t, consumer))
+        dev = feed.hand_to(dev, consumer)
         transform = feed.gpu_transform
         if transform is not None:
             dev = (transform.apply(dev[0]), dev[1])
@@ -432,4 +519,15 @@ def hand_out(feed: CudaFeed, host: torch.Tensor) -> torch.Tensor:
     on_device, copied = feed.copy(host)
     consumer = feed.ops.current_stream()
     consumer.wait_event(copied)
-    return _owned_by(feed.ops, on_device, consumer)
+    return feed.hand_to(on_device, consumer)
+
+
+def hand_back(feed: CudaFeed, results: Any, stream: Any) -> None:
+    """A batch's results, computed on ``stream`` (a server's batch thread), made ready for the
+    device's default stream, with no host wait: the default stream waits on ``stream``, and each
+    device tensor in ``results`` is tied to the default stream (its memory is not reused before
+    the work queued there when it is freed has run)."""
+    ops = feed.ops
+    default = ops.default_stream()
+    default.wait_stream(stream)
+    map_tensors(results, lambda t: _owned_by(ops, t, default) if t.device == ops.device else t)

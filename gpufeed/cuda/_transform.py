@@ -45,7 +45,8 @@ class GpuTransform:
             return None
         found = self._constants.get(device)
         if found is None:
-            found = self._constants[device] = affine(self.normalize, work_dtype(self.dtype), device)
+            # two threads (ImageBatcher's) may both build them: the first stored is every thread's
+            found = self._constants.setdefault(device, affine(self.normalize, work_dtype(self.dtype), device))
         if device.type == "cuda":  # kept across batches: used on whichever stream is current
             stream = torch.cuda.current_stream(device)
             for t in found:

@@ -32,7 +32,7 @@ from gpufeed._engine.layout import align_up
 from gpufeed._engine.messages import Done, Failed
 from gpufeed._engine.worker import WorkerSpec
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed, hand_out, resolve_device
+from gpufeed.cuda._feed import CudaFeed, check_device, hand_back, hand_out, resolve_device
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import DecodeError, check_int, shorten
 from gpufeed.image._cv2threads import single_threaded_cv2
@@ -85,6 +85,7 @@ class _Runner:
         self.name = name
         self.undecodable = 0  # requests failed by their bytes (one thread at a time adds: _lock)
         self._lock = threading.Lock()
+        self._thread = threading.local()  # each model thread's CUDA stream, made at its first batch
 
     def __call__(self, items: list[_Item]) -> list[Any]:
         numbers = [item.number for item in items]
@@ -135,10 +136,19 @@ class _Runner:
         if feed is None:
             with torch.inference_mode():
                 return self.model(images)
-        on_device = hand_out(feed, images)  # the slot is page-locked (HostRegistrar)
-        with torch.inference_mode():
-            x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
-            return self.model(x)
+        # Each model thread runs its batches on a stream of its own: on one shared stream (the
+        # default) two batches would run one after the other on the GPU, and each copy would wait
+        # on the other thread's model (docs/design/cuda-feed.md, "Concurrent batches").
+        stream = getattr(self._thread, "stream", None)
+        if stream is None:
+            stream = self._thread.stream = feed.ops.new_consumer_stream()
+        with feed.ops.use_stream(stream):
+            on_device = hand_out(feed, images)  # the slot is page-locked (HostRegistrar)
+            with torch.inference_mode():
+                x = on_device if feed.gpu_transform is None else feed.gpu_transform.apply(on_device)
+                out = self.model(x)
+            hand_back(feed, out, stream)  # a caller may read device results on the default stream
+        return out
 
 
 def _check_arguments(model: Any, transform: Any, num_workers: Any, max_request_bytes: Any, decode_timeout_s: Any,
@@ -190,7 +200,12 @@ class ImageBatcher:
         normalize: ``((mean_r, mean_g, mean_b), (std_r, std_g, std_b))`` in the 0-1 scale, as
             FastLoader's; None: no normalization.
         dtype: of the batch; default float32 with ``normalize``, else uint8.
-        device: None / "cpu", or a CUDA device the batch is copied to.
+        device: None / "cpu", or a CUDA device the batch is copied to. Construction calls no CUDA
+            runtime function (the workers start then); plain ``"cuda"`` is the constructing
+            thread's current device when CUDA is already initialised there, else device 0 (the
+            current device of the model thread running the first batch). With
+            ``max_concurrent_batches`` > 1 each model thread runs its batches on a CUDA stream of its
+            own; device results are made ready for the default stream.
         num_workers: decode processes.
         max_batch_size: as :class:`~gpufeed.serve.BatcherConfig`, like the next four.
         max_delay_ms: see :class:`~gpufeed.serve.BatcherConfig`.
@@ -273,7 +288,13 @@ class ImageBatcher:
         self.max_worker_restarts = max_worker_restarts
         self.restart_window_s = restart_window_s
         self.mp_context = mp_context
-        self._device = resolve_device(device)
+        # No CUDA runtime call here: the workers start below, and a CUDA context made before them
+        # would be inherited by forked ones. Plain "cuda" is the current device of this thread when
+        # CUDA is already initialised (torch.cuda.set_device initialises it), else the feed
+        # resolves it at the first batch, in a model thread (whose current device is 0).
+        self._device = check_device(device)
+        if self._device is not None and self._device.index is None and torch.cuda.is_initialized():
+            self._device = resolve_device(self._device)
         on_gpu = self._device is not None and self._device.type == "cuda"
         if normalize is not None:
             mean, std = normalize

@@ -271,3 +271,32 @@ def test_a_consumer_on_a_side_stream_gets_intact_batches(folder):
             got.append(images.clone())  # read on the side stream, where the batch was handed out
     torch.cuda.synchronize()
     assert len(got) == len(reference) and all(torch.equal(r, g.cpu()) for r, g in zip(reference, got))
+
+
+@pytest.mark.parametrize("wait_on_consumer", [True, False], ids=["wait", "nowait"])
+@pytest.mark.parametrize("keep_references", [False, True], ids=["record_stream", "keep"])
+def test_device_memory_stops_growing_while_the_cpu_runs_ahead_of_a_slow_model(wait_on_consumer, keep_references):
+    """No host sync per batch (no .item()): the CPU queues batches as fast as the launch queue
+    takes them while a slow model (a loop of matmuls on the consumer stream) runs behind. After
+    the warm-up, torch.cuda.memory_allocated stops growing, and every batch arrived intact (its
+    sum, accumulated on the GPU, equals the CPU's), for each guard variant of the feed."""
+    n, batch = 240, 32
+    data = torch.randint(0, 256, (n * batch, 3, 64, 64), dtype=torch.uint8)
+    loader = FastLoader(TensorDataset(data), batch_size=batch, num_workers=2, device="cuda", prefetch_batches=2)
+    loader._engine_context()  # the feed is made here; iter() reuses it
+    loader._cuda_feed.wait_on_consumer, loader._cuda_feed.keep_references = wait_on_consumer, keep_references
+    weight = torch.randn(2048, 2048, device="cuda")
+    total = torch.zeros((), dtype=torch.int64, device="cuda")
+    peaks = []
+    for k, (images,) in enumerate(loader):
+        x = weight
+        for _ in range(8):  # the slow model: the copies of later batches are queued behind it
+            x = torch.tanh(x @ weight)
+        total += images.sum(dtype=torch.int64)
+        if k >= n // 3:
+            peaks.append(torch.cuda.memory_allocated())
+    torch.cuda.synchronize()
+    assert int(total) == int(data.sum(dtype=torch.int64))
+    warm, late = max(peaks[: len(peaks) // 2]), max(peaks[len(peaks) // 2:])
+    assert late <= warm + 4 * batch * 3 * 64 * 64, (warm, late)  # flat, give or take a few batches
+    loader.close()

@@ -31,7 +31,8 @@ def _dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     tmp_path = tmp_path_factory.mktemp("cuda-feed-dry-run")
     out = tmp_path / "cuda_feed.json"
     proc = subprocess.run(
-        [sys.executable, "-m", BENCH, "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out)],
+        [sys.executable, "-m", BENCH, "--cpu-dry-run", "--data-dir", str(tmp_path / "images"), "--json", str(out),
+         "--variants", "wait+record_stream,nowait+keep"],
         cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=80,
     )
     return out, proc
@@ -59,7 +60,15 @@ def test_cpu_dry_run_runs_every_feed_and_labels_its_stand_ins(side_by_side):
     assert result["goals"] == []  # no goal is judged on CPU figures
     assert "CPU stand-in" in result["timing_source"]
     train, feed = result["train"], result["feed"]
-    assert set(train["feeds"]) == set(feed["feeds"]) == {"a", "b", "c"}
+    assert set(train["feeds"]) == set(feed["feeds"]) == {"a", "a[nowait+keep]", "b", "c"}
+    # feed (a)'s guard variants side by side, each with its overlap figure (stand-ins on CPU)
+    variants = result["variants"]
+    assert list(variants) == ["wait+record_stream", "nowait+keep"]
+    assert variants["nowait+keep"]["feed"] == "a[nowait+keep]" and variants["nowait+keep"]["keep_references"]
+    for v in variants.values():
+        assert 0 <= v["train_overlap_share"] <= 1 and "feed_overlap_share" in v  # no copy in CPU feed mode
+    assert "feed (a)'s variants" in proc.stdout
+    assert "no effect without a device" in train["feeds"]["a[nowait+keep]"]["label"]
     assert train["batch_mismatch"] == []  # the three feeds delivered the same first images
     for name, summary in train["feeds"].items():
         assert summary["images_per_s"] > 0 and 0 <= summary["data_wait_fraction"] <= 1, name

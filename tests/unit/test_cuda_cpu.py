@@ -84,3 +84,17 @@ def test_cuda_without_an_index_is_the_current_device_when_resolved(nvml_sees_two
 def test_without_cuda_a_cuda_loader_fails_at_construction(device):
     with pytest.raises(BackendUnavailableError, match="needs CUDA.*Fix:"):
         FastLoader(torch.utils.data.TensorDataset(torch.arange(6)), device=device)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_building_a_cuda_image_batcher_calls_no_cuda_runtime_function(nvml_sees_two_gpus, device):
+    """Its workers start at construction (fork here): no CUDA context may exist before them."""
+    from gpufeed.serve import ImageBatcher
+
+    batcher = ImageBatcher(lambda x: x, device=device, num_workers=1, mp_context="fork")
+    try:
+        assert nvml_sees_two_gpus == [] and batcher.device == device
+    finally:
+        batcher.close()
+    assert nvml_sees_two_gpus == []

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
+import time
 import weakref
 
 import pytest
@@ -20,6 +22,7 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext
 from gpufeed.config import EngineConfig
 from gpufeed.cuda._feed import CudaFeed, hand_out
+from gpufeed.serve._images import _Runner
 from gpufeed.stats import Stats
 
 SLOT = 1 << 20
@@ -37,6 +40,8 @@ class Gpu:
         self.current = [0]  # the current device (a stack: ``Ops.use_device`` pushes), 0 as in CUDA
         self.page_locks: list[tuple[str, int]] = []  # (call, the device current at it)
         self.on_unregister = lambda ptr: None  # what a test looks at before a range is unlocked
+        self.copy_streams: list[Stream] = []  # every copy stream made (``Ops.new_stream``)
+        self.stream_delay_s = 0.0  # how long making a stream takes (a test widens a race with it)
 
     def done(self, upto: int | None = None) -> None:
         """Complete the first ``upto`` events recorded (all by default), as the GPU would."""
@@ -106,16 +111,34 @@ class Stream:
 
 
 class Ops:
-    """``gpufeed.cuda._feed.CudaOps`` for the fake GPU; device tensors are CPU clones."""
+    """``gpufeed.cuda._feed.CudaOps`` for the fake GPU; device tensors are CPU clones. As in CUDA,
+    the current stream is per thread, and every thread starts on the one default stream."""
 
     def __init__(self, gpu: Gpu, index: int = 0) -> None:
         self.gpu = gpu
         self.index = index  # the loader's device, as far as ``use_device`` is concerned
         self.device = torch.device("cpu")
-        self.streams = [Stream(gpu, "default")]
+        self.default = Stream(gpu, "default")
+        self._local = threading.local()
+
+    @property
+    def streams(self) -> list[Stream]:
+        """The calling thread's stack of current streams."""
+        if not hasattr(self._local, "streams"):
+            self._local.streams = [self.default]
+        return self._local.streams
 
     def new_stream(self) -> Stream:
-        return Stream(self.gpu, "copy")
+        time.sleep(self.gpu.stream_delay_s)
+        stream = Stream(self.gpu, "copy")
+        self.gpu.copy_streams.append(stream)
+        return stream
+
+    def new_consumer_stream(self) -> Stream:
+        return Stream(self.gpu, f"consumer-{threading.current_thread().name}")
+
+    def default_stream(self) -> Stream:
+        return self.default
 
     def current_stream(self) -> Stream:
         return self.streams[-1]
@@ -292,7 +315,7 @@ def test_a_pageable_host_tensor_is_pinned_by_torch_before_its_non_blocking_copy(
 def test_only_the_cuda_feed_gets_page_locked_arena_memory(monkeypatch, cuda_output):
     """With ``pin_memory=True`` alone the user copies on streams gpufeed cannot see: the arena is
     not page-locked (batches are copied into torch's pinned memory instead)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     made = []
     context = EngineContext(EngineConfig(), Stats(), cuda_output=cuda_output,
                             make_registrar=lambda arena: made.append(arena) or object())
@@ -388,3 +411,123 @@ def test_hand_out_of_one_batch_copies_on_the_copy_stream_for_the_consumer_and_ke
     feed.retire()
     assert feed.pending == 0 and host.free() == free_before + 1
     epoch.close()
+
+
+def _copies_by_consumer(log: list[tuple]) -> dict[str, list[int]]:
+    """The copy stream's calls in issue order, cut where it waits on a consumer stream: consumer
+    -> the end events of the copies issued after its wait (each checked to be one whole copy:
+    start event, the copy, end event, with no other call on the copy stream in between)."""
+    on_copy = [c for c in log if c[0] in ("copy", "record") or c[:2] == ("wait_stream", "copy")]
+    by_consumer: dict[str, list[int]] = {}
+    for k in range(0, len(on_copy), 4):
+        wait, start, copy, end = on_copy[k:k + 4]
+        assert wait[:2] == ("wait_stream", "copy") and start[:2] == end[:2] == ("record", "copy"), on_copy
+        assert copy == ("copy", "copy", True) and end[2] == start[2] + 1, on_copy
+        by_consumer.setdefault(wait[2], []).append(end[2])
+    return by_consumer
+
+
+def test_concurrent_batch_threads_share_one_copy_stream_each_copy_waiting_only_on_its_own_stream(gpu, feed):
+    """ImageBatcher's model threads (max_concurrent_batches=2) hand out at the same time: the
+    copy stream is made once, each thread runs its batch on its own stream, its copy waits on
+    that stream alone, and its results are tied to it; nothing waits on the host."""
+    gpu.stream_delay_s = 0.05  # both threads ask for the copy stream before it exists
+    host = Host(gpu, feed)
+    epoch = host.epoch(n=4)
+    batches = [next(epoch)[0] for _ in range(4)]
+    both_in = threading.Barrier(2)
+    model_streams: dict[str, list[str]] = {}
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        model_streams.setdefault(threading.current_thread().name, []).append(feed.ops.current_stream().name)
+        both_in.wait(timeout=10)  # the two batches are in their models at once
+        return x[:, 0, 0, 0].float()
+
+    runner = _Runner(model, driver=None, cuda=feed, decode_timeout_s=1.0, name="t")  # type: ignore[arg-type]
+    out: dict[str, list[float]] = {}
+    start = threading.Barrier(2)
+
+    def serve(name: str, mine: list[torch.Tensor]) -> None:
+        for images in mine:
+            start.wait(timeout=10)
+            out.setdefault(name, []).append(float(runner._model(images)[0]))
+
+    threads = [threading.Thread(target=serve, args=(name, batches[k::2]), name=name)
+               for k, name in enumerate(("A", "B"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert out == {"A": [0.0, 2.0], "B": [1.0, 3.0]}
+    assert len(gpu.copy_streams) == 1  # the copy stream made once, shared
+    assert model_streams == {"A": ["consumer-A"] * 2, "B": ["consumer-B"] * 2}
+    ends = _copies_by_consumer(gpu.log)
+    assert sorted(ends) == ["consumer-A", "consumer-B"] and all(len(e) == 2 for e in ends.values())
+    for consumer, events in ends.items():
+        waits = [c[2] for c in gpu.log if c[:2] == ("wait_event", consumer)]
+        assert waits == events  # each thread's stream waits on its own copies' ends, no other
+        # the copied batch, then the model's outputs for the default stream, tied to their streams
+        assert [c for c in gpu.log if c[0] == "record_stream" and c[1] == consumer] == [("record_stream", consumer)] * 2
+    assert not any(c[0] == "wait_event" and c[1] in ("default", "copy") for c in gpu.log)
+    assert gpu.syncs() == []
+    del batches
+    gpu.done()
+    feed.retire()
+    assert feed.pending == 0
+    epoch.close()
+
+
+def test_a_batch_threads_outputs_are_ready_for_the_default_stream(gpu, feed):
+    """A model that returns device tensors: the default stream (where a caller reading the
+    futures' results works) waits on the batch thread's stream, and the outputs are tied to it."""
+    host = Host(gpu, feed)
+    epoch = host.epoch(n=1)
+    images = next(epoch)[0]
+    runner = _Runner(lambda x: [x[0], x[0]], driver=None, cuda=feed, decode_timeout_s=1.0,  # type: ignore[arg-type]
+                     name="t")
+    result = runner._model(images)
+    me = f"consumer-{threading.current_thread().name}"
+    assert len(result) == 2 and [c for c in gpu.log if c[0] == "record_stream"] == [
+        ("record_stream", me), ("record_stream", "default"), ("record_stream", "default")]
+    waits = [c for c in gpu.log if c[0] == "wait_stream"]
+    assert waits == [("wait_stream", "copy", me), ("wait_stream", "default", me)]
+    assert feed.ops.current_stream().name == "default" and gpu.syncs() == []
+    del images
+    epoch.close()
+
+
+def test_the_no_wait_variant_issues_no_wait_on_the_consumer_stream(gpu):
+    """A benchmark variant (benchmarks/cuda_feed.py): the copy stream never waits on the consumer;
+    the rest of the ordering is the default's."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu), wait_on_consumer=False)
+    host = Host(gpu, feed)
+    got = [int(images[0, 0, 0, 0]) for images, _ in feed.wrap(host.epoch())]
+    assert got == list(range(N))
+    assert not any(c[0] == "wait_stream" for c in gpu.log)
+    assert [c[2] for c in gpu.log if c[0] == "wait_event"] == [2 * k + 1 for k in range(N)]
+    assert [c for c in gpu.log if c[0] == "record_stream"] == [("record_stream", "default")] * (2 * N)
+    assert gpu.syncs() == []
+
+
+def test_the_keep_references_variant_holds_each_batch_until_an_event_after_its_use_completed(gpu):
+    """A benchmark variant: no record_stream; the feed keeps each device batch until an event
+    recorded on the consumer stream at the next hand-out (after the work queued on the batch)
+    has completed."""
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, stats=Stats(), ops=Ops(gpu), keep_references=True)
+    host = Host(gpu, feed)
+    it = feed.wrap(host.epoch())
+    first = weakref.ref(next(it)[0])
+    assert first() is not None  # the feed holds it: no event after its use yet
+    next(it)
+    uses = [c for c in gpu.log if c[0] == "record" and c[1] == "default"]
+    assert len(uses) == 2  # one event on the consumer stream per hand-out
+    assert first() is not None  # the event after batch 0's use has not completed
+    gpu.done()
+    next(it)
+    assert first() is None  # dropped at the next poll once that event completed
+    for _ in it:
+        gpu.done()
+    assert not any(c[0] == "record_stream" for c in gpu.log)
+    assert [c for c in gpu.log if c[0] == "wait_stream"] == [("wait_stream", "copy", "default")] * N
+    assert gpu.syncs() == []
+    assert feed.held == 1  # the last batch: no hand-out after it yet
