@@ -180,12 +180,23 @@ class Ops:
         self.gpu.log.append(("record_stream", stream.name))
 
 
+_OPEN_ARENAS: list[Arena] = []  # closed after each test (their memfds must not outlive it)
+
+
+@pytest.fixture(autouse=True)
+def _close_arenas():
+    yield
+    while _OPEN_ARENAS:
+        _OPEN_ARENAS.pop().close()
+
+
 class Host:
     """Host batches as the engine makes them: views of leased arena slots, page-locked by the
     registrar before they are handed out; a slot is free again when its views die."""
 
     def __init__(self, gpu: Gpu, feed: CudaFeed) -> None:
         self.arena = Arena(SLOT, warm_cap=N + 2)
+        _OPEN_ARENAS.append(self.arena)
         self.registrar = feed.registrar(self.arena, cudart=gpu)
         self.batches: list[weakref.ref] = []
 
