@@ -44,10 +44,16 @@ __all__ = ["TensorFloatOp", "TensorOp", "op_text"]
 _DOMAINS = ("uint8", "float")
 
 
+#: op_text's bound, far above the repr of any torchvision or timm op with all its parameters: only
+#: a user's object whose repr holds data (a tensor, a table) is cut.
+OP_TEXT_MAX = 500
+
+
 def op_text(op: Any) -> str:
-    """A one-line repr of ``op`` (at most 90 characters), for ``explain`` and messages."""
+    """A one-line repr of ``op`` with all its parameters, for ``explain`` and messages (cut
+    at ``OP_TEXT_MAX`` characters, for a user's object whose repr holds data)."""
     text = " ".join(repr(op).replace("\n", " ").split())
-    return text if len(text) <= 90 else text[:87] + "..."
+    return text if len(text) <= OP_TEXT_MAX else text[:OP_TEXT_MAX - 3] + "..."
 
 
 @contextmanager
