@@ -463,12 +463,17 @@ def warn_fallback(transform: Any, where: str) -> None:
     """Warn (``GpufeedWarning``) that ``transform``, a torchvision/timm pipeline, runs as given
     on PIL images in ``where`` (e.g. "ImageFolder"): which ops, why, what to use instead.
     Python's warning filters show one such message once per process by default."""
-    _, walk = _translate(transform)
-    why = "; ".join(walk.blockers) or "it cannot be translated"
     warnings.warn(GpufeedWarning(
         f"{where}: this pipeline leaves gpufeed's fast path and runs as given on PIL images in "
-        f"the workers (the generic path, slower): {why}. gpufeed.explain(transform) lists "
-        f"where every op runs."), stacklevel=4)
+        f"the workers (the generic path, slower): {untranslated_reasons(transform)}. "
+        f"gpufeed.explain(transform) lists where every op runs."), stacklevel=4)
+
+
+def untranslated_reasons(transform: Any) -> str:
+    """Why ``transform``, a torchvision/timm pipeline, is not translated: each op or fact that
+    prevents it, joined with "; "."""
+    _, walk = _translate(transform)
+    return "; ".join(walk.blockers) or "it cannot be translated"
 
 
 def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
