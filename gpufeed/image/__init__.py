@@ -79,7 +79,16 @@ parameters of its ops, and :func:`from_torchvision` does the same on request. Tr
 - any other op that accepts tensors (a torchvision op, or a user's callable or
   ``torch.nn.Module`` placed after the conversion to tensor) -> run as given on each row as a
   (3, H, W) tensor after gpufeed's decode and crop, with torch's and Python's random generators
-  seeded from (seed, epoch, index) (``gpufeed.image._tensor_ops``): it costs only itself.
+  seeded from (seed, epoch, index) (``gpufeed.image._tensor_ops``): it costs only itself;
+- no-ops, left out: ``ToPureTensor`` after the conversion to tensor (batches are plain tensors),
+  and open_clip's conversions of a PIL image to RGB before it (its ``_convert_to_rgb`` function,
+  its ``MaybeConvertMode(mode="RGB")``), since gpufeed decodes every image to RGB.
+
+The pipelines people copy are recognised by shape, not imported: the ``ClassificationPresetTrain``
+/ ``ClassificationPresetEval`` classes of torchvision's classification references (a callable
+whose ``.transforms`` is a torchvision pipeline) translate as that pipeline, op for op; open_clip's
+``image_transform(...)`` is a torchvision ``Compose`` (with ``_convert_to_rgb``, or with
+``MaybeConvertMode`` and ``MaybeToTensor``, a ``ToTensor`` subclass, recognised as ``ToTensor``).
 
 Only an op that needs a PIL image (``Lambda`` or a user's callable before the conversion to
 tensor, ``ToPILImage``), changes the image size after the crop, comes before the crop, or has

@@ -26,6 +26,7 @@ seeding and restoring the generators takes 0.03 ms.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,8 @@ OP_TEXT_MAX = 500
 def op_text(op: Any) -> str:
     """A one-line repr of ``op`` with all its parameters, for ``explain`` and messages (cut
     at ``OP_TEXT_MAX`` characters, for a user's object whose repr holds data)."""
+    if inspect.isfunction(op):  # its name, not "<function f at 0x7f...>"
+        return op.__qualname__
     text = " ".join(repr(op).replace("\n", " ").split())
     return text if len(text) <= OP_TEXT_MAX else text[:OP_TEXT_MAX - 3] + "..."
 

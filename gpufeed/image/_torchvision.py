@@ -4,6 +4,7 @@ in ``gpufeed.image``, which re-exports it)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -42,10 +43,46 @@ _TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image",
               "MaybeToTensor": "float", "MaybePILToTensor": "uint8"}  # the last two: timm's
 
 
+#: The classes of torchvision's references/classification/presets.py, which people copy into
+#: their projects (it is not a package): each holds its pipeline, a torchvision ``Compose`` (v1 or
+#: v2), in ``.transforms`` and calls it in ``__call__``.
+_PRESETS = frozenset({"ClassificationPresetTrain", "ClassificationPresetEval"})
+
+
+def _preset_pipeline(obj: object) -> Any:
+    """The pipeline held by ``obj`` when ``obj`` is one of torchvision's reference presets
+    (``_PRESETS``, recognised by shape: the class name, callable, a torchvision pipeline in
+    ``.transforms``), else None."""
+    if type(obj).__name__ not in _PRESETS or not callable(obj):
+        return None
+    inner = getattr(obj, "transforms", None)
+    return inner if type(inner).__module__.startswith(_PREFIXES) else None
+
+
 def is_torchvision(obj: object) -> bool:
-    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)
-    or a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both)."""
-    return type(obj).__module__.startswith(_PREFIXES)
+    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``),
+    a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both), or one of
+    torchvision's reference presets holding such a pipeline (``ClassificationPresetTrain`` /
+    ``ClassificationPresetEval``)."""
+    return type(obj).__module__.startswith(_PREFIXES) or _preset_pipeline(obj) is not None
+
+
+def _rgb_no_op(op: object) -> bool:
+    """True for a conversion to RGB of a PIL image, a no-op on gpufeed's RGB decode: open_clip's
+    ``_convert_to_rgb`` function (``image.convert("RGB")``, copied into many CLIP pipelines) and
+    its ``MaybeConvertMode(mode="RGB")``, recognised by name."""
+    if inspect.isfunction(op):
+        return op.__name__ == "_convert_to_rgb"
+    return type(op).__name__ == "MaybeConvertMode" and getattr(op, "mode", None) == "RGB"
+
+
+def _to_tensor_name(op: object) -> str | None:
+    """The ``_TO_TENSOR`` name of ``op`` when it is one of those ops, or a subclass of one
+    that keeps its name (open_clip's ``MaybeToTensor`` subclasses torchvision's ``ToTensor``)."""
+    name = type(op).__name__
+    if name not in _TO_TENSOR:
+        return None
+    return name if any(c.__module__.startswith(_PREFIXES) for c in type(op).__mro__) else None
 
 
 #: explain()'s label of each place an op runs (``OpRoute.where``)
@@ -227,6 +264,9 @@ class _Walk:
 
 
 def _flatten(transform: Any) -> list[Any]:
+    preset = _preset_pipeline(transform)
+    if preset is not None:
+        return _flatten(preset)
     if type(transform).__name__ == "Compose" and hasattr(transform, "transforms"):
         return [op for inner in transform.transforms for op in _flatten(inner)]
     return [transform]
@@ -297,19 +337,25 @@ def _float_dtype(op: Any) -> tuple[torch.dtype | None, str]:
 
 def _walk_op(walk: _Walk, op: Any) -> None:
     name, text = type(op).__name__, op_text(op)
-    if not is_torchvision(op):
-        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
-    elif name in _GEOMETRY:
-        _walk_geometry(walk, op, name, text)
-    elif name in _TO_TENSOR:
+    to_tensor = _to_tensor_name(op)
+    if _rgb_no_op(op) and walk.output is None:
+        walk.ok(text, "no-op: gpufeed decodes every image to RGB")
+    elif to_tensor is not None:
         if walk.output is not None:
             walk.no(text, "a second conversion to tensor")
         else:
-            walk.output = _TO_TENSOR[name]
-            to_float = _TO_TENSOR[name] == "float"
+            walk.output = _TO_TENSOR[to_tensor]
+            to_float = walk.output == "float"
             walk.dtype = torch.float32 if to_float else torch.uint8
             walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if to_float
                            else "uint8 CHW rows written by the workers"))
+    elif not is_torchvision(op):
+        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
+    elif name in _GEOMETRY:
+        _walk_geometry(walk, op, name, text)
+    elif name == "ToPureTensor" and walk.output is not None:
+        walk.output = "float" if walk.dtype is not None and walk.dtype.is_floating_point else "uint8"
+        walk.ok(text, "no-op: batches are plain tensors")
     elif name in ("ToDtype", "ConvertImageDtype"):
         dtype, why = _float_dtype(op)
         if walk.output is None:
@@ -442,7 +488,9 @@ def from_torchvision(transform: Any) -> TorchvisionPipeline:
         return transform
     if not is_torchvision(transform):
         raise TypeError(f"from_torchvision() takes a torchvision transform "
-                        f"(torchvision.transforms or .v2). Found: {type(transform).__name__} "
+                        f"(torchvision.transforms or .v2, timm's, or a ClassificationPresetTrain / "
+                        f"ClassificationPresetEval of torchvision's references). "
+                        f"Found: {type(transform).__name__} "
                         f"{shorten(transform)}.")
     pipeline, walk = _translate(transform)
     if pipeline is None:
