@@ -181,3 +181,11 @@ def test_explain_shows_every_parameter_of_an_op():
     assert "RandomResizedCrop(size=(224, 224), scale=(0.9, 1.0), ratio=(0.75, 1.3333), " \
            "interpolation=bicubic, antialias=True)" in text, text
     assert "..." not in text
+
+
+def test_explain_never_cuts_a_torchvision_or_timm_op():
+    from timm.data import create_transform
+
+    text = gpufeed.explain(create_transform(224, is_training=True, auto_augment="original"))
+    line = next(line for line in text.splitlines() if "AutoAugment(policy=" in line)
+    assert len(line) > 2000 and "..." not in line  # timm's whole policy
