@@ -17,8 +17,8 @@ from gpufeed.errors import (
     LoaderTimeoutError,
     WorkerError,
 )
-from gpufeed.image import RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, explain, from_torchvision
-from gpufeed.loader import FastLoader
+from gpufeed.image import RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, from_torchvision
+from gpufeed.loader import FastLoader, explain
 from gpufeed.sampler import DistributedSampler
 from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack, pack_tar
 

@@ -18,7 +18,7 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
 from gpufeed._engine.ranks import check_local_ranks
-from gpufeed._fastpath.feed import ImageFeed, make_image_feed
+from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, fast_path_blocker, make_image_feed
 from gpufeed._fastpath.local import LocalImageIter
 from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
@@ -27,8 +27,10 @@ from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
 from gpufeed.cuda._feed import CudaFeed, check_device, resolve_device
 from gpufeed.errors import GpufeedWarning, check_int, shorten
+from gpufeed.image import explain_transform
 from gpufeed.image._cv2threads import single_threaded_cv2
 from gpufeed.metrics import start_server
+from gpufeed.sources import ImageSource
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -281,8 +283,10 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     # -- the state of the process that iterates -----------------------------------------------------
 
     def _make_image_feed(self, on_gpu: bool, dry_run: bool = False) -> ImageFeed | None:
-        """The image feed; ``dry_run``: the check at construction (it logs the generic path
-        once, and attaches to no host cache)."""
+        """The image feed, or None for the generic path, whose reason it keeps for ``stats()``
+        and ``explain(loader)``; ``dry_run``: the check at construction (it warns of the generic
+        path once, and attaches to no host cache)."""
+        self._path_reason: str | None = fast_path_blocker(self)
         return make_image_feed(
             self,
             channels_last=self.channels_last,
@@ -438,11 +442,14 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self._resume_state.user_iter = weakref.ref(user_iter)
         return user_iter
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         """Counters since the loader was created.
 
-        Always: batches, samples, batches_per_s, samples_per_s; per-stage worker seconds
-        (fetch_s, read_s, decode_s, transform_s, collate_s, pack_s, h2d_s); wait_s and
+        Always: path ("image": the image fast path; "generic": per-sample ``__getitem__`` +
+        collate) and path_reason (why the generic path, and the fix; None on the image path),
+        as ``gpufeed.explain(loader)`` says them; batches, samples, batches_per_s,
+        samples_per_s; per-stage worker seconds (fetch_s, read_s, decode_s, transform_s,
+        collate_s, pack_s, h2d_s); wait_s and
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
         (ready batches at the last ``__next__``) and queue_depth_mean; errors, worker_restarts,
         overflow_bytes; pinned_bytes (arena bytes page-locked now for ``device=``: each slot to
@@ -460,6 +467,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         dataset's ``read_concurrency=None``, what the workers chose; 1: one at a time).
         """
         out = self._stats.snapshot()
+        out["path"] = "generic" if self._path_reason is not None else "image"
+        out["path_reason"] = self._path_reason
         out["workers"] = worker_usage(self.worker_pids())
         feed = self._image_feed
         if feed is None and self._image_path:
@@ -506,6 +515,45 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         if getattr(self, "_workers_checked", None) != self.num_workers:
             self._workers_checked = self.num_workers
             super().check_worker_number_rationality()
+
+
+def explain(target: Any) -> str:
+    """Where ``target`` runs, and why, as a few lines of text to print.
+
+    - a loader: the path it takes, the image fast path or the generic one (per-sample
+      ``__getitem__`` + collate), with the reason and the fix (``loader.stats()["path"]`` and
+      ``["path_reason"]``); for a torch ``DataLoader``, the path a ``FastLoader`` with the same
+      arguments would take; then, for a gpufeed image dataset, its transform as below;
+    - a gpufeed image dataset: its transform as below;
+    - a transform (gpufeed's, a torchvision or timm pipeline, any callable, None): where each op
+      runs (:func:`gpufeed.image.explain_transform`).
+    """
+    if isinstance(target, DataLoader):
+        return _explain_loader(target)
+    if isinstance(target, ImageSource):
+        return _explain_dataset(target)
+    return explain_transform(target)
+
+
+def _explain_loader(loader: DataLoader[Any]) -> str:
+    if isinstance(loader, FastLoader):
+        reason = loader._path_reason
+        head = (f"{type(loader).__name__}: "
+                + ("the image fast path (decode, crop and resize straight into the batch)."
+                   if reason is None else f"{GENERIC_PATH}, because {reason}."))
+    else:
+        reason = fast_path_blocker(loader)
+        head = (f"{type(loader).__name__}: torch's own per-sample path (__getitem__ + collate). "
+                "gpufeed.FastLoader with the same arguments would take "
+                + ("the image fast path." if reason is None else f"{GENERIC_PATH}, because {reason}."))
+    if not isinstance(loader.dataset, ImageSource):
+        return head
+    return head + "\n" + _explain_dataset(loader.dataset)
+
+
+def _explain_dataset(dataset: ImageSource) -> str:
+    text = explain_transform(dataset.transform)
+    return f"{type(dataset).__name__}'s transform: " + text.replace("\n", "\n  ")
 
 
 def _signature() -> inspect.Signature:

@@ -23,7 +23,7 @@ from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import GpufeedWarning
 from gpufeed.image._fill import FillReport, ImageFiller, ImagePlan, ImageTask
-from gpufeed.image._torchvision import is_torchvision
+from gpufeed.image._torchvision import is_torchvision, untranslated_reasons
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
 
@@ -46,31 +46,53 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 
 def fast_path_blocker(loader: Any) -> str | None:
-    """Why ``loader`` cannot take the image fast path, or None if it can."""
+    """Why ``loader`` cannot take the image fast path, and the fix, or None if it can."""
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
     if dataset.calls_transform and is_torchvision(dataset.transform):
         return ("the transform is a torchvision pipeline gpufeed does not translate, run as "
-                "given in workers on PIL images; gpufeed.explain(dataset.transform) says which "
-                "ops prevent the fast path")
+                f"given in workers on PIL images ({untranslated_reasons(dataset.transform)}); "
+                "gpufeed.explain(dataset.transform) says where each op runs")
     if dataset.calls_transform:
         return (f"the transform is a user callable: {describe_callable(dataset.transform)} runs "
                 f"in workers on PIL images; use gpufeed.ResizeCenterCrop / RandomResizedCrop for "
                 f"the fast path")
     if dataset.loader is not None:
-        return f"the dataset has a `loader` ({describe_callable(dataset.loader)})"
+        return (f"the dataset has a `loader` ({describe_callable(dataset.loader)}), which the "
+                f"fast path does not call (it decodes the bytes itself); drop `loader` for the "
+                f"fast path")
     if dataset.transform is None:
-        return "the image dataset has no transform (images of different sizes cannot be batched)"
+        return ("the image dataset has no transform (images of different sizes cannot be "
+                "batched); give it one, e.g. transform=gpufeed.ResizeCenterCrop(224, 256)")
     if dataset.target_transform is not None:
         return (f"the dataset has a `target_transform` "
                 f"({describe_callable(dataset.target_transform)}), which the fast path does not "
                 f"run; map the labels after the loader instead")
     if loader.batch_sampler is None:
-        return "batch_size=None disables batching"
+        return ("batch_size=None disables batching; give a batch_size (or a batch_sampler) for "
+                "the fast path")
     if loader.collate_fn is not default_collate:
-        return "a custom collate_fn is used"
+        return (f"a custom collate_fn is used ({describe_callable(loader.collate_fn)}); drop it "
+                f"for the fast path, whose batches are (images [N, 3, H, W], labels int64 [N]), "
+                f"and do its work on those batches")
     return None
+
+
+#: What the generic path is, in the warning and in ``gpufeed.explain(loader)``.
+GENERIC_PATH = "the generic path (per-sample __getitem__ + collate in the workers, slower)"
+
+
+def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
+    """Warn (``GpufeedWarning``) that ``loader``, over a gpufeed image dataset, takes the generic
+    path: why, and the fix (``blocker``). A loader over any other dataset is not warned about:
+    the generic path is the only one it has."""
+    if not isinstance(loader.dataset, ImageSource):
+        return
+    warnings.warn(GpufeedWarning(
+        f"gpufeed: this loader of {type(loader.dataset).__name__} takes {GENERIC_PATH}, not "
+        f"the image fast path: {blocker}. gpufeed.explain(loader) says more."),
+        stacklevel=stacklevel + 1)
 
 
 def make_image_feed(
@@ -91,8 +113,9 @@ def make_image_feed(
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
     ``on_gpu``: uint8 crosses PCIe and dtype/normalize run on the GPU (``feed.gpu_transform``).
-    ``announce``: log (INFO) that a user callable sends the loader down the generic path; the
-    loader asks once, at construction, not again when each process makes its feed.
+    ``announce``: warn (``warn_generic_path``) when an image dataset's loader takes the
+    generic path; the loader asks once, at construction, not again when each process makes its
+    feed.
     ``cache_scope``: ``"rank"``, ``"host"`` or ``"auto"`` (``make_cache``); ``cache_text``: the
     ``cache_bytes`` given, as text (the host cache compares it); ``dry_run``: a check of the
     options at construction, which attaches to no host cache.
@@ -110,8 +133,8 @@ def make_image_feed(
                 f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} "
                 f"to the image fast path, which this loader cannot take: {blocker}. {fix}"
             )
-        if user_callable and announce:
-            log.info("gpufeed: generic path (per-sample __getitem__ + collate), slower: %s.", blocker)
+        if announce:
+            warn_generic_path(loader, blocker, stacklevel=4)  # the caller of FastLoader(...)
         return None
     # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.image).
     normalize, dtype = loader.dataset.transform.batch_options(normalize, dtype)

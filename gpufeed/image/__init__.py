@@ -79,14 +79,24 @@ parameters of its ops, and :func:`from_torchvision` does the same on request. Tr
 - any other op that accepts tensors (a torchvision op, or a user's callable or
   ``torch.nn.Module`` placed after the conversion to tensor) -> run as given on each row as a
   (3, H, W) tensor after gpufeed's decode and crop, with torch's and Python's random generators
-  seeded from (seed, epoch, index) (``gpufeed.image._tensor_ops``): it costs only itself.
+  seeded from (seed, epoch, index) (``gpufeed.image._tensor_ops``): it costs only itself;
+- no-ops, left out: ``ToPureTensor`` after the conversion to tensor (batches are plain tensors),
+  and open_clip's conversions of a PIL image to RGB before it (its ``_convert_to_rgb`` function,
+  its ``MaybeConvertMode(mode="RGB")``), since gpufeed decodes every image to RGB.
+
+The pipelines people copy are recognised by shape, not imported: the ``ClassificationPresetTrain``
+/ ``ClassificationPresetEval`` classes of torchvision's classification references (a callable
+whose ``.transforms`` is a torchvision pipeline) translate as that pipeline, op for op; open_clip's
+``image_transform(...)`` is a torchvision ``Compose`` (with ``_convert_to_rgb``, or with
+``MaybeConvertMode`` and ``MaybeToTensor``, a ``ToTensor`` subclass, recognised as ``ToTensor``).
 
 Only an op that needs a PIL image (``Lambda`` or a user's callable before the conversion to
 tensor, ``ToPILImage``), changes the image size after the crop, comes before the crop, or has
 parameters gpufeed's resize does not take (another interpolation, ``max_size``,
 ``antialias=False`` on a tensor) leaves the pipeline as given: the workers call
 it on PIL images (the generic path), and the dataset warns once (``GpufeedWarning``) naming the
-op, the reason and what to use instead. :func:`explain` says where every op runs: ``fast``
+op, the reason and what to use instead. :func:`explain_transform` (and ``gpufeed.explain``, which
+also takes a loader or a dataset) says where every op runs: ``fast``
 (gpufeed's own path), ``tensor`` (as given, on the row), ``float`` (as given, on the
 normalized row) or ``NO`` (needs the generic path).
 
@@ -103,7 +113,7 @@ torchvision is never imported here: ops are recognised by their class's module n
 from gpufeed.image._torchvision import (
     OpRoute,
     TorchvisionPipeline,
-    explain,
+    explain_transform,
     from_torchvision,
     is_torchvision,
     translate_or_none,
@@ -127,7 +137,7 @@ __all__ = [
     "ResizeCenterCrop",
     "Size",
     "TorchvisionPipeline",
-    "explain",
+    "explain_transform",
     "from_torchvision",
     "is_torchvision",
     "stored_orientation",

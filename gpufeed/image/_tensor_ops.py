@@ -26,6 +26,7 @@ seeding and restoring the generators takes 0.03 ms.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from gpufeed.errors import shorten
+from gpufeed.image._recipe_table import TIMM_PREFIX, TV_PREFIX
 from gpufeed.image._resample import split_into
 from gpufeed.image.augment._base import FloatRowOp, RowOp
 
@@ -44,10 +46,22 @@ __all__ = ["TensorFloatOp", "TensorOp", "op_text"]
 _DOMAINS = ("uint8", "float")
 
 
+#: op_text's bound for a user's object (its repr may hold data: a tensor, a table). torchvision's
+#: and timm's ops are never cut: timm's AutoAugment lists its whole policy (2361 characters for
+#: "original"), its RandAugment every op (about 800).
+OP_TEXT_MAX = 500
+
+
 def op_text(op: Any) -> str:
-    """A one-line repr of ``op`` (at most 90 characters), for ``explain`` and messages."""
+    """A one-line repr of ``op`` with all its parameters, for ``explain`` and messages (a
+    function: its qualified name; a user's object whose repr is longer than ``OP_TEXT_MAX``
+    characters: cut there)."""
+    if inspect.isfunction(op):  # its name, not "<function f at 0x7f...>"
+        return op.__qualname__
     text = " ".join(repr(op).replace("\n", " ").split())
-    return text if len(text) <= 90 else text[:87] + "..."
+    if len(text) <= OP_TEXT_MAX or type(op).__module__.startswith((TV_PREFIX, TIMM_PREFIX)):
+        return text
+    return text[:OP_TEXT_MAX - 3] + "..."
 
 
 @contextmanager

@@ -4,6 +4,7 @@ in ``gpufeed.image``, which re-exports it)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from gpufeed.image._transforms import (
 from gpufeed.image.augment._base import FloatRowOp, RowOp, RowOps
 from gpufeed.image.augment._ops import RandomHorizontalFlip
 
-__all__ = ["TorchvisionPipeline", "explain", "from_torchvision", "is_torchvision"]
+__all__ = ["TorchvisionPipeline", "explain_transform", "from_torchvision", "is_torchvision"]
 
 log = logging.getLogger("gpufeed.image")  # the public module's name
 
@@ -42,13 +43,49 @@ _TO_TENSOR = {"ToTensor": "float", "PILToTensor": "uint8", "ToImage": "image",
               "MaybeToTensor": "float", "MaybePILToTensor": "uint8"}  # the last two: timm's
 
 
+#: The classes of torchvision's references/classification/presets.py, which people copy into
+#: their projects (it is not a package): each holds its pipeline, a torchvision ``Compose`` (v1 or
+#: v2), in ``.transforms`` and calls it in ``__call__``.
+_PRESETS = frozenset({"ClassificationPresetTrain", "ClassificationPresetEval"})
+
+
+def _preset_pipeline(obj: object) -> Any:
+    """The pipeline held by ``obj`` when ``obj`` is one of torchvision's reference presets
+    (``_PRESETS``, recognised by shape: the class name, callable, a torchvision pipeline in
+    ``.transforms``), else None."""
+    if type(obj).__name__ not in _PRESETS or not callable(obj):
+        return None
+    inner = getattr(obj, "transforms", None)
+    return inner if type(inner).__module__.startswith(_PREFIXES) else None
+
+
 def is_torchvision(obj: object) -> bool:
-    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``)
-    or a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both)."""
-    return type(obj).__module__.startswith(_PREFIXES)
+    """True when ``obj`` is a torchvision transform (its class lives in ``torchvision.transforms``),
+    a timm one (``timm.data``: timm's pipelines are torchvision ``Compose`` of both), or one of
+    torchvision's reference presets holding such a pipeline (``ClassificationPresetTrain`` /
+    ``ClassificationPresetEval``)."""
+    return type(obj).__module__.startswith(_PREFIXES) or _preset_pipeline(obj) is not None
 
 
-#: explain()'s label of each place an op runs (``OpRoute.where``)
+def _rgb_no_op(op: object) -> bool:
+    """True for a conversion to RGB of a PIL image, a no-op on gpufeed's RGB decode: open_clip's
+    ``_convert_to_rgb`` function (``image.convert("RGB")``, copied into many CLIP pipelines) and
+    its ``MaybeConvertMode(mode="RGB")``, recognised by name."""
+    if inspect.isfunction(op):
+        return op.__name__ == "_convert_to_rgb"
+    return type(op).__name__ == "MaybeConvertMode" and getattr(op, "mode", None) == "RGB"
+
+
+def _to_tensor_name(op: object) -> str | None:
+    """The ``_TO_TENSOR`` name of ``op`` when it is one of those ops, or a subclass of one
+    that keeps its name (open_clip's ``MaybeToTensor`` subclasses torchvision's ``ToTensor``)."""
+    name = type(op).__name__
+    if name not in _TO_TENSOR:
+        return None
+    return name if any(c.__module__.startswith(_PREFIXES) for c in type(op).__mro__) else None
+
+
+#: explain_transform()'s label of each place an op runs (``OpRoute.where``)
 WHERE = {"fast": "fast", "tensor": "tensor", "float": "float", "pil": "NO"}
 
 
@@ -76,7 +113,7 @@ class TorchvisionPipeline(ImageTransform):
     ``geometry`` is the gpufeed transform with the pipeline's crop/resize/flip; ``output`` the
     tensor op ("float": ``ToTensor``, "uint8": ``PILToTensor``, "image": ``ToImage``), ``dtype``
     the resulting dtype, ``normalize`` the ``Normalize`` (mean, std) or None; ``routes`` is what
-    :func:`explain` reports. Images are used as stored (EXIF orientation ignored, as torchvision's
+    :func:`explain_transform` reports. Images are used as stored (EXIF orientation ignored, as torchvision's
     PIL loader does). Used as a dataset's transform, ``dataset[i]`` returns what the torchvision
     pipeline returns (e.g. a normalized float32 CHW tensor); a ``FastLoader`` batches the same
     values, applying dtype and ``normalize`` to the whole batch.
@@ -227,6 +264,9 @@ class _Walk:
 
 
 def _flatten(transform: Any) -> list[Any]:
+    preset = _preset_pipeline(transform)
+    if preset is not None:
+        return _flatten(preset)
     if type(transform).__name__ == "Compose" and hasattr(transform, "transforms"):
         return [op for inner in transform.transforms for op in _flatten(inner)]
     return [transform]
@@ -297,19 +337,25 @@ def _float_dtype(op: Any) -> tuple[torch.dtype | None, str]:
 
 def _walk_op(walk: _Walk, op: Any) -> None:
     name, text = type(op).__name__, op_text(op)
-    if not is_torchvision(op):
-        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
-    elif name in _GEOMETRY:
-        _walk_geometry(walk, op, name, text)
-    elif name in _TO_TENSOR:
+    to_tensor = _to_tensor_name(op)
+    if _rgb_no_op(op) and walk.output is None:
+        walk.ok(text, "no-op: gpufeed decodes every image to RGB")
+    elif to_tensor is not None:
         if walk.output is not None:
             walk.no(text, "a second conversion to tensor")
         else:
-            walk.output = _TO_TENSOR[name]
-            to_float = _TO_TENSOR[name] == "float"
+            walk.output = _TO_TENSOR[to_tensor]
+            to_float = walk.output == "float"
             walk.dtype = torch.float32 if to_float else torch.uint8
             walk.ok(text, ("float32 on the 0-1 scale, in the batch stage" if to_float
                            else "uint8 CHW rows written by the workers"))
+    elif not is_torchvision(op):
+        walk.augment(op, text)  # a user's op: a tensor op where the pipeline gives it tensors
+    elif name in _GEOMETRY:
+        _walk_geometry(walk, op, name, text)
+    elif name == "ToPureTensor" and walk.output is not None:
+        walk.output = "float" if walk.dtype is not None and walk.dtype.is_floating_point else "uint8"
+        walk.ok(text, "no-op: batches are plain tensors")
     elif name in ("ToDtype", "ConvertImageDtype"):
         dtype, why = _float_dtype(op)
         if walk.output is None:
@@ -442,7 +488,9 @@ def from_torchvision(transform: Any) -> TorchvisionPipeline:
         return transform
     if not is_torchvision(transform):
         raise TypeError(f"from_torchvision() takes a torchvision transform "
-                        f"(torchvision.transforms or .v2). Found: {type(transform).__name__} "
+                        f"(torchvision.transforms or .v2, timm's, or a ClassificationPresetTrain / "
+                        f"ClassificationPresetEval of torchvision's references). "
+                        f"Found: {type(transform).__name__} "
                         f"{shorten(transform)}.")
     pipeline, walk = _translate(transform)
     if pipeline is None:
@@ -453,7 +501,7 @@ def from_torchvision(transform: Any) -> TorchvisionPipeline:
 
 
 def translate_or_none(transform: Any) -> tuple[TorchvisionPipeline | None, str]:
-    """(translation or None, :func:`explain`'s report) for a torchvision object, as datasets
+    """(translation or None, :func:`explain_transform`'s report) for a torchvision object, as datasets
     use it: None means "run the pipeline as given"."""
     pipeline, walk = _translate(transform)
     return pipeline, _report(pipeline, walk)
@@ -463,12 +511,17 @@ def warn_fallback(transform: Any, where: str) -> None:
     """Warn (``GpufeedWarning``) that ``transform``, a torchvision/timm pipeline, runs as given
     on PIL images in ``where`` (e.g. "ImageFolder"): which ops, why, what to use instead.
     Python's warning filters show one such message once per process by default."""
-    _, walk = _translate(transform)
-    why = "; ".join(walk.blockers) or "it cannot be translated"
     warnings.warn(GpufeedWarning(
         f"{where}: this pipeline leaves gpufeed's fast path and runs as given on PIL images in "
-        f"the workers (the generic path, slower): {why}. gpufeed.explain(transform) lists "
-        f"where every op runs."), stacklevel=4)
+        f"the workers (the generic path, slower): {untranslated_reasons(transform)}. "
+        f"gpufeed.explain(transform) lists where every op runs."), stacklevel=4)
+
+
+def untranslated_reasons(transform: Any) -> str:
+    """Why ``transform``, a torchvision/timm pipeline, is not translated: each op or fact that
+    prevents it, joined with "; "."""
+    _, walk = _translate(transform)
+    return "; ".join(walk.blockers) or "it cannot be translated"
 
 
 def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
@@ -492,7 +545,7 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
 
 
 def _where_of(op: Any) -> str:
-    """explain()'s label of one of a transform's ops."""
+    """explain_transform()'s label of one of a transform's ops."""
     return {"TensorOp": "tensor", "TensorFloatOp": "float"}.get(type(op).__name__, "fast")
 
 
@@ -502,7 +555,7 @@ UINT8_HINT = ("FastLoader's batches are uint8 0-255 by default (as PILToTensor g
               "dtype=torch.float32) for x / 255, or normalize=(mean, std) for normalized float32.")
 
 
-def explain(transform: Any) -> str:
+def explain_transform(transform: Any) -> str:
     """A short report of which ops of ``transform`` run on gpufeed's fast path and which do not,
     and why (one line per op); for gpufeed's own transforms, other callables and None too."""
     if isinstance(transform, TorchvisionPipeline):

@@ -65,7 +65,8 @@ class ImageSource(Dataset):
     - None: ``__getitem__`` returns the full decoded image, a uint8 CHW tensor;
     - a gpufeed transform (``ResizeCenterCrop``, ``RandomResizedCrop``), applied with ``epoch``
       (default 0, see :meth:`set_epoch`) and seed ``transform.seed or 0``: the loader's fast path;
-    - a torchvision pipeline (``torchvision.transforms`` or ``.v2``) of the ops
+    - a torchvision pipeline (``torchvision.transforms`` or ``.v2``, or a classification preset
+      of torchvision's references holding one) of the ops
       :func:`gpufeed.from_torchvision` translates: replaced by its translation (the fast path,
       ``dataset[i]`` returning what the pipeline returns); one INFO log line says which ops
       run where (:func:`gpufeed.explain`). A pipeline it cannot translate is kept as given;

@@ -6,9 +6,9 @@ tensors come from calling the same callable on the PIL image made here from gpuf
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gpufeed import FastLoader, ImageDataset, ImageFolder, LMDBDataset, ResizeCenterCrop, pack
+from gpufeed import FastLoader, GpufeedWarning, ImageDataset, ImageFolder, LMDBDataset, ResizeCenterCrop, pack
 from gpufeed.decoders import decode
 from gpufeed.synth import encode, photo_like
 
@@ -68,12 +68,15 @@ def test_getitem_calls_the_callable_on_a_pil_image(root, fn):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("fn", [to_tensor_24x20, GrayThenTensor(12)], ids=["function", "class"])
-def test_loader_batches_equal_the_callable_applied_here(root, fn, num_workers, caplog):
+def test_loader_batches_equal_the_callable_applied_here(root, fn, num_workers):
     ds = ImageFolder(root, transform=fn, target_transform=plus_hundred)
-    with caplog.at_level(logging.INFO, logger="gpufeed"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         loader = FastLoader(ds, batch_size=4, num_workers=num_workers)
-    lines = [r.getMessage() for r in caplog.records if "user callable" in r.getMessage()]
-    assert len(lines) == 1 and "ResizeCenterCrop / RandomResizedCrop" in lines[0]
+    lines = [str(w.message) for w in caught if issubclass(w.category, GpufeedWarning)]
+    assert len(lines) == 1 and "user callable" in lines[0], lines
+    assert "generic path" in lines[0] and "ResizeCenterCrop / RandomResizedCrop" in lines[0]
+    assert caught[0].filename == __file__  # it points at the FastLoader(...) call
     assert loader._image_feed is None
     images, labels = [], []
     for x, y in loader:
@@ -98,7 +101,9 @@ def test_target_transform_on_every_path(root, tmp_path):
 
 def test_target_transform_keeps_a_gpufeed_transform_off_the_fast_path(root):
     ds = ImageFolder(root, transform=ResizeCenterCrop(16, 20), target_transform=plus_hundred)
-    labels = torch.cat([y for _, y in FastLoader(ds, batch_size=4)])
+    with pytest.warns(GpufeedWarning, match="`target_transform` .*plus_hundred.* map the labels"):
+        loader = FastLoader(ds, batch_size=4)
+    labels = torch.cat([y for _, y in loader])
     assert labels.tolist() == [t + 100 for t in ds.targets]
     with pytest.raises(ValueError, match="target_transform"):
         FastLoader(ds, batch_size=4, channels_last=True)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from gpufeed import (
     FastLoader,
+    GpufeedWarning,
     ImageDataset,
     ImageFolder,
     LMDBDataset,
@@ -583,7 +584,9 @@ def labels_and_sizes(batch):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_custom_collate_on_image_folder_takes_the_generic_path(image_root, num_workers):
     ds = folder(image_root)
-    loader = FastLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=labels_and_sizes)
+    with pytest.warns(GpufeedWarning, match=r"generic path .* a custom collate_fn is used "
+                                            r"\(labels_and_sizes\); drop it for the fast path"):
+        loader = FastLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=labels_and_sizes)
     got = list(loader)
     want = list(DataLoader(ds, batch_size=BATCH, collate_fn=labels_and_sizes))
     assert len(got) == len(want) == 6
@@ -593,14 +596,17 @@ def test_custom_collate_on_image_folder_takes_the_generic_path(image_root, num_w
     # the default collate over the same generic path stacks exactly the fast path's rows
     from torch.utils.data import default_collate
 
-    generic = epoch_batches(FastLoader(ds, batch_size=BATCH, num_workers=num_workers,
-                                       collate_fn=lambda b: default_collate(b)))
+    with pytest.warns(GpufeedWarning, match="collate_fn"):
+        loader = FastLoader(ds, batch_size=BATCH, num_workers=num_workers,
+                            collate_fn=lambda b: default_collate(b))
+    generic = epoch_batches(loader)
     assert_same_batches(generic, epoch_batches(FastLoader(ds, batch_size=BATCH)))
 
 
 def test_image_folder_without_transform_yields_full_images(image_root):
     ds = ImageFolder(image_root)
-    loader = FastLoader(ds, batch_size=None, num_workers=2)
+    with pytest.warns(GpufeedWarning, match="no transform"):
+        loader = FastLoader(ds, batch_size=None, num_workers=2)
     for i, (img, label) in enumerate(loader):
         assert img.dtype == torch.uint8 and img.shape[0] == 3 and img.shape[1] >= 230
         assert label == ds.targets[i]

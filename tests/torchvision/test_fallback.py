@@ -91,7 +91,7 @@ def test_fallback_gives_torchvisions_own_output_and_batches_it(root):
         assert mean_abs_levels(ours[i][0], theirs[i][0]) <= 1.0, i
     loader = FastLoader(ours, batch_size=4, num_workers=2)
     assert not loader._image_path
-    with pytest.raises(ValueError, match="gpufeed.explain\\(dataset.transform\\) says which ops"):
+    with pytest.raises(ValueError, match="gpufeed.explain\\(dataset.transform\\) says where each op runs"):
         FastLoader(ours, batch_size=4, channels_last=True)
     images, labels = next(iter(loader))
     torch.testing.assert_close(images, torch.stack([ours[i][0] for i in range(4)]), rtol=0, atol=0)

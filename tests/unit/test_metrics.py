@@ -84,6 +84,7 @@ class FakeLoader:
             "skipped": 3, "cache_hits": 30, "cache_misses": 20, "cache_bytes": 4096,
             "cache_hit_rate": 0.6, "data_wait_fraction": 0.25, "queue_depth": 2,
             "queue_depth_mean": 1.5, "samples_per_s": 123.0, "overflow_bytes": 0, "pinned_bytes": 6 << 20,
+            "path": "generic", "path_reason": "a custom collate_fn is used",  # text: not exported
             **{f"{stage}_s": i + 0.5 for i, stage in enumerate(STAGES)},
             "workers": [
                 {"worker": 0, "pid": 11, "cpu_s": 3.25, "rss_bytes": 1 << 20},

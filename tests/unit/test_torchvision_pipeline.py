@@ -98,3 +98,25 @@ def test_explain_and_from_torchvision_without_torchvision():
     with pytest.raises(TypeError, match="`geometry` must be a gpufeed ResizeCenterCrop"):
         TorchvisionPipeline(lambda image: image, output="float", dtype=torch.float32,
                             normalize=None, routes=(), source="")
+
+
+class LongRepr:
+    """A callable whose repr is as long as a torchvision op's with every parameter."""
+
+    def __init__(self, width: int) -> None:  # the length of the repr
+        self.width = width
+
+    def __call__(self, image):
+        return image
+
+    def __repr__(self) -> str:
+        return ("RandomResizedCrop(size=(224, 224), scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), "
+                "interpolation=InterpolationMode.BICUBIC, antialias=True" + "," * (self.width - 144) + ")")
+
+
+def test_explain_shows_every_parameter_of_an_op():
+    text = gpufeed.explain(LongRepr(153))
+    assert "interpolation=InterpolationMode.BICUBIC, antialias=True,,,,,,,,,)" in text, text
+    assert "..." not in text
+    cut = gpufeed.explain(LongRepr(5000))  # a repr holding data is still cut, at 500 characters
+    assert "..." in cut and len(cut) < 800
