@@ -9,7 +9,7 @@ Per image, median over ``--rounds`` rounds that alternate the pipelines (millise
   uses in ``large_photos.py`` (the largest that still covers the resize);
 * ``turbojpeg scaled``: PyTurboJPEG's ``decode(scaling_factor=1/k)`` at the same k;
 * ``turbojpeg planes``: ``decode_to_yuv_planes`` at 1/k (no chroma upsampling or colour conversion);
-* ``gpufeed decode``: ``gpufeed.decode.decode`` (its own reduction choice);
+* ``gpufeed decode``: ``gpufeed.decode`` (its own reduction choice);
 * ``gpufeed eval``: ``ResizeCenterCrop(size, resize).apply`` into a uint8 CHW array: the whole
   per-image work of a FastLoader worker for the eval transform.
 

@@ -40,7 +40,7 @@ def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
 
 
 def decode_backend() -> str:
-    """The decode backend(s) gpufeed would use (``gpufeed.decode.backends()``), or 'n/a'."""
+    """The decode backend(s) gpufeed would use (``gpufeed.backends()``), or 'n/a'."""
     try:
         decode = importlib.import_module("gpufeed.decode")
     except ImportError:

@@ -57,7 +57,7 @@ def _load() -> Any:
 
 
 def check_jpeg(data: Buffer, header: ImageHeader) -> bool:
-    """Decode the JPEG ``data`` (whose :func:`~gpufeed.decode.read_header` is ``header``) at
+    """Decode the JPEG ``data`` (whose :func:`~gpufeed.read_header` is ``header``) at
     1/8 scale in greyscale and drop the pixels; :class:`~gpufeed.errors.DecodeError` when
     libjpeg-turbo reports an error or a warning (truncated, corrupt) other than the benign
     "extraneous bytes before marker". Returns False, checking nothing, when this cannot run

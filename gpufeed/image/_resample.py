@@ -61,7 +61,7 @@ def crop_resize_planes(planes: list[np.ndarray], sub: tuple[int, int], full_h: i
                        full_w: int, box: Box, flip: bool, out: np.ndarray, layout: str,
                        interpolation: str) -> None:
     """As :func:`crop_resize`, from JPEG planes: ``planes`` is [Y] (greyscale) or [Y, Cb, Cr]
-    (full-range BT.601, as :func:`gpufeed.decode.decode_planes` returns them), Y being (h, w)
+    (full-range BT.601, as :func:`gpufeed.decoders.decode_planes` returns them), Y being (h, w)
     (possibly DCT-scaled from full_h x full_w) and the chroma planes sub-sampled by ``sub`` =
     (sub_y, sub_x), 1 or 2 each, with each chroma sample centred on its sub_y x sub_x luma block.
 

@@ -1,12 +1,12 @@
 """Checking an image before it is written into a packed dataset (LMDB, tar shards).
 
-A header check (:func:`gpufeed.decode.read_header`) rejects empty files and non-images, but
+A header check (:func:`gpufeed.read_header`) rejects empty files and non-images, but
 not a JPEG cut short: its header is intact and libjpeg-turbo only warns when the data runs out.
 :func:`verify_image` decodes at the smallest scale (JPEG: 1/8, PyTurboJPEG's scaling factor or
 OpenCV's ``IMREAD_REDUCED_COLOR_8``; other formats at full size), which still walks the whole
 entropy-coded stream, so truncation and corruption raise here rather than in training. JPEGs
 go to :func:`gpufeed.decoders._check.check_jpeg` (greyscale, thread-safe: pack threads check in
-parallel), the rest to :func:`gpufeed.decode.decode`.
+parallel), the rest to :func:`gpufeed.decode`.
 
 :func:`skip_or_raise` applies a loader-style ``on_error`` policy to a failed check: ``"raise"``
 (an error naming the file, the sample index, what was found and the fix) or ``"skip"`` (the
