@@ -143,7 +143,7 @@ def make_image_feed(
         cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
     )
     batch = loader.batch_size or 1
-    need = plan.offsets(batch)[2]
+    need = plan.layout(batch).planned_bytes
     if need > loader.engine_config.max_batch_bytes:
         raise ValueError(
             f"a batch of {batch} images of {plan.hw} ({dtype}) needs {need} bytes of arena slot; "
@@ -284,7 +284,7 @@ class ImageFeed(FillPlugin):
             return task
         hits = self.cache.get_many(indices, count) if found is None else found
         n = len(indices)
-        _, _, staging = self.plan.offsets(n)
+        staging = self.plan.layout(n).staging
         if self.plan.cache == "decoded":
             task.done = self._write_rows(hits, buf)
         else:
@@ -321,8 +321,7 @@ class ImageFeed(FillPlugin):
         done = self._write_rows(task.rows, buf)
         if len(done) != n:  # look_up checked every row: a broken invariant, not a user error
             raise RuntimeError(f"gpufeed: a parent-made batch of {n} samples had {len(done)} cached rows")
-        off_labels = plan.offsets(n)[0]
-        labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+        labels = plan.layout(n).labels.of(buf).view(torch.int64)
         if self._label_table is not None:
             np.take(self._label_table, indices, out=labels.numpy())
         else:

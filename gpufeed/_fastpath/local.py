@@ -37,7 +37,7 @@ class LocalImageIter(_BaseDataLoaderIter):
     def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
-        nbytes = align_up(plan.offsets(len(indices))[2])
+        nbytes = align_up(plan.layout(len(indices)).staging)
         cache = feed.cache
         if plan.cache == "encoded" and cache is not None:  # room for the encoded hits the feed stages
             nbytes += sum(align_up(len(v)) for v in map(cache.peek, indices) if v is not None)

@@ -7,6 +7,8 @@ slot as::
     [ uint8 rows: n x H x W x 3 (channels_last) or n x 3 x H x W ][ int64 labels: n ]
     [ float output: n x 3 x H x W, only with normalize/dtype ][ encoded-bytes staging ... ]
 
+(``ImagePlan.layout``: the named regions of ``gpufeed.image._slot``.)
+
 The parent (``gpufeed._fastpath.feed.ImageFeed``) writes cache hits into the slot before dispatch
 (decoded rows, or encoded bytes in the staging area) and tells the worker which rows are done;
 the worker (``ImageFiller``, the engine's ``BatchFiller``) fills the rest, stages the encoded
@@ -25,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpufeed._engine.layout import align_up as _align
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 from gpufeed.image._auto_reads import AutoReads
 from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image._slot import SlotLayout, slot_layout
 from gpufeed.image.augment._base import RowOps
 
 if TYPE_CHECKING:
@@ -62,20 +64,16 @@ class ImagePlan:
         h, w = self.hw
         return h * w * 3
 
-    def offsets(self, n: int) -> tuple[int, int, int]:
-        """(labels, float output, staging start) byte offsets of an n-sample batch."""
-        labels = _align(n * self.row_bytes)
-        floats = _align(labels + 8 * n)
-        staging = floats
-        if self.dtype != torch.uint8:
-            staging = _align(floats + n * self.row_bytes * self.dtype.itemsize)
-        return labels, floats, staging
+    def layout(self, n: int) -> SlotLayout:
+        """Where the regions of an n-sample batch lie in its slot (``slot_layout``)."""
+        itemsize = 0 if self.dtype == torch.uint8 else self.dtype.itemsize
+        return slot_layout(n, (self.row_bytes,), itemsize)
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
         h, w = self.hw
         shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
-        return buf[: n * self.row_bytes].view(shape)
+        return buf[: n * self.row_bytes].view(shape)  # the layout's first region, from byte 0
 
 
 @dataclass
@@ -253,10 +251,10 @@ def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillRe
     """The batch's end, once per batch: write the labels, move the kept rows up (in order), convert
     to the output dtype and layout, run the float ops; returns (images, labels) of the kept rows."""
     n = len(indices)
-    off_labels, off_floats, _ = plan.offsets(n)
+    layout = plan.layout(n)
     rows_t = plan.rows(buf, n)
     rows = rows_t.numpy()
-    labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+    labels = layout.labels.of(buf).view(torch.int64)
     labels.copy_(torch.tensor(label_values, dtype=torch.int64))
     k = len(report.kept)
     if k < n:  # compact: kept rows move up, in order
@@ -268,7 +266,7 @@ def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillRe
     if plan.channels_last:
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
     if plan.dtype != torch.uint8:
-        images = _to_float(plan, images, buf, off_floats)
+        images = _to_float(plan, images, buf, layout.floats[0].start)
     float_ops = getattr(plan.transform, "float_ops", ())
     if float_ops:  # after normalize, as torchvision and timm run RandomErasing
         row_ops = RowOps(float_ops=float_ops)
@@ -385,17 +383,16 @@ class ImageFiller:
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""
         plan = self.plan
-        labels, floats, staging = plan.offsets(len(indices))
-        if staging > w.capacity:
+        layout = plan.layout(len(indices))
+        if layout.planned_bytes > w.capacity:
             raise ValueError(
-                f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
-                f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
+                f"a batch of {len(indices)} images of {plan.hw} needs {layout.planned_bytes} bytes of "
+                f"arena slot, more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower "
+                "batch_size"
             )
-        w.mark(0, len(indices) * plan.row_bytes)
-        w.mark(labels, 8 * len(indices))
-        if floats != staging:
-            w.mark(floats, staging - floats)
-        w.seek(staging + task.staging_used)
+        for region in (*layout.views, layout.labels, *layout.floats):
+            w.mark(region.start, region.nbytes)
+        w.seek(layout.staging + task.staging_used)
 
         def stage(pos: int, data: Any) -> tuple[int, int] | None:
             return w.stage(data)
