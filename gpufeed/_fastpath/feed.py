@@ -62,10 +62,6 @@ def fast_path_blocker(loader: Any) -> str | None:
         return f"the dataset has a `loader` ({describe_callable(dataset.loader)})"
     if dataset.transform is None:
         return "the image dataset has no transform (images of different sizes cannot be batched)"
-    if dataset.target_transform is not None:
-        return (f"the dataset has a `target_transform` "
-                f"({describe_callable(dataset.target_transform)}), which the fast path does not "
-                f"run; map the labels after the loader instead")
     if loader.batch_sampler is None:
         return "batch_size=None disables batching"
     if loader.collate_fn is not default_collate:
@@ -141,6 +137,7 @@ def make_image_feed(
         dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
         cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
+        targets=target_route(loader.dataset),
     )
     batch = loader.batch_size or 1
     need = plan.layout(batch).planned_bytes
@@ -154,6 +151,12 @@ def make_image_feed(
     if cache_budget and not (dry_run and cache_scope != "rank"):
         cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def target_route(source: Any) -> str:
+    """``"labels"`` (int64 labels in the slot) when every target is the source's int label and
+    there is no ``target_transform``, else ``"collate"`` (``gpufeed.image._targets``)."""
+    return "labels" if source.int_targets and source.target_transform is None else "collate"
 
 
 def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
@@ -240,7 +243,7 @@ class ImageFeed(FillPlugin):
         self.images = 0
         self.skipped = 0
         self._logged: set[str] = set()
-        self._label_table = _label_table(source)
+        self._label_table = _label_table(source) if plan.targets == "labels" else None
 
     @property
     def parent_binds(self) -> bool:
@@ -250,8 +253,10 @@ class ImageFeed(FillPlugin):
     def look_up(self, epoch: int, indices: list[int], count: bool = True) -> LookUp:
         """Look the batch up in the cache at submission (one ``get_many``, counted).
 
-        When the decoded cache holds every row and the output is uint8, the batch is made in
-        the parent when it is handed out (``complete``): ``LookUp.report`` is set, and the
+        When the decoded cache holds every row, the output is uint8 and the targets are int
+        labels, the batch is made in the parent when it is handed out (``complete``; targets
+        of other kinds are collated, and ``target_transform`` run, in workers only):
+        ``LookUp.report`` is set, and the
         cached rows travel in ``LookUp.extra`` (a ``ParentBatch``; a row evicted meanwhile stays
         alive until it is copied). Otherwise ``extra`` is what was found, for ``prepare``.
 
@@ -267,7 +272,7 @@ class ImageFeed(FillPlugin):
         hits = self.cache.get_many(indices, count)
         n = len(indices)
         if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
-                and all(hit is not None for hit in hits)):
+                and self.plan.targets == "labels" and all(hit is not None for hit in hits)):
             return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
         return LookUp(hits, writes=any(hit is not None for hit in hits))
 

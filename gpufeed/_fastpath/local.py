@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import torch
+from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.layout import align_up
@@ -56,6 +57,6 @@ class LocalImageIter(_BaseDataLoaderIter):
             for pos, data in staged.items():
                 feed.cache.put(indices[pos], data)
         if self._pin_memory:
-            images, labels = batch
-            batch = (images.pin_memory(), labels.pin_memory())
+            images, targets = batch
+            batch = (images.pin_memory(), pin_memory(targets))  # torch's rule for any structure
         return batch

@@ -2,7 +2,7 @@
 
 A batch of n samples occupies its slot as (docs/design/sample-model.md, section 3)::
 
-    [ view 0: n uint8 rows ] ... [ view V-1 ][ int64 labels: n ]
+    [ view 0: n uint8 rows ] ... [ view V-1 ][ int64 labels: n (the labels route only) ]
     [ view 0 floats ] ... [ view V-1 floats ]   (only when the output dtype is not uint8)
     [ staging: the parent's encoded hits, then the worker's misses ... to the slot's end ]
 
@@ -59,19 +59,21 @@ class SlotLayout:
         return self.staging
 
 
-def slot_layout(n: int, row_bytes: Sequence[int], float_itemsize: int = 0) -> SlotLayout:
+def slot_layout(n: int, row_bytes: Sequence[int], float_itemsize: int = 0, labels: bool = True) -> SlotLayout:
     """The layout of an n-sample batch whose view v has rows of ``row_bytes[v]`` uint8 bytes;
-    ``float_itemsize``: bytes per element of the float output (0: the output is the uint8 rows)."""
+    ``float_itemsize``: bytes per element of the float output (0: the output is the uint8 rows);
+    ``labels``: the targets are int64 labels in the slot (else their region is empty: targets
+    collated in the worker take what they need after the staging area)."""
     cursor = 0
     views = []
     for nbytes in row_bytes:
         views.append(Region(cursor, n * nbytes))
         cursor = align_up(cursor + n * nbytes)
-    labels = Region(cursor, LABEL_BYTES * n)
-    cursor = align_up(labels.end)
+    label_region = Region(cursor, LABEL_BYTES * n if labels else 0)
+    cursor = align_up(label_region.end)
     floats = []
     if float_itemsize:
         for nbytes in row_bytes:
             floats.append(Region(cursor, n * nbytes * float_itemsize))
             cursor = align_up(cursor + n * nbytes * float_itemsize)
-    return SlotLayout(n, tuple(views), labels, tuple(floats), cursor)
+    return SlotLayout(n, tuple(views), label_region, tuple(floats), cursor)

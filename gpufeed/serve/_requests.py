@@ -42,7 +42,7 @@ class RequestSource:
     request number and names a request in decode errors.
     """
 
-    def label(self, index: int) -> int:
+    def target(self, index: int) -> int:
         """The request number itself: the batch's labels say which request each row is."""
         return int(index)
 

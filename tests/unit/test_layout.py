@@ -58,14 +58,14 @@ def test_one_view_layout_is_the_offsets_of_before(dtype, size, n):
 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 300), rows=st.lists(st.integers(1, 3 * 512 * 512), min_size=1, max_size=8),
-       itemsize=st.sampled_from([0, 2, 4, 8]))
-def test_regions_are_aligned_disjoint_and_in_order(n, rows, itemsize):
-    layout = slot_layout(n, rows, itemsize)
+       itemsize=st.sampled_from([0, 2, 4, 8]), labels=st.booleans())
+def test_regions_are_aligned_disjoint_and_in_order(n, rows, itemsize, labels):
+    layout = slot_layout(n, rows, itemsize, labels)
     regions = [*layout.views, layout.labels, *layout.floats]
     assert len(layout.views) == len(rows) and len(layout.floats) == (len(rows) if itemsize else 0)
     assert [r.nbytes for r in layout.views] == [n * b for b in rows]
     assert [r.nbytes for r in layout.floats] == ([n * b * itemsize for b in rows] if itemsize else [])
-    assert layout.labels.nbytes == 8 * n
+    assert layout.labels.nbytes == (8 * n if labels else 0)
     assert all(r.start % ALIGN_BYTES == 0 for r in regions) and layout.staging % ALIGN_BYTES == 0
     for before, after in zip(regions, regions[1:]):
         assert before.end <= after.start < before.end + ALIGN_BYTES  # disjoint, no gap but padding
