@@ -252,3 +252,76 @@ def test_a_worker_killed_mid_epoch_reruns_its_batch_once(root):
     assert it.worker_restarts == 1
     names = [name for _, targets in got for name in targets["name"]]
     assert names == [f"class {y}" for y in ds.targets]  # every sample once, in order
+
+
+# -- tar shards ------------------------------------------------------------------------------------
+
+
+def write_shards(root: Path, tmp: Path) -> list[Path]:
+    """Two shards of the folder's images, each sample with .cls, .txt, .json and .meta members."""
+    import io
+    import json
+    import tarfile
+
+    files = paths(root)
+    shards = [tmp / "s-0.tar", tmp / "s-1.tar"]
+    for s, shard in enumerate(shards):
+        with tarfile.open(shard, "w") as tf:
+            for i in range(s * 7, s * 7 + 7):
+                with open(files[i], "rb") as f:
+                    image = f.read()
+                members = {"jpg": image, "cls": f" {i % 3}\n".encode(), "txt": f"caption {i} é".encode(),
+                           "json": json.dumps({"y": i, "tags": [f"t{i}", "x"], "w": i / 4}).encode(),
+                           "meta": bytes([i, 255, 0])}
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"k{i:04d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return shards
+
+
+def json_pair(sample: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    import json
+
+    return sample["__key__"], json.loads(sample["json"])
+
+
+@pytest.fixture(scope="module")
+def shards(root, tmp_path_factory) -> list[Path]:
+    return write_shards(root, tmp_path_factory.mktemp("shards"))
+
+
+@pytest.mark.parametrize(("label", "first"), [
+    ("cls", 0), ("txt", "caption 0 é"), ("meta", b"\x00\xff\x00"),
+    (json_pair, ("k0000", {"y": 0, "tags": ["t0", "x"], "w": 0.0})),
+])
+def test_tar_targets_decode_as_webdataset_and_batch_as_dataloader(shards, label, first):
+    from gpufeed import TarShards
+
+    ds = TarShards(shards, transform=EVAL, label=label)
+    assert ds.int_targets == (label == "cls") and ds.target(0) == first
+    for num_workers in (0, 2):
+        got = list(image_path_loader(ds, num_workers=num_workers))
+        assert_batches(got, list(DataLoader(ds, batch_size=BATCH)))
+
+
+def test_tar_json_targets_are_kept_by_the_index_cache(shards, tmp_path):
+    from gpufeed import TarShards
+
+    cache = tmp_path / "index.npz"
+    first = TarShards(shards, transform=EVAL, label="json", index_cache=cache)
+    assert cache.exists()
+    again = TarShards(shards, transform=EVAL, label="json", index_cache=cache)
+    assert again.targets == first.targets and again.target(3) == {"y": 3, "tags": ["t3", "x"], "w": 0.75}
+    assert_batches(list(image_path_loader(again, num_workers=2)), list(DataLoader(first, batch_size=BATCH)))
+
+
+def test_a_label_function_of_objects_keeps_no_index_cache(shards, tmp_path):
+    """Its results would be pickles in the cache file, which is a plain .npz."""
+    from gpufeed import TarShards
+
+    cache = tmp_path / "index.npz"
+    ds = TarShards(shards, label=json_pair, index_cache=cache)
+    assert not cache.exists() and ds.target(1)[0] == "k0001"
+    TarShards(shards, label=lambda s: int(s["cls"]), index_cache=cache)  # ints: kept
+    assert cache.exists()
