@@ -238,9 +238,23 @@ def test_resume_is_exact_with_a_random_target_transform(root, k):
     assert_batches(list(resumed), full[k:])
 
 
-def test_a_worker_killed_mid_epoch_reruns_its_batch_once(root):
-    ds = ImageFolder(root, transform=EVAL, target_transform=to_record)
-    want = list(DataLoader(ds, batch_size=2))
+class Recording:
+    """``to_record``, appending each call's target to a file (one line per call)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, y: int) -> dict[str, Any]:
+        with open(self.path, "a") as f:
+            f.write(f"{y}\n")
+        return to_record(y)
+
+
+def test_a_worker_killed_mid_epoch_reruns_its_batches_once(root, tmp_path):
+    calls = tmp_path / "calls.txt"
+    pairs = [(p, i) for i, p in enumerate(paths(root))]  # target: the sample index
+    want = list(DataLoader(ImageDataset(pairs, transform=EVAL, target_transform=to_record), batch_size=2))
+    ds = ImageDataset(pairs, transform=EVAL, target_transform=Recording(str(calls)))
     loader = FastLoader(ds, batch_size=2, num_workers=2, prefetch_factor=2)
     it = iter(loader)
     got = []
@@ -248,10 +262,15 @@ def test_a_worker_killed_mid_epoch_reruns_its_batch_once(root):
         got.append(batch)
         if k == 2:
             os.kill(it.worker_pids[1], signal.SIGKILL)
-    assert_batches(got, want)
+    assert_batches(got, want)  # the re-run batches are the same, bytes and targets
     assert it.worker_restarts == 1
-    names = [name for _, targets in got for name in targets["name"]]
-    assert names == [f"class {y}" for y in ds.targets]  # every sample once, in order
+    assert [y for _, targets in got for y in targets["y"].tolist()] == list(range(len(ds)))
+    runs = [int(y) for y in calls.read_text().split()]
+    twice = sorted({y for y in runs if runs.count(y) == 2})
+    # Each sample's target_transform ran once, and again only where the killed worker had run it
+    # for a batch it never answered: those batches (at most its 2 in flight) ran once more.
+    assert set(runs) == set(range(len(ds))) and max(map(runs.count, runs)) <= 2
+    assert len(runs) == len(ds) + len(twice) and len({y // 2 for y in twice}) <= 2
 
 
 # -- tar shards ------------------------------------------------------------------------------------
