@@ -65,7 +65,7 @@ def test_fill_batch(benchmark, source, layout, dtype):
     plan = ImagePlan(transform=ResizeCenterCrop(224, 256), channels_last=LAYOUTS[layout],
                      normalize=None if dtype == torch.uint8 else (MEAN, STD), dtype=dtype)
     n = len(source)
-    buf = torch.empty(plan.offsets(n)[2], dtype=torch.uint8)
+    buf = torch.empty(plan.layout(n).staging, dtype=torch.uint8)
     indices = list(range(n))
 
     def fill():

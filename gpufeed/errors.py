@@ -80,6 +80,13 @@ _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
 _REPR.maxlevel = 3
 
 
+def describe_callable(fn: object) -> str:
+    """A short name for a user callable in messages: its qualified name, else its type's."""
+    name = getattr(fn, "__qualname__", None)
+    text = name if isinstance(name, str) else type(fn).__qualname__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def shorten(value: object) -> str:
     """``repr(value)`` cut to a readable length (``reprlib``), for messages that show a user's
     value: a sample holding a whole JPEG must not print the JPEG."""

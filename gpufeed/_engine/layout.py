@@ -1,6 +1,6 @@
 """Where payloads start inside an arena slot: every region begins on an ``ALIGN_BYTES`` boundary.
 
-The engine's ``SlotWriter.alloc`` and the image path's slot layout (``ImagePlan.offsets``)
+The engine's ``SlotWriter.alloc`` and the image path's slot layout (``ImagePlan.layout``)
 both place regions with :func:`align_up`, so a tensor viewed at any region start is aligned for
 every dtype and for vector loads (64 bytes: one cache line, one AVX-512 register).
 """

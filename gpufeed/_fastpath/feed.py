@@ -65,10 +65,6 @@ def fast_path_blocker(loader: Any) -> str | None:
     if dataset.transform is None:
         return ("the image dataset has no transform (images of different sizes cannot be "
                 "batched); give it one, e.g. transform=gpufeed.ResizeCenterCrop(224, 256)")
-    if dataset.target_transform is not None:
-        return (f"the dataset has a `target_transform` "
-                f"({describe_callable(dataset.target_transform)}), which the fast path does not "
-                f"run; map the labels after the loader instead")
     if loader.batch_sampler is None:
         return ("batch_size=None disables batching; give a batch_size (or a batch_sampler) for "
                 "the fast path")
@@ -164,9 +160,10 @@ def make_image_feed(
         dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
         cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
+        targets=target_route(loader.dataset),
     )
     batch = loader.batch_size or 1
-    need = plan.offsets(batch)[2]
+    need = plan.layout(batch).planned_bytes
     if need > loader.engine_config.max_batch_bytes:
         raise ValueError(
             f"a batch of {batch} images of {plan.hw} ({dtype}) needs {need} bytes of arena slot; "
@@ -177,6 +174,12 @@ def make_image_feed(
     if cache_budget and not (dry_run and cache_scope != "rank"):
         cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def target_route(source: Any) -> str:
+    """``"labels"`` (int64 labels in the slot) when every target is the source's int label and
+    there is no ``target_transform``, else ``"collate"`` (``gpufeed.image._targets``)."""
+    return "labels" if source.int_targets and source.target_transform is None else "collate"
 
 
 def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
@@ -263,7 +266,7 @@ class ImageFeed(FillPlugin):
         self.images = 0
         self.skipped = 0
         self._logged: set[str] = set()
-        self._label_table = _label_table(source)
+        self._label_table = _label_table(source) if plan.targets == "labels" else None
 
     @property
     def parent_binds(self) -> bool:
@@ -273,8 +276,10 @@ class ImageFeed(FillPlugin):
     def look_up(self, epoch: int, indices: list[int], count: bool = True) -> LookUp:
         """Look the batch up in the cache at submission (one ``get_many``, counted).
 
-        When the decoded cache holds every row and the output is uint8, the batch is made in
-        the parent when it is handed out (``complete``): ``LookUp.report`` is set, and the
+        When the decoded cache holds every row, the output is uint8 and the targets are int
+        labels, the batch is made in the parent when it is handed out (``complete``; targets
+        of other kinds are collated, and ``target_transform`` run, in workers only):
+        ``LookUp.report`` is set, and the
         cached rows travel in ``LookUp.extra`` (a ``ParentBatch``; a row evicted meanwhile stays
         alive until it is copied). Otherwise ``extra`` is what was found, for ``prepare``.
 
@@ -290,7 +295,7 @@ class ImageFeed(FillPlugin):
         hits = self.cache.get_many(indices, count)
         n = len(indices)
         if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
-                and all(hit is not None for hit in hits)):
+                and self.plan.targets == "labels" and all(hit is not None for hit in hits)):
             return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
         return LookUp(hits, writes=any(hit is not None for hit in hits))
 
@@ -307,7 +312,7 @@ class ImageFeed(FillPlugin):
             return task
         hits = self.cache.get_many(indices, count) if found is None else found
         n = len(indices)
-        _, _, staging = self.plan.offsets(n)
+        staging = self.plan.layout(n).staging
         if self.plan.cache == "decoded":
             task.done = self._write_rows(hits, buf)
         else:
@@ -344,8 +349,7 @@ class ImageFeed(FillPlugin):
         done = self._write_rows(task.rows, buf)
         if len(done) != n:  # look_up checked every row: a broken invariant, not a user error
             raise RuntimeError(f"gpufeed: a parent-made batch of {n} samples had {len(done)} cached rows")
-        off_labels = plan.offsets(n)[0]
-        labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
+        labels = plan.layout(n).labels.of(buf).view(torch.int64)
         if self._label_table is not None:
             np.take(self._label_table, indices, out=labels.numpy())
         else:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import torch
+from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.layout import align_up
@@ -37,7 +38,7 @@ class LocalImageIter(_BaseDataLoaderIter):
     def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
-        nbytes = align_up(plan.offsets(len(indices))[2])
+        nbytes = align_up(plan.layout(len(indices)).staging)
         cache = feed.cache
         if plan.cache == "encoded" and cache is not None:  # room for the encoded hits the feed stages
             nbytes += sum(align_up(len(v)) for v in map(cache.peek, indices) if v is not None)
@@ -56,6 +57,6 @@ class LocalImageIter(_BaseDataLoaderIter):
             for pos, data in staged.items():
                 feed.cache.put(indices[pos], data)
         if self._pin_memory:
-            images, labels = batch
-            batch = (images.pin_memory(), labels.pin_memory())
+            images, targets = batch
+            batch = (images.pin_memory(), pin_memory(targets))  # torch's rule for any structure
         return batch

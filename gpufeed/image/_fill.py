@@ -7,6 +7,10 @@ slot as::
     [ uint8 rows: n x H x W x 3 (channels_last) or n x 3 x H x W ][ int64 labels: n ]
     [ float output: n x 3 x H x W, only with normalize/dtype ][ encoded-bytes staging ... ]
 
+(``ImagePlan.layout``: the named regions of ``gpufeed.image._slot``.) The labels region holds
+int labels; other targets are collated by ``default_collate`` in the worker
+(``gpufeed.image._targets``), as ``ImagePlan.targets`` says.
+
 The parent (``gpufeed._fastpath.feed.ImageFeed``) writes cache hits into the slot before dispatch
 (decoded rows, or encoded bytes in the staging area) and tells the worker which rows are done;
 the worker (``ImageFiller``, the engine's ``BatchFiller``) fills the rest, stages the encoded
@@ -25,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpufeed._engine.layout import align_up as _align
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 from gpufeed.image._auto_reads import AutoReads
 from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image._slot import SlotLayout, slot_layout
+from gpufeed.image._targets import TARGET_ROUTES, collate_targets
 from gpufeed.image.augment._base import RowOps
 
 if TYPE_CHECKING:
@@ -47,10 +52,13 @@ class ImagePlan:
     dtype: torch.dtype = torch.uint8
     seed: int = 0
     cache: str | None = None  # "decoded" | "encoded" | None
+    targets: str = "labels"  # "labels" | "collate": the targets' route (gpufeed.image._targets)
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {shorten(self.on_error)}.")
+        if self.targets not in TARGET_ROUTES:
+            raise ValueError(f"`targets` must be one of {TARGET_ROUTES}. Found: {shorten(self.targets)}.")
         check_image_output(self.dtype, self.normalize)
 
     @property
@@ -62,20 +70,16 @@ class ImagePlan:
         h, w = self.hw
         return h * w * 3
 
-    def offsets(self, n: int) -> tuple[int, int, int]:
-        """(labels, float output, staging start) byte offsets of an n-sample batch."""
-        labels = _align(n * self.row_bytes)
-        floats = _align(labels + 8 * n)
-        staging = floats
-        if self.dtype != torch.uint8:
-            staging = _align(floats + n * self.row_bytes * self.dtype.itemsize)
-        return labels, floats, staging
+    def layout(self, n: int) -> SlotLayout:
+        """Where the regions of an n-sample batch lie in its slot (``slot_layout``)."""
+        itemsize = 0 if self.dtype == torch.uint8 else self.dtype.itemsize
+        return slot_layout(n, (self.row_bytes,), itemsize, labels=self.targets == "labels")
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
         h, w = self.hw
         shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
-        return buf[: n * self.row_bytes].view(shape)
+        return buf[: n * self.row_bytes].view(shape)  # the layout's first region, from byte 0
 
 
 @dataclass
@@ -118,13 +122,13 @@ def fill_batch(
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: ReadAhead | None = None,
     prefetched: BatchReads | None = None,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
-    """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, labels), report).
+) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+    """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, targets), report).
 
     The slot is bound as late as possible: when the parent wrote nothing into it, the first
     image is decoded into a scratch row and the slot is bound only to copy it in (see
     ``SlotWriter.begin_late``). ``stage(position, data)`` copies a miss's encoded bytes where
-    the parent can cache them. A miss's bytes and label come from one ``source.read_item``
+    the parent can cache them. A miss's bytes and target come from one ``source.read_item``
     call; with ``reads``, the misses are read ahead on threads while earlier ones decode.
     ``prefetched``: the reads ``begin_reads`` started for this task (closed here either way).
     """
@@ -159,12 +163,12 @@ def begin_reads(reads: ReadAhead | None, source: Any, indices: list[int], task: 
 class _Sequential:
     """Reads one sample at a time, at its turn (the main process, or read_concurrency=1)."""
 
-    def __init__(self, read: Callable[[int], tuple[Any, int]], indices: list[int]) -> None:
+    def __init__(self, read: Callable[[int], tuple[Any, Any]], indices: list[int]) -> None:
         self._read, self._indices, self._next = read, indices, 0
         self.reads_done = 0
         self.latency_s = 0.0
 
-    def next(self) -> tuple[Any, int]:
+    def next(self) -> tuple[Any, Any]:
         index = self._indices[self._next]
         self._next += 1
         self.reads_done += 1
@@ -183,7 +187,7 @@ def _fill(
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: _Sequential | BatchReads,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+) -> tuple[tuple[torch.Tensor, Any], FillReport]:
     n = len(indices)
     report = FillReport()
     done = set(task.done)
@@ -191,21 +195,21 @@ def _fill(
     buf = bind() if done or given or stage is not None else None
     rows = None if buf is None else plan.rows(buf, n).numpy()
     scratch = None
-    label_values = [0] * n
+    targets: list[Any] = [0] * n
     for pos, index in enumerate(indices):
         if pos in done:
-            label_values[pos] = source.label(index)
+            targets[pos] = source.target(index)
             report.kept.append(pos)
             continue
         t0 = time.perf_counter()
         if pos in given:
-            label_values[pos] = source.label(index)
+            targets[pos] = source.target(index)
             assert buf is not None  # bound above: the parent wrote into the slot
             off, nbytes = given[pos]
             data = buf[off : off + nbytes].numpy()
         else:
             try:
-                data, label_values[pos] = reads.next()
+                data, targets[pos] = reads.next()
             except ReadError as exc:  # a remote read failed for good (its message names it)
                 if plan.on_error == "raise":
                     raise
@@ -243,32 +247,36 @@ def _fill(
     t2 = time.perf_counter()
     if buf is None:  # every sample failed
         buf = bind()
-    batch = _finish(plan, indices, task, report, label_values, buf)
+    batch = _finish(plan, source, indices, task, report, targets, buf)
     report.post_s = time.perf_counter() - t2
     return batch, report
 
 
-def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillReport, label_values: list[int],
-            buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's end, once per batch: write the labels, move the kept rows up (in order), convert
-    to the output dtype and layout, run the float ops; returns (images, labels) of the kept rows."""
+def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, report: FillReport,
+            targets: list[Any], buf: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The batch's end, once per batch: write the labels (or collate the targets), move the kept
+    rows up (in order), convert to the output dtype and layout, run the float ops; returns
+    (images, targets) of the kept rows."""
     n = len(indices)
-    off_labels, off_floats, _ = plan.offsets(n)
+    layout = plan.layout(n)
     rows_t = plan.rows(buf, n)
     rows = rows_t.numpy()
-    labels = buf[off_labels : off_labels + 8 * n].view(torch.int64)
-    labels.copy_(torch.tensor(label_values, dtype=torch.int64))
+    labels = None
+    if plan.targets == "labels":
+        labels = layout.labels.of(buf).view(torch.int64)
+        labels.copy_(torch.tensor(targets, dtype=torch.int64))
     k = len(report.kept)
     if k < n:  # compact: kept rows move up, in order
         for dst, src in enumerate(report.kept):
             if dst != src:
                 rows[dst] = rows[src]
-                labels[dst] = labels[src]
+                if labels is not None:
+                    labels[dst] = labels[src]
     images = rows_t[:k]
     if plan.channels_last:
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
     if plan.dtype != torch.uint8:
-        images = _to_float(plan, images, buf, off_floats)
+        images = _to_float(plan, images, buf, layout.floats[0].start)
     float_ops = getattr(plan.transform, "float_ops", ())
     if float_ops:  # after normalize, as torchvision and timm run RandomErasing
         row_ops = RowOps(float_ops=float_ops)
@@ -277,7 +285,9 @@ def _finish(plan: ImagePlan, indices: list[int], task: ImageTask, report: FillRe
             result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
             if result is not row:
                 row.copy_(torch.as_tensor(result))
-    return images, labels[:k]
+    if labels is not None:
+        return images, labels[:k]
+    return images, collate_targets(source, indices, report.kept, targets)
 
 
 def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
@@ -380,22 +390,22 @@ class ImageFiller:
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
-             ) -> tuple[tuple[torch.Tensor, torch.Tensor], FillReport]:
+             ) -> tuple[tuple[torch.Tensor, Any], FillReport]:
         """Lay the batch out in the slot, stage encoded misses after the parent's hits;
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""
         plan = self.plan
-        labels, floats, staging = plan.offsets(len(indices))
-        if staging > w.capacity:
+        layout = plan.layout(len(indices))
+        if layout.planned_bytes > w.capacity:
             raise ValueError(
-                f"a batch of {len(indices)} images of {plan.hw} needs {staging} bytes of arena slot, "
-                f"more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower batch_size"
+                f"a batch of {len(indices)} images of {plan.hw} needs {layout.planned_bytes} bytes of "
+                f"arena slot, more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower "
+                "batch_size"
             )
-        w.mark(0, len(indices) * plan.row_bytes)
-        w.mark(labels, 8 * len(indices))
-        if floats != staging:
-            w.mark(floats, staging - floats)
-        w.seek(staging + task.staging_used)
+        for region in (*layout.views, layout.labels, *layout.floats):
+            if region.nbytes:
+                w.mark(region.start, region.nbytes)
+        w.seek(layout.staging + task.staging_used)
 
         def stage(pos: int, data: Any) -> tuple[int, int] | None:
             return w.stage(data)

@@ -42,7 +42,7 @@ class RequestSource:
     request number and names a request in decode errors.
     """
 
-    def label(self, index: int) -> int:
+    def target(self, index: int) -> int:
         """The request number itself: the batch's labels say which request each row is."""
         return int(index)
 
@@ -69,13 +69,13 @@ class RequestFeed(FillPlugin):
 
     def staging_bytes(self, sizes: Sequence[int]) -> int:
         """Slot bytes a batch of requests of these encoded sizes needs (rows, labels, floats, bytes)."""
-        return self.plan.offsets(len(sizes))[2] + sum(align_up(s) for s in sizes)
+        return self.plan.layout(len(sizes)).staging + sum(align_up(s) for s in sizes)
 
     def prepare(self, payloads: Sequence[Any], indices: list[int], slot: torch.Tensor, count: bool = True,
                 found: Any = None) -> ImageTask:
         """Copy each request's encoded bytes into the slot's staging area; the task says where
         (``found``: always None, this plug-in's look-up finds nothing)."""
-        cursor = start = self.plan.offsets(len(indices))[2]
+        cursor = start = self.plan.layout(len(indices)).staging
         given = []
         for pos, data in enumerate(payloads):
             view = memoryview(data).cast("B")

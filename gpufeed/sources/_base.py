@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from gpufeed.decoders import decode, read_header
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import DecodeError, add_note, check_int
+from gpufeed.errors import DecodeError, add_note, check_int, describe_callable
 from gpufeed.image._torchvision import is_torchvision, translate_or_none, warn_fallback
 from gpufeed.image._transforms import ImageTransform, stored_orientation
 
@@ -49,17 +49,12 @@ def pil_image_module() -> Any:
     return Image
 
 
-def describe_callable(fn: Any) -> str:
-    """A short name for a user callable in messages: its qualified name, else its type's."""
-    name = getattr(fn, "__qualname__", None)
-    text = name if isinstance(name, str) else type(fn).__qualname__
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 class ImageSource(Dataset):
-    """A map-style dataset of encoded images and integer labels.
+    """A map-style dataset of encoded images and their targets (integer labels, or any object).
 
-    Subclasses implement ``__len__``, :meth:`read`, :meth:`label` and :meth:`describe`.
+    Subclasses implement ``__len__``, :meth:`read`, :meth:`label` and :meth:`describe`; a source
+    whose targets are not all int labels overrides :meth:`target` and sets :attr:`int_targets`
+    to False.
     ``transform`` is one of (checked when set, a TypeError otherwise):
 
     - None: ``__getitem__`` returns the full decoded image, a uint8 CHW tensor;
@@ -77,8 +72,10 @@ class ImageSource(Dataset):
       is decoded by gpufeed, so EXIF orientation is applied (as on the fast path), except for
       torchvision pipelines, which see the image as stored, as in torchvision.
 
-    ``target_transform``, if set, is called on the integer label by ``__getitem__`` (a loader
-    with one takes the generic path).
+    ``target_transform``, if set, is called on the sample's target by ``__getitem__``, and on the
+    loader's image path in the workers, per sample, as ``DataLoader``'s workers call it. Targets
+    are then collated by ``default_collate`` in the workers; int labels without a
+    ``target_transform`` are written straight into the batch as int64.
 
     ``read_concurrency``: on the loader's image path, each worker reads up to this many samples
     of its batch at once (on threads, ``gpufeed-read-K``) while it decodes earlier ones, which
@@ -96,7 +93,10 @@ class ImageSource(Dataset):
     read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES
 
     epoch: int = 0
-    target_transform: Callable[[int], Any] | None = None
+    #: Every target is the int label ``label(i)`` (batched as int64 labels); False: targets of
+    #: any type, :meth:`target`, collated by ``default_collate``.
+    int_targets: bool = True
+    target_transform: Callable[[Any], Any] | None = None
     #: path -> image (torchvision's ``loader``), used instead of gpufeed's decode by
     #: ``__getitem__``; only sources with file paths (``ImageFolder``) take one.
     loader: Callable[[str], Any] | None = None
@@ -162,9 +162,14 @@ class ImageSource(Dataset):
         """Where sample ``index`` comes from (a file path, ``lmdb:KEY``...), for messages."""
         return f"{type(self).__name__}[{index}]"
 
-    def read_item(self, index: int) -> tuple[Buffer, int]:
-        """(encoded bytes, label) of sample ``index``; one read where a source can do both."""
-        return self.read(index), self.label(index)
+    def target(self, index: int) -> Any:
+        """The target of sample ``index``, before ``target_transform``: its int label unless a
+        subclass says otherwise (then :attr:`int_targets` is False)."""
+        return self.label(index)
+
+    def read_item(self, index: int) -> tuple[Buffer, Any]:
+        """(encoded bytes, target) of sample ``index``; one read where a source can do both."""
+        return self.read(index), self.target(index)
 
     def set_epoch(self, epoch: int) -> None:
         """Epoch used by ``__getitem__`` for random transforms (the fast path passes its own)."""
@@ -206,16 +211,17 @@ class ImageSource(Dataset):
             raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
                               f"{exc}. Check or remove the file.") from exc
 
-    def load_sample(self, index: int) -> tuple[Any, int]:
-        """(image, label) of sample ``index`` for a callable ``transform`` or a ``loader``: the
+    def load_sample(self, index: int) -> tuple[Any, Any]:
+        """(image, target) of sample ``index`` for a callable ``transform`` or a ``loader``: the
         loader's result for the sample's path where a subclass has one, else the PIL image."""
         data, label = self.read_item(index)
         return self.pil_image(index, data), label
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        """(image, label) of sample ``index``: a uint8 CHW tensor without a transform or with a
+        """(image, target) of sample ``index``: a uint8 CHW tensor without a transform or with a
         gpufeed one, the callable's result with any other (the ``loader``'s result with neither);
-        the label is passed through ``target_transform`` if set."""
+        the target (an int label where :attr:`int_targets`) is passed through
+        ``target_transform`` if set."""
         i = self._check_index(index)
         by_pil = self.calls_transform or self.loader is not None
         try:
@@ -236,7 +242,7 @@ class ImageSource(Dataset):
             image = sample
         else:
             image = self._transform(sample)
-        target = int(label)
+        target = int(label) if self.int_targets else label
         return image, (target if self.target_transform is None else self.target_transform(target))
 
     def _check_index(self, index: int) -> int:

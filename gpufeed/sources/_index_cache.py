@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.sources._base import describe_callable
+from gpufeed.errors import describe_callable
 from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
 from gpufeed.sources._paths import PathTable, labels_array
 from gpufeed.sources._scan import (

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpufeed.sources._base import describe_callable
+from gpufeed.errors import describe_callable
 
 #: Threads listing class folders at once (I/O-bound: they wait in ``scandir`` without the GIL).
 DEFAULT_SCAN_THREADS = 16

@@ -43,6 +43,7 @@ from gpufeed.sources._tar_index import (
     expand_urls,
     label_name,
 )
+from gpufeed.sources._tar_targets import target_table
 from gpufeed.sources._tar_walk import (
     BLOCK,
     Members,
@@ -89,13 +90,18 @@ class TarShards(LabelArray, ImageSource):
 
     Members group into samples by key (``dir/000123.jpg`` + ``dir/000123.cls``), as in
     webdataset. ``image_extensions``: the image member is the sample's first member with one of
-    these extensions (in this order of preference). ``label``: ``"cls"`` (default) reads the
-    integer text of the ``.cls`` member (another extension name reads that member), a function
-    is given ``{"__key__": key, EXT: bytes, ...}`` of the sample's members up to 64 KiB (a
-    ``.json`` field, a ``.txt`` caption...) and returns an int, at index time; None: every label
-    is -1. ``on_error``: ``"raise"`` (default) stops at the first sample without an image or
-    label, duplicate key, truncated shard or file that is not a tar, naming the shard, the member
-    and its byte offset; ``"skip"`` leaves them out and counts them in :attr:`report`.
+    these extensions (in this order of preference). ``label`` says what each sample's target is:
+    an extension name takes the sample's member with that extension (up to 64 KiB), decoded as
+    webdataset decodes it: ``"cls"`` (default), ``"cls2"``, ``"class"``, ``"count"``,
+    ``"index"``, ``"inx"``, ``"id"``: an int; ``"txt"``, ``"text"``, ``"transcript"``: a str;
+    ``"json"``, ``"jsn"``: the parsed JSON object; any other extension: the member's bytes. A
+    function is given ``{"__key__": key, EXT: bytes, ...}`` of the sample's members up to 64 KiB
+    and returns the target, any picklable object, at index time. None: every target is -1.
+    Int targets are batched as int64 labels; others are collated as ``DataLoader``'s
+    ``default_collate`` does (a list of str for captions, a dict of tensors for JSON objects...).
+    ``on_error``: ``"raise"`` (default) stops at the first sample without an image or label,
+    duplicate key, truncated shard or file that is not a tar, naming the shard, the member and
+    its byte offset; ``"skip"`` leaves them out and counts them in :attr:`report`.
 
     ``transform``, ``target_transform``, ``read_concurrency``, ``read_budget_bytes``: as for
     :class:`~gpufeed.sources.ImageFolder` (default reads in flight: automatic locally, 16 for
@@ -104,7 +110,7 @@ class TarShards(LabelArray, ImageSource):
 
     def __init__(self, urls: str | os.PathLike | Sequence[str | os.PathLike],
                  transform: Any | None = None,
-                 target_transform: Callable[[int], Any] | None = None, *,
+                 target_transform: Callable[[Any], Any] | None = None, *,
                  label: LabelSpec = "cls",
                  image_extensions: Sequence[str] = DEFAULT_IMAGE_EXTENSIONS,
                  on_error: str = "raise",
@@ -128,6 +134,7 @@ class TarShards(LabelArray, ImageSource):
         self.image_extensions = exts
         self._image_suffixes = tuple("." + e for e in exts)
         self.index_cache = None if index_cache is None else os.fspath(index_cache)
+        self._label_ext = label if isinstance(label, str) else None
         options = {"image_extensions": exts, "label": label_name(label), "label_fn": label,
                    "on_error": on_error}
         signatures = [self._signature(s) for s in self.shards]
@@ -184,6 +191,8 @@ class TarShards(LabelArray, ImageSource):
                                                    for ix in indexes) else np.int64)
         self._exts = cat("exts", np.uint8)
         self._labels = labels_array(np.concatenate([ix.labels for ix in indexes]))
+        self._targets = target_table(indexes, self._label_ext)
+        self.int_targets = self._targets is None
         self._signatures = list(signatures)
         skipped = {r: sum(ix.skipped.get(r, 0) for ix in indexes) for r in REASONS}
         self.report = TarIndexReport(len(indexes), int(starts[-1]),
@@ -197,6 +206,20 @@ class TarShards(LabelArray, ImageSource):
     def shard_of(self, index: int) -> int:
         """The shard number (into :attr:`shards`) holding sample ``index``."""
         return int(np.searchsorted(self._starts, index, side="right")) - 1
+
+    def target(self, index: int) -> Any:
+        """The target of sample ``index``: its int label, or the decoded label member, or what
+        the label function returned (see ``label``)."""
+        if self._targets is None:
+            return int(self._labels[index])
+        return self._targets[index]
+
+    @property
+    def targets(self) -> list[Any]:
+        """Every sample's target, as a list (torchvision's ``targets``)."""
+        if self._targets is None:
+            return self._labels.tolist()
+        return [self._targets[i] for i in range(len(self))]
 
     def key(self, index: int) -> str:
         """The WebDataset key of sample ``index``."""

@@ -12,10 +12,13 @@ when there is one whose ``shard_bytes`` is the shard's size, else by one streami
 "gpufeed-tar-index" version 1: ``meta`` (JSON: the options that shape the index, and per
 shard its path or URL, size, mtime or ETag, sample count and skipped counts), then the
 samples of every shard in order: ``keys``/``key_offsets``, ``offsets``, ``sizes``, ``exts``,
-``labels``. On load each shard is checked (a ``stat``, or an ``info`` request remotely): a
-shard whose size or time changed, or that is new, is indexed again, the others are taken from
-the file; the file is rewritten when anything changed, atomically (temporary file, then
-``os.replace``). A file that is not a valid index is ignored with a warning.
+``labels``, and ``targets``/``target_offsets`` (the label members' bytes of shards whose
+``target_kind`` is "member"; ``gpufeed.sources._tar_targets``). An index holding a label
+function's results other than ints is not kept (they would be pickles). On load each shard is
+checked (a ``stat``, or an ``info`` request remotely): a shard whose size or time changed, or
+that is new, is indexed again, the others are taken from the file; the file is rewritten when
+anything changed, atomically (temporary file, then ``os.replace``). A file that is not a valid
+index is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from gpufeed.sources._index_cache import IndexCacheWarning
 from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
 from gpufeed.sources._tar_index import KEY_RULE, ShardIndex, index_shard
+from gpufeed.sources._tar_targets import TARGET_RULE
 from gpufeed.sources._tar_walk import Members, TarFormatError, local_reader, walk
 
 logger = logging.getLogger(__name__)
@@ -102,7 +106,7 @@ def build(shards: list[str], signatures: list[Signature], options: dict[str, Any
                                 thread_name_prefix="gpufeed-tar-index") as ex:
             for i, index in zip(todo, ex.map(one, todo)):
                 out[i] = index
-        if index_cache is not None:
+        if index_cache is not None and all(ix.target_kind != "pickle" for ix in out):  # type: ignore[union-attr]
             _save(index_cache, options, shards, signatures, out)  # type: ignore[arg-type]
     return out  # type: ignore[return-value]
 
@@ -110,7 +114,7 @@ def build(shards: list[str], signatures: list[Signature], options: dict[str, Any
 def _meta(options: dict[str, Any]) -> dict[str, Any]:
     return {"format": CACHE_FORMAT, "version": VERSION,
             "image_extensions": list(options["image_extensions"]), "label": options["label"],
-            "on_error": options["on_error"], "key_rule": KEY_RULE}
+            "on_error": options["on_error"], "key_rule": KEY_RULE, "target_rule": TARGET_RULE}
 
 
 def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], ShardIndex]]:
@@ -128,15 +132,22 @@ def _load(path: str, options: dict[str, Any]) -> dict[str, tuple[list[Any], Shar
         if (key_offsets.shape != (total + 1,) or arrays["offsets"].shape != (total,)
                 or arrays["labels"].shape != (total,) or arrays["sizes"].shape != (total,)):
             raise ValueError(f"arrays do not hold the {total} samples the shards list")
+        targets, target_offsets = arrays["targets"], arrays["target_offsets"]
         out = {}
-        start = 0
+        start = tstart = 0
         for s in shards:
             end = start + int(s["count"])
             cut = key_offsets[start:end + 1]
-            out[s["url"]] = (s["signature"], ShardIndex(
+            index = ShardIndex(
                 key_blob[cut[0]:cut[-1]], np.diff(cut), arrays["offsets"][start:end],
                 arrays["sizes"][start:end], arrays["exts"][start:end],
-                arrays["labels"][start:end], dict(s["skipped"])))
+                arrays["labels"][start:end], dict(s["skipped"]))
+            if s["target_kind"] == "member":
+                tcut = target_offsets[tstart:tstart + len(index) + 1]
+                index.target_kind, index.target_blob = "member", targets[tcut[0]:tcut[-1]]
+                index.target_lens = np.diff(tcut)
+                tstart += len(index)
+            out[s["url"]] = (s["signature"], index)
             start = end
         return out
     except _LOAD_ERRORS as exc:
@@ -157,15 +168,20 @@ def key_table(indexes: list[ShardIndex]) -> tuple[np.ndarray, np.ndarray]:
 def _save(path: str, options: dict[str, Any], shards: list[str], signatures: list[Signature],
           indexes: list[ShardIndex]) -> None:
     meta = _meta(options)
-    meta["shards"] = [{"url": s, "signature": list(sig), "count": len(ix), "skipped": ix.skipped}
-                      for s, sig, ix in zip(shards, signatures, indexes)]
+    meta["shards"] = [{"url": s, "signature": list(sig), "count": len(ix), "skipped": ix.skipped,
+                       "target_kind": ix.target_kind} for s, sig, ix in zip(shards, signatures, indexes)]
+    members = [ix for ix in indexes if ix.target_kind == "member"]
+    target_lens = _cat([ix.target_lens for ix in members], np.int64)
+    target_offsets = np.zeros(len(target_lens) + 1, np.int64)
+    np.cumsum(target_lens, out=target_offsets[1:])
     blob, offsets = key_table(indexes)
     arrays = {"meta": meta_array(meta),
               "keys": blob, "key_offsets": offsets,
               "offsets": _cat([ix.offsets for ix in indexes], np.int64),
               "sizes": _cat([ix.sizes for ix in indexes], np.int64),
               "exts": _cat([ix.exts for ix in indexes], np.uint8),
-              "labels": _cat([ix.labels for ix in indexes], np.int64)}
+              "labels": _cat([ix.labels for ix in indexes], np.int64),
+              "targets": _cat([ix.target_blob for ix in members], np.uint8), "target_offsets": target_offsets}
     write_npz(path, arrays, "the tar index cache")
 
 

@@ -9,11 +9,12 @@ are passed over.
 Unlike webdataset, a key seen again later in the same shard, or an extension twice in one
 sample, is an error (``"duplicate-key"``): webdataset would yield two samples, or stop.
 
-Each sample's image is its first member whose extension is in ``image_extensions``; its label
-is the integer text of the ``.cls`` member by default (``label="EXT"`` for another member),
-the result of a function of the sample's small members (``label=callable``), or -1 with
-``label=None``. Problems are reasons: ``"no-image"``, ``"no-label"``, ``"bad-label"``,
-``"duplicate-key"``, ``"truncated"``, ``"not-a-tar"``; with ``on_error="raise"`` the first one
+Each sample's image is its first member whose extension is in ``image_extensions``; its target
+is the integer text of the ``.cls`` member by default (``label="EXT"`` for another member,
+decoded as webdataset decodes it: ``gpufeed.sources._tar_targets``), the result of a function
+of the sample's small members (``label=callable``), or -1 with ``label=None``. Problems are
+reasons: ``"no-image"``, ``"no-label"``, ``"bad-label"``, ``"duplicate-key"``,
+``"truncated"``, ``"not-a-tar"``; with ``on_error="raise"`` the first one
 raises a ValueError naming the shard, the member and its byte offset, with ``"skip"`` the
 sample (or the damaged rest of a shard) is left out and counted.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -32,11 +32,13 @@ from typing import Any
 import numpy as np
 
 from gpufeed.sources._remote import is_url
+from gpufeed.sources._tar_targets import INT_EXTENSIONS, blob_of, decode_member, describe_rule, int_label, pickled
 from gpufeed.sources._tar_walk import Members, TarFormatError
 
 DEFAULT_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 REASONS = ("no-image", "no-label", "bad-label", "duplicate-key", "truncated", "not-a-tar")
-LabelSpec = str | Callable[[dict[str, Any]], int] | None
+LabelSpec = str | Callable[[dict[str, Any]], Any] | None
+_NO_LABEL = object()  # _label's answer after reporting a problem
 
 _META = re.compile(r"__[^/]*__($|/)")
 _BRACE = re.compile(r"\{([^{}]*)\}")
@@ -127,8 +129,14 @@ class ShardIndex:
     offsets: np.ndarray
     sizes: np.ndarray
     exts: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray  # int64 targets (-1 where ``target_kind`` is not "int")
     skipped: dict[str, int] = field(default_factory=dict)
+    # Targets of other kinds (``gpufeed.sources._tar_targets``): "int" (in ``labels``),
+    # "member" (each sample's label member, bytes) or "pickle" (pickled function results),
+    # concatenated in ``target_blob`` with their lengths in ``target_lens``.
+    target_kind: str = "int"
+    target_blob: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    target_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.key_lens)
@@ -179,7 +187,7 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
     offsets: list[int] = []
     sizes: list[int] = []
     exts: list[int] = []
-    labels: list[int] = []
+    labels: list[Any] = []
     seen: set[str] = set()
     groups = _groups(members)
     for key, parts in groups:
@@ -202,7 +210,7 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
             continue
         value = _label(members, by_ext, key, label,
                        functools.partial(_where, members, shard, key, parts), problem)
-        if value is None:
+        if value is _NO_LABEL:
             continue
         member = by_ext[image_extensions[image]]
         keys.append(key)
@@ -213,10 +221,23 @@ def index_shard(members: Members, shard: str, image_extensions: tuple[str, ...],
     if damage is not None:
         problem("truncated", str(damage))
     encoded = [k.encode("utf-8", "surrogateescape") for k in keys]
-    return ShardIndex(np.frombuffer(b"".join(encoded), np.uint8),
-                      np.fromiter(map(len, encoded), np.int64, len(encoded)),
-                      np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
-                      np.asarray(exts, np.uint8), np.asarray(labels, np.int64), skipped)
+    index = ShardIndex(np.frombuffer(b"".join(encoded), np.uint8),
+                       np.fromiter(map(len, encoded), np.int64, len(encoded)),
+                       np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
+                       np.asarray(exts, np.uint8), np.full(len(labels), -1, np.int64), skipped)
+    return with_targets(index, labels, label)
+
+
+def with_targets(index: ShardIndex, values: list[Any], label: LabelSpec) -> ShardIndex:
+    """``index`` holding ``values``, its samples' targets: int64 labels when the spec gives ints
+    (or a function gave nothing but ints), else bytes in the target blob."""
+    if int_label(label) or all(type(v) is int for v in values):
+        index.labels = np.asarray(values, np.int64)
+        return index
+    kind = "member" if isinstance(label, str) else "pickle"
+    index.target_kind = kind
+    index.target_blob, index.target_lens = blob_of(values if kind == "member" else pickled(values))
+    return index
 
 
 def _where(members: Members, shard: str, key: str, parts: list[tuple[str, int]]) -> str:
@@ -246,9 +267,15 @@ def _groups(members: Members) -> list[tuple[str, list[tuple[str, int]]]]:
     return out
 
 
+def _what(ext: str) -> str:
+    rule = describe_rule(ext)
+    return rule if ext in INT_EXTENSIONS else f"a small member that decodes as {rule}"
+
+
 def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
-           where_fn: Callable[[], str], problem: Callable[[str, str], None]) -> int | None:
-    """The sample's label, or None after reporting a problem."""
+           where_fn: Callable[[], str], problem: Callable[[str, str], None]) -> Any:
+    """The sample's target (a label member's bytes where its extension is not an int one), or
+    ``_NO_LABEL`` after reporting a problem."""
     if label is None:
         return -1
     if isinstance(label, str):
@@ -257,26 +284,29 @@ def _label(members: Members, by_ext: dict[str, int], key: str, label: LabelSpec,
             problem("no-label", f"no label in {where_fn()}: no .{label} member (found "
                                 f"{sorted(by_ext)}). Pass label=None for unlabelled samples, or "
                                 f"label=FUNCTION to compute one.")
-            return None
+            return _NO_LABEL
         raw = members.small.get(member)
         try:
             if raw is None:
                 raise ValueError(f"{members.sizes[member]} bytes, not a small member")
+            if label not in INT_EXTENSIONS:
+                decode_member(label, raw)  # checked now; kept as bytes, decoded on each access
+                return bytes(raw)
             return int(raw.decode("utf-8").strip())
-        except (ValueError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
             problem("bad-label", f"bad label in {where_fn()}: member {members.names[member]!r} at "
                                  f"byte offset {members.offsets[member]} holds "
-                                 f"{(raw or b'')[:40]!r}, not an integer ({exc}).")
-            return None
+                                 f"{(raw or b'')[:40]!r}, not {_what(label)} ({exc}).")
+            return _NO_LABEL
     sample: dict[str, Any] = {"__key__": key}
     for ext, i in by_ext.items():
         if i in members.small:
             sample[ext] = members.small[i]
     try:
-        return operator.index(label(sample))
+        return label(sample)
     except Exception as exc:  # noqa: BLE001 - the user's function: reported with where it ran
         problem("bad-label", f"label function failed on {where_fn()}: {type(exc).__name__}: "
                              f"{str(exc)[:200]}. It is given a dict of the sample's small "
-                             f"members (bytes, by extension) and '__key__', and must return "
-                             f"an int.")
-        return None
+                             f"members (bytes, by extension) and '__key__', and returns the "
+                             f"sample's target (any picklable object).")
+        return _NO_LABEL

@@ -1,4 +1,4 @@
-"""ImageDataset: gpufeed's image path over an existing dataset of (path or bytes, label)."""
+"""ImageDataset: gpufeed's image path over an existing dataset of (path or bytes, target)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ class ImageDataset(ImageSource):
 
     ``source`` is either
 
-    - an object with a ``samples`` list of ``(path, class_index)`` (e.g. a torchvision
-      ``ImageFolder``/``DatasetFolder``), or a list/tuple of such pairs: the pairs are copied into
-      numpy arrays and ``source`` is not kept; ``classes``/``class_to_idx`` are copied if present;
-    - any map-style dataset whose items are ``(path or encoded bytes, label)``: items are fetched
-      from it on each read, one ``source[i]`` per sample.
+    - an object with a ``samples`` list of ``(path, target)`` (e.g. a torchvision
+      ``ImageFolder``/``DatasetFolder``), or a list/tuple of such pairs: the pairs are copied
+      (paths into numpy arrays, int targets into an int64 array) and ``source`` is not kept;
+      ``classes``/``class_to_idx`` are copied if present;
+    - any map-style dataset whose items are ``(path or encoded bytes, target)``: items are
+      fetched from it on each read, one ``source[i]`` per sample.
+
+    A target may be any picklable object (an int class index, a float, a string, a tuple, a dict,
+    a tensor...): the loader's image path batches targets exactly as ``DataLoader``'s
+    ``default_collate`` does. When every target of a ``samples`` list is an ``int``, they are
+    batched as int64 labels straight into the batch (:attr:`int_targets`); a wrapped dataset's
+    targets are collated in the workers.
 
     ``read_concurrency``: reads in flight per worker (see :class:`ImageSource`). A wrapped
     dataset reads one sample at a time by default (its code need not be thread-safe); on slow
@@ -58,10 +65,15 @@ class ImageDataset(ImageSource):
                     raise TypeError(f"`source.samples` must be a list of (path, class_index). "
                                     f"Found: {shorten(pair)}.")
             self._paths: PathTable | None = PathTable(p for p, _ in pairs)
-            self._labels = labels_array([int(c) for _, c in pairs])
+            targets = [c for _, c in pairs]
+            self.int_targets = all(type(c) is int for c in targets)
+            self._labels = labels_array(targets) if self.int_targets else labels_array([])
+            self._targets: list[Any] | None = None if self.int_targets else targets
+            self._count = len(targets)
         elif hasattr(source, "__getitem__") and hasattr(source, "__len__"):
             self._source = source
             self._paths = None
+            self.int_targets = False  # known only item by item: collated in the workers
         else:
             raise TypeError(f"`source` must be a map-style dataset of (path or bytes, label) or "
                             f"have a `samples` list. Found: {type(source).__name__}.")
@@ -75,22 +87,22 @@ class ImageDataset(ImageSource):
                               read_budget_bytes)
 
     def __len__(self) -> int:
-        return len(self._labels) if self._paths is not None else len(self._source)
+        return self._count if self._paths is not None else len(self._source)
 
-    def _item(self, index: int) -> tuple[Any, int]:
+    def _item(self, index: int) -> tuple[Any, Any]:
         item = self._source[index]
         if not (isinstance(item, (tuple, list)) and len(item) >= 2
                 and isinstance(item[0], (str, os.PathLike) + _BYTES)):
-            raise TypeError(f"items of the wrapped dataset must be (path or encoded bytes, label). "
+            raise TypeError(f"items of the wrapped dataset must be (path or encoded bytes, target). "
                             f"Found at index {index}: {type(item).__name__} "
                             f"{shorten(item)}.")
-        return item[0], int(item[1])
+        return item[0], item[1]
 
-    def read_item(self, index: int) -> tuple[Any, int]:
+    def read_item(self, index: int) -> tuple[Any, Any]:
         if self._paths is not None:
-            return self.read(index), self.label(index)
-        what, label = self._item(index)
-        return (self._read_path(what, index) if isinstance(what, (str, os.PathLike)) else what), label
+            return self.read(index), self.target(index)
+        what, target = self._item(index)
+        return (self._read_path(what, index) if isinstance(what, (str, os.PathLike)) else what), target
 
     def read(self, index: int) -> Any:
         if self._paths is not None:
@@ -103,10 +115,17 @@ class ImageDataset(ImageSource):
         with open(path, "rb") as f:
             return f.read()
 
+    def target(self, index: int) -> Any:
+        """The target of sample ``index``, as given."""
+        if self._paths is None:
+            return self._item(index)[1]
+        if self._targets is not None:
+            return self._targets[index]
+        return int(self._labels[index])
+
     def label(self, index: int) -> int:
-        if self._paths is not None:
-            return int(self._labels[index])
-        return self._item(index)[1]
+        """The target of sample ``index`` as an int (a TypeError where it is not a number)."""
+        return int(self.target(index))
 
     def describe(self, index: int) -> str:
         if self._paths is not None:
@@ -120,11 +139,12 @@ class ImageDataset(ImageSource):
         return f"{type(self._source).__name__}[{index}]"
 
     @property
-    def samples(self) -> list[tuple[str, int]]:
-        """[(path, class_index), ...] when built from paths (on each access)."""
+    def samples(self) -> list[tuple[str, Any]]:
+        """[(path, target), ...] when built from paths (on each access)."""
         if self._paths is None:
             raise AttributeError("this ImageDataset wraps a dataset of items, not a samples list")
-        return [(self._paths[i], int(c)) for i, c in enumerate(self._labels)]
+        paths = self._paths
+        return [(paths[i], self.target(i)) for i in range(len(paths))]
 
 
 def _holds_bytes(items: list[Any] | tuple[Any, ...]) -> bool:

@@ -40,8 +40,6 @@ GENERIC = {
                  "the transform is a user callable: to_tensor", "ResizeCenterCrop / RandomResizedCrop"),
     "collate_fn": (lambda root: (ImageFolder(root, transform=ResizeCenterCrop(16)), {"collate_fn": keep_list}),
                    "a custom collate_fn is used (keep_list)", "drop it for the fast path"),
-    "target_transform": (lambda root: (ImageFolder(root, transform=ResizeCenterCrop(16), target_transform=str), {}),
-                         "`target_transform` (str)", "map the labels after the loader"),
     "loader": (lambda root: (ImageFolder(root, loader=open_rgb), {"batch_size": None}),
                "has a `loader` (open_rgb)", "drop `loader`"),
     "no-transform": (lambda root: (ImageFolder(root), {"batch_size": None}),
@@ -125,9 +123,19 @@ def test_the_path_follows_the_dataset_when_it_changes_before_iteration(root):
     ds = ImageFolder(root, transform=ResizeCenterCrop(16))
     loader = FastLoader(ds, batch_size=2)
     assert loader.stats()["path"] == "image"
-    ds.target_transform = str
+    ds.transform = to_tensor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GpufeedWarning)
-        _, labels = next(iter(loader))  # the feed is made at the first iter(), as the path
+        images, _ = next(iter(loader))  # the feed is made at the first iter(), as the path
+    assert tuple(images.shape) == (2, 3, 4, 4)
+    assert loader.stats()["path"] == "generic" and "user callable" in loader.stats()["path_reason"]
+
+
+def test_a_target_transform_keeps_the_image_path(root):
+    ds = ImageFolder(root, transform=ResizeCenterCrop(16), target_transform=str)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GpufeedWarning)
+        loader = FastLoader(ds, batch_size=2)
+        _, labels = next(iter(loader))
     assert list(labels) == [str(ds.targets[0]), str(ds.targets[1])]
-    assert loader.stats()["path"] == "generic" and "target_transform" in loader.stats()["path_reason"]
+    assert loader.stats()["path"] == "image" and loader.stats()["path_reason"] is None

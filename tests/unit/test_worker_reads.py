@@ -58,7 +58,7 @@ def _fill(filler: ImageFiller, source, indices: list[int], prefetched=None):
 def _expected(source, indices: list[int]):
     """The same batch read one sample at a time in this process (as at num_workers=0)."""
     plan = _plan()
-    buf = torch.empty(plan.offsets(len(indices))[2], dtype=torch.uint8)
+    buf = torch.empty(plan.layout(len(indices)).staging, dtype=torch.uint8)
     (images, labels), _ = fill_batch(plan, source, indices, ImageTask(epoch=0), lambda: buf, None)
     return images.clone(), labels.clone()
 
