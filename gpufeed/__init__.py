@@ -17,7 +17,7 @@ from gpufeed.errors import (
     LoaderTimeoutError,
     WorkerError,
 )
-from gpufeed.image import RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, from_torchvision
+from gpufeed.image import MultiView, RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, from_torchvision
 from gpufeed.loader import FastLoader, explain
 from gpufeed.sampler import DistributedSampler
 from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack, pack_tar
@@ -36,6 +36,7 @@ __all__ = [
     "ImageSource",
     "LMDBDataset",
     "LoaderTimeoutError",
+    "MultiView",
     "RandomResizedCrop",
     "ResizeCenterCrop",
     "TarShards",

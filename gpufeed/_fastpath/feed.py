@@ -24,6 +24,7 @@ from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import GpufeedWarning
 from gpufeed.image._fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed.image._torchvision import is_torchvision, untranslated_reasons
+from gpufeed.image._views import MultiView
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
 
@@ -50,6 +51,11 @@ def fast_path_blocker(loader: Any) -> str | None:
     dataset = loader.dataset
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
+    if isinstance(dataset.transform, MultiView) and not dataset.transform.translated:
+        return (f"the transform is a MultiView with a pipeline gpufeed does not translate, so "
+                f"every pipeline runs as given in workers on PIL images "
+                f"({'; '.join(dataset.transform.blockers)}); gpufeed.explain(dataset.transform) "
+                f"says where each op runs")
     if dataset.calls_transform and is_torchvision(dataset.transform):
         return ("the transform is a torchvision pipeline gpufeed does not translate, run as "
                 f"given in workers on PIL images ({untranslated_reasons(dataset.transform)}); "
@@ -159,14 +165,14 @@ def make_image_feed(
         normalize=None if on_gpu else normalize,
         dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
-        cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
+        cache=None if cache_budget == 0 else _cache_kind(transform),
         targets=target_route(loader.dataset),
     )
     batch = loader.batch_size or 1
     need = plan.layout(batch).planned_bytes
     if need > loader.engine_config.max_batch_bytes:
         raise ValueError(
-            f"a batch of {batch} images of {plan.hw} ({dtype}) needs {need} bytes of arena slot; "
+            f"a batch of {batch} images of {plan.describe_sizes()} ({dtype}) needs {need} bytes of arena slot; "
             f"`max_batch_bytes` is {loader.engine_config.max_batch_bytes}. Raise max_batch_bytes "
             "or lower batch_size."
         )
@@ -174,6 +180,13 @@ def make_image_feed(
     if cache_budget and not (dry_run and cache_scope != "rank"):
         cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+
+
+def _cache_kind(transform: Any) -> str:
+    """What the cache holds: decoded rows for a deterministic single-view transform, else the
+    encoded bytes (a ``MultiView`` caches bytes: its decoded rows, one entry of every view, are
+    not built yet; docs/design/sample-model.md, section 3)."""
+    return "decoded" if transform.deterministic and not isinstance(transform, MultiView) else "encoded"
 
 
 def target_route(source: Any) -> str:

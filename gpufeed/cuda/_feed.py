@@ -496,12 +496,20 @@ class CudaIter:
         dev = feed.hand_to(dev, consumer)
         transform = feed.gpu_transform
         if transform is not None:
-            dev = (transform.apply(dev[0]), dev[1])
+            dev = (apply_to_images(transform, dev[0]), dev[1])
         if not self._done:
             self._issue()  # keep the pipeline full while the consumer computes
         if self.on_yield is not None:
             self.on_yield.yielded += 1
         return dev
+
+
+def apply_to_images(transform: Any, images: Any) -> Any:
+    """``transform.apply`` on a batch's image part: one tensor, or each view's tensor of a
+    ``MultiView``'s list (the normalize constants are shared: ``GpuTransform.constants``)."""
+    if isinstance(images, list):
+        return [transform.apply(view) for view in images]
+    return transform.apply(images)
 
 
 def _owned_by(ops: Any, t: torch.Tensor, stream: Any) -> torch.Tensor:

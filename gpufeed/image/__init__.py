@@ -49,6 +49,10 @@ unencoded image.
 Randomness comes from (seed, epoch, sample index) only, hashed with SHAKE-128, so the same
 sample gets the same crop in whatever process computes it, and a new crop every epoch.
 
+Several views of one image: :class:`MultiView` (one pipeline per view, one decode per sample at
+the scale the most demanding view needs; the batch's image part is a list of tensors, one per
+view).
+
 Augmentations (``ops``, ``float_ops``: :mod:`gpufeed.image.augment`) run after the geometry, on the
 uint8 row, and after normalize, on the float row (docs/design/augment.md).
 
@@ -113,7 +117,6 @@ torchvision is never imported here: ops are recognised by their class's module n
 from gpufeed.image._torchvision import (
     OpRoute,
     TorchvisionPipeline,
-    explain_transform,
     from_torchvision,
     is_torchvision,
     translate_or_none,
@@ -127,10 +130,12 @@ from gpufeed.image._transforms import (
     Size,
     stored_orientation,
 )
+from gpufeed.image._views import MultiView, explain_transform
 
 __all__ = [
     "CropParams",
     "ImageTransform",
+    "MultiView",
     "OpRoute",
     "RandomResizedCrop",
     "Resize",

@@ -35,6 +35,7 @@ from gpufeed.image._normalize import Normalize, affine, check_image_output, conv
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image._slot import SlotLayout, slot_layout
 from gpufeed.image._targets import TARGET_ROUTES, collate_targets
+from gpufeed.image._views import MultiView
 from gpufeed.image.augment._base import RowOps
 
 if TYPE_CHECKING:
@@ -62,24 +63,63 @@ class ImagePlan:
         check_image_output(self.dtype, self.normalize)
 
     @property
+    def views(self) -> tuple[Any, ...]:
+        """The transform of each output of a sample: the transform alone, or a ``MultiView``'s."""
+        return tuple(self.transform.views)
+
+    @property
+    def multi(self) -> bool:
+        """The batch's image part is a list of view batches (a ``MultiView``, even of one)."""
+        return isinstance(self.transform, MultiView)
+
+    @property
     def hw(self) -> tuple[int, int]:
-        return tuple(self.transform.output_size)
+        """(height, width) of view 0 (the only one of a single-view transform)."""
+        return tuple(self.views[0].output_size)
 
     @property
     def row_bytes(self) -> int:
         h, w = self.hw
         return h * w * 3
 
+    def describe_sizes(self) -> str:
+        """The views' sizes for messages: "(224, 224)", or "views (224, 224) x 2, (96, 96) x 6"."""
+        sizes = [tuple(v.output_size) for v in self.views]
+        if not self.multi:
+            return str(sizes[0])
+        runs: list[list[Any]] = []
+        for size in sizes:
+            if runs and runs[-1][0] == size:
+                runs[-1][1] += 1
+            else:
+                runs.append([size, 1])
+        return "views " + ", ".join(f"{size} x {count}" for size, count in runs)
+
     def layout(self, n: int) -> SlotLayout:
         """Where the regions of an n-sample batch lie in its slot (``slot_layout``)."""
         itemsize = 0 if self.dtype == torch.uint8 else self.dtype.itemsize
-        return slot_layout(n, (self.row_bytes,), itemsize, labels=self.targets == "labels")
+        row_bytes = [h * w * 3 for h, w in (v.output_size for v in self.views)]
+        return slot_layout(n, row_bytes, itemsize, labels=self.targets == "labels")
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
-        """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
-        h, w = self.hw
-        shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
-        return buf[: n * self.row_bytes].view(shape)  # the layout's first region, from byte 0
+        """View 0's uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
+        return self.view_rows(buf, n)[0]
+
+    def view_rows(self, buf: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """Each view's uint8 rows as stored, over its region of the slot."""
+        layout = self.layout(n)
+        rows = []
+        for view, region in zip(self.views, layout.views):
+            h, w = view.output_size
+            shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
+            rows.append(region.of(buf).view(shape))
+        return rows
+
+    def apply(self, data: Any, index: int, epoch: int, outs: list[Any]) -> float:
+        """Decode one sample's bytes into its row of each view (``outs``); the decode seconds."""
+        if self.multi:
+            return self.transform.apply_views(data, index=index, epoch=epoch, seed=self.seed, outs=outs)
+        return self.transform.apply(data, index=index, epoch=epoch, seed=self.seed, out=outs[0])
 
 
 @dataclass
@@ -122,7 +162,7 @@ def fill_batch(
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: ReadAhead | None = None,
     prefetched: BatchReads | None = None,
-) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+) -> tuple[tuple[Any, Any], FillReport]:
     """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, targets), report).
 
     The slot is bound as late as possible: when the parent wrote nothing into it, the first
@@ -187,14 +227,14 @@ def _fill(
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: _Sequential | BatchReads,
-) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+) -> tuple[tuple[Any, Any], FillReport]:
     n = len(indices)
     report = FillReport()
     done = set(task.done)
     given = {pos: (off, nbytes) for pos, off, nbytes in task.given}
     buf = bind() if done or given or stage is not None else None
-    rows = None if buf is None else plan.rows(buf, n).numpy()
-    scratch = None
+    rows = None if buf is None else [r.numpy() for r in plan.view_rows(buf, n)]
+    scratch: list[Any] | None = None
     targets: list[Any] = [0] * n
     for pos, index in enumerate(indices):
         if pos in done:
@@ -222,10 +262,12 @@ def _fill(
                     report.staged.append((pos, *placed))
         t1 = time.perf_counter()
         if rows is None and scratch is None:
-            scratch = plan.rows(torch.empty(plan.row_bytes, dtype=torch.uint8), 1)[0].numpy()
+            one = torch.empty(plan.layout(1).views[-1].end, dtype=torch.uint8)
+            scratch = [r[0].numpy() for r in plan.view_rows(one, 1)]
+        outs = scratch if rows is None else [r[pos] for r in rows]
+        assert outs is not None  # made above when the slot is not bound yet
         try:
-            decode_s = plan.transform.apply(data, index=index, epoch=task.epoch, seed=plan.seed,
-                                            out=scratch if rows is None else rows[pos])
+            decode_s = plan.apply(data, index, task.epoch, outs)
         except DecodeError as exc:
             decode_s = time.perf_counter() - t1
             where = source.describe(index)
@@ -238,9 +280,11 @@ def _fill(
         else:
             report.kept.append(pos)
             if rows is None:
+                assert scratch is not None
                 buf = bind()
-                rows = plan.rows(buf, n).numpy()
-                rows[pos] = scratch
+                rows = [r.numpy() for r in plan.view_rows(buf, n)]
+                for view_rows, row in zip(rows, scratch):
+                    view_rows[pos] = row
         report.read_s += t1 - t0
         report.decode_s += decode_s
         report.transform_s += time.perf_counter() - t1 - decode_s
@@ -253,47 +297,61 @@ def _fill(
 
 
 def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, report: FillReport,
-            targets: list[Any], buf: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """The batch's end, once per batch: write the labels (or collate the targets), move the kept
-    rows up (in order), convert to the output dtype and layout, run the float ops; returns
-    (images, targets) of the kept rows."""
+            targets: list[Any], buf: torch.Tensor) -> tuple[Any, Any]:
+    """The batch's end, once per batch: write the labels (or collate the targets), then per view
+    (``_finish_view``) move the kept rows up, convert and run the float ops; returns (images,
+    targets) of the kept rows, images a list of view batches for a ``MultiView``."""
     n = len(indices)
     layout = plan.layout(n)
-    rows_t = plan.rows(buf, n)
-    rows = rows_t.numpy()
     labels = None
     if plan.targets == "labels":
         labels = layout.labels.of(buf).view(torch.int64)
         labels.copy_(torch.tensor(targets, dtype=torch.int64))
     k = len(report.kept)
-    if k < n:  # compact: kept rows move up, in order
+    if labels is not None and k < n:  # compact: kept labels move up, in order
         for dst, src in enumerate(report.kept):
             if dst != src:
+                labels[dst] = labels[src]
+    rows = plan.view_rows(buf, n)
+    images = [_finish_view(plan, view, rows[v], layout.floats[v].start if layout.floats else 0,
+                           buf, report.kept, [indices[pos] for pos in report.kept], task.epoch)
+              for v, view in enumerate(plan.views)]
+    image_part: Any = images if plan.multi else images[0]
+    if labels is not None:
+        return image_part, labels[:k]
+    return image_part, collate_targets(source, indices, report.kept, targets)
+
+
+def _finish_view(plan: ImagePlan, view: Any, rows_t: torch.Tensor, float_start: int,
+                 buf: torch.Tensor, kept: list[int], kept_indices: list[int], epoch: int) -> torch.Tensor:
+    """One view's rows: the kept ones moved up (in order), converted to the output dtype and
+    layout (into the float region from ``float_start``), then the view's float ops."""
+    k = len(kept)
+    if k < rows_t.shape[0]:
+        rows = rows_t.numpy()
+        for dst, src in enumerate(kept):
+            if dst != src:
                 rows[dst] = rows[src]
-                if labels is not None:
-                    labels[dst] = labels[src]
     images = rows_t[:k]
     if plan.channels_last:
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
     if plan.dtype != torch.uint8:
-        images = _to_float(plan, images, buf, layout.floats[0].start)
-    float_ops = getattr(plan.transform, "float_ops", ())
+        images = _to_float(plan, images, buf, float_start)
+    float_ops = getattr(view, "float_ops", ())
     if float_ops:  # after normalize, as torchvision and timm run RandomErasing
         row_ops = RowOps(float_ops=float_ops)
-        for k_pos, pos in enumerate(report.kept):
+        for k_pos, index in enumerate(kept_indices):
             row = images[k_pos]
-            result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
+            result = row_ops.apply_float(row, plan.seed, epoch, index, getattr(view, "view", 0))
             if result is not row:
                 row.copy_(torch.as_tensor(result))
-    if labels is not None:
-        return images, labels[:k]
-    return images, collate_targets(source, indices, report.kept, targets)
+    return images
 
 
 def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
-    """(x / 255 - mean) / std (or x / 255) over the whole batch, into the slot's float area."""
-    k = images.shape[0]
-    h, w = plan.hw
+    """(x / 255 - mean) / std (or x / 255) over the whole batch (of one view, NCHW shape), into
+    the slot's float area from ``offset``."""
+    k, _, h, w = images.shape
     nbytes = k * 3 * h * w * plan.dtype.itemsize
     flat = buf[offset : offset + nbytes].view(plan.dtype)
     if plan.channels_last:
@@ -390,7 +448,7 @@ class ImageFiller:
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
-             ) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+             ) -> tuple[tuple[Any, Any], FillReport]:
         """Lay the batch out in the slot, stage encoded misses after the parent's hits;
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""
@@ -398,7 +456,7 @@ class ImageFiller:
         layout = plan.layout(len(indices))
         if layout.planned_bytes > w.capacity:
             raise ValueError(
-                f"a batch of {len(indices)} images of {plan.hw} needs {layout.planned_bytes} bytes of "
+                f"a batch of {len(indices)} images of {plan.describe_sizes()} needs {layout.planned_bytes} bytes of "
                 f"arena slot, more than max_batch_bytes={w.capacity}; raise max_batch_bytes or lower "
                 "batch_size"
             )

@@ -9,7 +9,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,7 +27,7 @@ from gpufeed.image._transforms import (
 from gpufeed.image.augment._base import FloatRowOp, RowOp, RowOps
 from gpufeed.image.augment._ops import RandomHorizontalFlip
 
-__all__ = ["TorchvisionPipeline", "explain_transform", "from_torchvision", "is_torchvision"]
+__all__ = ["TorchvisionPipeline", "from_torchvision", "is_torchvision"]
 
 log = logging.getLogger("gpufeed.image")  # the public module's name
 
@@ -85,7 +85,7 @@ def _to_tensor_name(op: object) -> str | None:
     return name if any(c.__module__.startswith(_PREFIXES) for c in type(op).__mro__) else None
 
 
-#: explain_transform()'s label of each place an op runs (``OpRoute.where``)
+#: explain_one()'s label of each place an op runs (``OpRoute.where``)
 WHERE = {"fast": "fast", "tensor": "tensor", "float": "float", "pil": "NO"}
 
 
@@ -113,10 +113,10 @@ class TorchvisionPipeline(ImageTransform):
     ``geometry`` is the gpufeed transform with the pipeline's crop/resize/flip; ``output`` the
     tensor op ("float": ``ToTensor``, "uint8": ``PILToTensor``, "image": ``ToImage``), ``dtype``
     the resulting dtype, ``normalize`` the ``Normalize`` (mean, std) or None; ``routes`` is what
-    :func:`explain_transform` reports. Images are used as stored (EXIF orientation ignored, as torchvision's
-    PIL loader does). Used as a dataset's transform, ``dataset[i]`` returns what the torchvision
-    pipeline returns (e.g. a normalized float32 CHW tensor); a ``FastLoader`` batches the same
-    values, applying dtype and ``normalize`` to the whole batch.
+    :func:`gpufeed.image.explain_transform` reports. Images are used as stored (EXIF orientation
+    ignored, as torchvision's PIL loader does). Used as a dataset's transform, ``dataset[i]``
+    returns what the torchvision pipeline returns (e.g. a normalized float32 CHW tensor); a
+    ``FastLoader`` batches the same values, applying dtype and ``normalize`` to the whole batch.
     """
 
     apply_exif = False
@@ -153,6 +153,12 @@ class TorchvisionPipeline(ImageTransform):
              index: int) -> tuple[float, float, float, float, bool]:
         return self.geometry._box(height, width, seed, epoch, index)
 
+    def with_view(self, view: int) -> TorchvisionPipeline:
+        """A copy serving view ``view`` of a ``MultiView`` (its geometry's keys too)."""
+        twin = cast("TorchvisionPipeline", super().with_view(view))
+        twin.geometry = self.geometry.with_view(view)  # type: ignore[assignment]
+        return twin
+
     def params(self, seed: int, epoch: int, index: int, height: int, width: int) -> CropParams:
         """The crop box (source pixels, image as stored) and flip of sample ``index`` in
         ``epoch``: torchvision's ``F.resized_crop(img, top, left, height, width, size)`` then
@@ -176,7 +182,7 @@ class TorchvisionPipeline(ImageTransform):
             out = convert_(torch.empty(batch.shape, dtype=self.dtype), batch, constants)[0]
             if self.float_ops:
                 out = torch.as_tensor(RowOps(float_ops=self.float_ops).apply_float(
-                    out, seed, epoch, index))
+                    out, seed, epoch, index, self.view))
         if self.output == "image":
             out = importlib.import_module("torchvision.tv_tensors").Image(out)
         return out
@@ -501,7 +507,7 @@ def from_torchvision(transform: Any) -> TorchvisionPipeline:
 
 
 def translate_or_none(transform: Any) -> tuple[TorchvisionPipeline | None, str]:
-    """(translation or None, :func:`explain_transform`'s report) for a torchvision object, as datasets
+    """(translation or None, :func:`gpufeed.image.explain_transform`'s report) for a torchvision object, as datasets
     use it: None means "run the pipeline as given"."""
     pipeline, walk = _translate(transform)
     return pipeline, _report(pipeline, walk)
@@ -545,7 +551,7 @@ def _report(pipeline: TorchvisionPipeline | None, walk: _Walk) -> str:
 
 
 def _where_of(op: Any) -> str:
-    """explain_transform()'s label of one of a transform's ops."""
+    """explain_one()'s label of one of a transform's ops."""
     return {"TensorOp": "tensor", "TensorFloatOp": "float"}.get(type(op).__name__, "fast")
 
 
@@ -555,9 +561,10 @@ UINT8_HINT = ("FastLoader's batches are uint8 0-255 by default (as PILToTensor g
               "dtype=torch.float32) for x / 255, or normalize=(mean, std) for normalized float32.")
 
 
-def explain_transform(transform: Any) -> str:
-    """A short report of which ops of ``transform`` run on gpufeed's fast path and which do not,
-    and why (one line per op); for gpufeed's own transforms, other callables and None too."""
+def explain_one(transform: Any) -> str:
+    """One transform's report for :func:`gpufeed.image.explain_transform`: which of its ops run
+    on gpufeed's fast path and which do not, and why (one line per op); for gpufeed's own
+    transforms, other callables and None too."""
     if isinstance(transform, TorchvisionPipeline):
         walk = _Walk(routes=list(transform.routes))
         return _report(transform, walk)

@@ -3,10 +3,12 @@ documented in ``gpufeed.image``, which re-exports it)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -71,6 +73,23 @@ class ImageTransform:
     #: normalized float rows of a batch.
     ops: tuple[RowOp, ...] = ()
     float_ops: tuple[FloatRowOp, ...] = ()
+    #: Which view of a ``MultiView`` this is: 0 for a transform on its own (and view 0); view
+    #: v >= 1 draws its crop, interpolation and ops under keys of its own (:meth:`with_view`).
+    view: int = 0
+
+    @property
+    def views(self) -> tuple[ImageTransform, ...]:
+        """The transforms of a sample's outputs, one per view: this one alone (a
+        ``gpufeed.MultiView`` has several)."""
+        return (self,)
+
+    def with_view(self, view: int) -> ImageTransform:
+        """A copy of this transform serving view ``view`` of a ``MultiView`` (its random
+        parameters keyed by (seed, epoch, index, view); view 0 keeps this transform's)."""
+        check_int("view", view, 0)
+        twin = copy.copy(self)
+        object.__setattr__(twin, "view", int(view))
+        return twin
 
     @property
     def row_ops(self) -> RowOps:
@@ -82,7 +101,7 @@ class ImageTransform:
         (bilinear) or "bicubic", drawn from (seed, epoch, index)."""
         if self.interpolation != "random":
             return self.interpolation
-        rng = row_rng(seed, epoch, index, INTERP_STREAM)
+        rng = row_rng(seed, epoch, index, INTERP_STREAM, self.view)
         return ("auto", "bicubic")[int(rng.integers(2))]
 
     @property
@@ -120,55 +139,30 @@ class ImageTransform:
         """:meth:`apply`. ``path``: "auto" (the plane path where it pays: :func:`_plane_path`),
         or, for tests and benchmarks, "rgb" (never the plane path) or "planes" (the plane path
         for any YCbCr or greyscale JPEG in stored orientation, ValueError for anything else)."""
-        t0 = time.perf_counter()
-        layout = _check_out(out, self.output_size)
-        if self.ops:  # geometry into an (H, W, 3) row, the ops on it, then out's layout
-            target = out if layout == "hwc" else scratch_rows(*self.output_size)
-            decode_s = self._geometry(data, index, epoch, seed, target, "hwc", path, t0)
-            result = apply_ops(self.ops, target, seed, epoch, index)
+        return decode_views((self,), data, index, epoch, seed, (out,), path=path)
+
+    def _into(self, decoded: Any, sub: tuple[int, int] | None, header: ImageHeader,
+              box: tuple[float, float, float, float, bool], out: np.ndarray, layout: str,
+              seed: int, epoch: int, index: int) -> None:
+        """Crop, resize and flip ``decoded`` (an RGB image, or planes when ``sub``) to ``box`` in
+        ``out`` (``layout``), then the ops (on an (H, W, 3) row: ``out``, or a scratch row)."""
+        top, left, bh, bw, flip = box
+        interpolation = self.sample_interpolation(seed, epoch, index)
+        target, target_layout = out, layout
+        if self.ops and layout != "hwc":  # the ops run on an (H, W, 3) row
+            target, target_layout = scratch_rows(*self.output_size), "hwc"
+        if sub is not None:
+            crop_resize_planes(decoded, sub, header.height, header.width, (top, left, bh, bw),
+                               flip, target, target_layout, interpolation)
+        else:
+            crop_resize(decoded, header.height, header.width, (top, left, bh, bw), flip, target,
+                        target_layout, interpolation)
+        if self.ops:
+            result = apply_ops(self.ops, target, seed, epoch, index, self.view)
             if layout == "chw":
                 split_into(result, out)
             elif result is not out:
                 np.copyto(out, result)
-            return decode_s
-        return self._geometry(data, index, epoch, seed, out, layout, path, t0)
-
-    def _geometry(self, data: Buffer, index: int, epoch: int, seed: int, out: np.ndarray,
-                  layout: str, path: str, t0: float) -> float:
-        """Decode, crop, resize and flip into ``out`` (``layout``); returns the decode seconds."""
-        header = read_header(data)
-        if not self.apply_exif:
-            header = stored_orientation(header)
-        top, left, bh, bw, flip = self._box(header.height, header.width, seed, epoch, index)
-        oh, ow = self.output_size
-        scale = max(oh / bh, ow / bw)
-        min_h = min_w = None
-        if self.dct_scaling and scale < 1.0:
-            min_h, min_w = min_size_for_scale(header, scale)
-        if path == "auto":
-            sub = _plane_path(header, self.backend, min_h, min_w)
-        elif path == "planes":
-            sub = plane_subsampling(header) if header.orientation == 1 else None
-            if sub is None:
-                raise ValueError(f"path='planes' needs a YCbCr or greyscale JPEG in stored "
-                                 f"orientation. Found: {header}.")
-        elif path == "rgb":
-            sub = None
-        else:
-            raise ValueError(f"`path` must be 'auto', 'rgb' or 'planes'. Found: {shorten(path)}.")
-        if sub is not None:
-            factor = choose_factor(header, min_h, min_w, self.backend)
-            planes = decode_planes(data, header=header, factor=factor)
-            decode_s = time.perf_counter() - t0
-            crop_resize_planes(planes, sub, header.height, header.width, (top, left, bh, bw),
-                               flip, out, layout, self.sample_interpolation(seed, epoch, index))
-            return decode_s
-        img = decode(data, min_height=min_h, min_width=min_w, header=header,
-                     backend=self.backend)
-        decode_s = time.perf_counter() - t0
-        crop_resize(img, header.height, header.width, (top, left, bh, bw), flip, out, layout,
-                    self.sample_interpolation(seed, epoch, index))
-        return decode_s
 
     def apply_array(self, img: np.ndarray, *, index: int = 0, epoch: int = 0, seed: int = 0,
                     out: np.ndarray | None = None) -> np.ndarray:
@@ -186,12 +180,12 @@ class ImageTransform:
             hwc = scratch_rows(*self.output_size)
             crop_resize(img, height, width, (top, left, bh, bw), flip, hwc, "hwc",
                         self.sample_interpolation(seed, epoch, index))
-            split_into(apply_ops(self.ops, hwc, seed, epoch, index), out)
+            split_into(apply_ops(self.ops, hwc, seed, epoch, index, self.view), out)
             return out
         crop_resize(img, height, width, (top, left, bh, bw), flip, out, layout,
                     self.sample_interpolation(seed, epoch, index))
         if self.ops:
-            result = apply_ops(self.ops, out, seed, epoch, index)
+            result = apply_ops(self.ops, out, seed, epoch, index, self.view)
             if result is not out:
                 np.copyto(out, result)
         return out
@@ -313,7 +307,7 @@ class RandomResizedCrop(ImageTransform):
 
     def params(self, seed: int, epoch: int, index: int, height: int, width: int) -> CropParams:
         """The crop of sample ``index`` in ``epoch`` for an image of height x width pixels."""
-        raw = _random_words(seed, epoch, index)
+        raw = _random_words(seed, epoch, index, self.view)
         area = height * width
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         s_lo, s_hi = self.scale
@@ -346,11 +340,63 @@ class RandomResizedCrop(ImageTransform):
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53: (word >> 11) * _TO_UNIT is uniform in [0, 1)
 
 
-def _random_words(seed: int, epoch: int, index: int) -> tuple[int, ...]:
-    """23 uniform 64-bit words that depend only on (seed, epoch, index) (SHAKE-128 output):
-    2 per try (area, aspect ratio) x 10 tries, then top, left and flip."""
-    key = f"gpufeed-rrc:{int(seed)}:{int(epoch)}:{int(index)}".encode()
-    return struct.unpack("<23Q", hashlib.shake_128(key).digest(184))
+def _random_words(seed: int, epoch: int, index: int, view: int = 0) -> tuple[int, ...]:
+    """23 uniform 64-bit words that depend only on (seed, epoch, index, view) (SHAKE-128
+    output): 2 per try (area, aspect ratio) x 10 tries, then top, left and flip. View 0 keeps
+    the three-number key; view v >= 1 of a ``MultiView`` appends ``:v``."""
+    key = f"gpufeed-rrc:{int(seed)}:{int(epoch)}:{int(index)}"
+    if view:
+        key += f":{int(view)}"
+    return struct.unpack("<23Q", hashlib.shake_128(key.encode()).digest(184))
+
+
+def decode_views(views: Sequence[ImageTransform], data: Buffer, index: int, epoch: int, seed: int,
+                 outs: Sequence[np.ndarray], *, path: str = "auto") -> float:
+    """Decode ``data`` once and write each view's output into its ``outs`` row; returns the
+    seconds spent decoding. The views share the decode's settings (view 0's orientation rule and
+    backend: ``MultiView`` checks they agree); the decode is at the DCT scale the most demanding
+    view needs (the most source pixels per output pixel), the rule one view uses alone
+    (docs/design/sample-model.md, section 2). ``path`` as for ``ImageTransform._apply``."""
+    t0 = time.perf_counter()
+    layouts = [_check_out(out, view.output_size) for view, out in zip(views, outs, strict=True)]
+    first = views[0]
+    header = read_header(data)
+    if not first.apply_exif:
+        header = stored_orientation(header)
+    boxes = [view._box(header.height, header.width, seed, epoch, index) for view in views]
+    scale = max(max(oh / box[2], ow / box[3])
+                for (oh, ow), box in zip((view.output_size for view in views), boxes))
+    min_h = min_w = None
+    if scale < 1.0 and all(view.dct_scaling for view in views):
+        min_h, min_w = min_size_for_scale(header, scale)
+    sub = _decode_path(header, first.backend, min_h, min_w, path)
+    decoded: Any
+    if sub is not None:
+        factor = choose_factor(header, min_h, min_w, first.backend)
+        decoded = decode_planes(data, header=header, factor=factor)
+    else:
+        decoded = decode(data, min_height=min_h, min_width=min_w, header=header,
+                         backend=first.backend)
+    decode_s = time.perf_counter() - t0
+    for view, box, out, layout in zip(views, boxes, outs, layouts):
+        view._into(decoded, sub, header, box, out, layout, seed, epoch, index)
+    return decode_s
+
+
+def _decode_path(header: ImageHeader, backend: str | None, min_h: int | None, min_w: int | None,
+                 path: str) -> tuple[int, int] | None:
+    """(sub_y, sub_x) to decode to planes, None for the RGB decode, by ``path``."""
+    if path == "auto":
+        return _plane_path(header, backend, min_h, min_w)
+    if path == "planes":
+        sub = plane_subsampling(header) if header.orientation == 1 else None
+        if sub is None:
+            raise ValueError(f"path='planes' needs a YCbCr or greyscale JPEG in stored "
+                             f"orientation. Found: {header}.")
+        return sub
+    if path == "rgb":
+        return None
+    raise ValueError(f"`path` must be 'auto', 'rgb' or 'planes'. Found: {shorten(path)}.")
 
 
 def stored_orientation(header: ImageHeader) -> ImageHeader:

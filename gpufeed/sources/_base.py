@@ -24,6 +24,7 @@ from gpufeed.decoders._header import Buffer
 from gpufeed.errors import DecodeError, add_note, check_int, describe_callable
 from gpufeed.image._torchvision import is_torchvision, translate_or_none, warn_fallback
 from gpufeed.image._transforms import ImageTransform, stored_orientation
+from gpufeed.image._views import MultiView
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,12 @@ class ImageSource(Dataset):
             if translated is None:
                 warn_fallback(value, type(self).__name__)
             value = value if translated is None else translated
-        if isinstance(value, ImageTransform) and self.loader is not None:
+        if _decodes(value) and self.loader is not None:
             raise ValueError(f"a gpufeed transform ({type(value).__name__}) decodes the bytes "
                              f"itself, so it cannot follow a `loader` ({describe_callable(self.loader)}"
                              f"). Drop `loader`, or pass a callable transform that takes what "
                              f"the loader returns.")
-        if value is not None and not isinstance(value, ImageTransform):
+        if value is not None and not _decodes(value):
             if not callable(value):
                 raise TypeError(f"`transform` must be None, a gpufeed transform "
                                 f"(ResizeCenterCrop, RandomResizedCrop) or a callable taking a "
@@ -144,8 +145,9 @@ class ImageSource(Dataset):
 
     @property
     def calls_transform(self) -> bool:
-        """True when ``transform`` is a user callable (not a gpufeed transform, not None)."""
-        return self._transform is not None and not isinstance(self._transform, ImageTransform)
+        """True when ``transform`` is a user callable (not a gpufeed transform or a translated
+        ``MultiView``, not None)."""
+        return self._transform is not None and not _decodes(self._transform)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -198,13 +200,23 @@ class ImageSource(Dataset):
             raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
                               f"{exc}. Check or remove the file.") from exc
 
+    def _views_of(self, index: int, data: Buffer) -> list[Any]:
+        """Each view of sample ``index`` under a ``MultiView`` transform (one decode)."""
+        transform = self._transform
+        try:
+            return transform.outputs(data, index=index, epoch=self.epoch, seed=transform.seed or 0)
+        except DecodeError as exc:
+            raise DecodeError(f"cannot decode {self.describe(index)} (sample index {index}): "
+                              f"{exc}. Check or remove the file.") from exc
+
     def pil_image(self, index: int, data: Buffer) -> Any:
         """``data``, the bytes of sample ``index``, decoded (EXIF orientation applied) into a PIL
         RGB image. Errors are :class:`DecodeError` naming :meth:`describe` and the index."""
         image_module = pil_image_module()
         try:
             header = read_header(data)
-            if is_torchvision(self._transform):  # as torchvision's PIL loader: EXIF ignored
+            if is_torchvision(self._transform) or (  # as torchvision's PIL loader: EXIF ignored
+                    isinstance(self._transform, MultiView) and not self._transform.apply_exif):
                 header = stored_orientation(header)
             return image_module.fromarray(decode(data, header=header), "RGB")
         except DecodeError as exc:
@@ -232,8 +244,10 @@ class ImageSource(Dataset):
         except OSError as exc:
             add_note(exc, f"gpufeed: while reading {self.describe(i)} (sample index {i})")
             raise
-        if not by_pil:
-            image: Any = torch.from_numpy(self.decode_into(i, data))
+        if not by_pil and isinstance(self._transform, MultiView):
+            image: Any = self._views_of(i, data)
+        elif not by_pil:
+            image = torch.from_numpy(self.decode_into(i, data))
             if self._transform is not None:
                 image = self._transform.to_output(
                     image, index=i, epoch=self.epoch,
@@ -254,6 +268,13 @@ class ImageSource(Dataset):
             raise IndexError(f"sample index {index} is out of range for {type(self).__name__} "
                              f"of length {n}.")
         return i
+
+
+def _decodes(transform: Any) -> bool:
+    """``transform`` decodes the bytes itself: a gpufeed transform, or a ``MultiView`` whose
+    pipelines all translate (the image fast path)."""
+    return isinstance(transform, ImageTransform) or (
+        isinstance(transform, MultiView) and transform.translated)
 
 
 def _short(value: Any) -> str:

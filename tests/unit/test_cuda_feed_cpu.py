@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import threading
 import time
 import weakref
@@ -542,3 +543,47 @@ def test_the_keep_references_variant_holds_each_batch_until_an_event_after_its_u
     assert [c for c in gpu.log if c[0] == "wait_stream"] == [("wait_stream", "copy", "default")] * N
     assert gpu.syncs() == []
     assert feed.held == 1  # the last batch: no hand-out after it yet
+
+
+class ViewHost(Host):
+    """Host batches of a ``MultiView``: a list of view tensors (two sizes) in one leased slot."""
+
+    def _batch(self, k: int, pageable: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        slot = self.arena.acquire()
+        self.registrar.ensure(slot, 4096)
+        view = torch.frombuffer(self.arena.lease(slot, 4096), dtype=torch.uint8)
+        view.copy_(torch.arange(4096, dtype=torch.int64).mul_(k + 7).remainder_(251).to(torch.uint8))
+        views = [view[:2 * 3 * 8 * 8].view(2, 3, 8, 8), view[512:512 + 2 * 3 * 4 * 4].view(2, 3, 4, 4),
+                 view[1024:1024 + 2 * 3 * 4 * 4].view(2, 3, 4, 4)]
+        labels = view[2048:2064].view(torch.int64)
+        self.batches.append(weakref.ref(views[0]))
+        return views, labels
+
+
+def test_every_view_is_copied_from_page_locked_memory_and_normalized_as_on_the_cpu(gpu):
+    """A MultiView batch on the GPU path: one copy per view (and the labels), on the copy stream,
+    from the page-locked slot; each view normalized with the same constants and arithmetic as the
+    workers' CPU path (``convert_``). Checked on the fake GPU only: it has not run on a GPU."""
+    from gpufeed.cuda._transform import GpuTransform
+    from gpufeed.image._normalize import affine, convert_, work_dtype
+
+    normalize = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    transform = GpuTransform(torch.float32, normalize)
+    feed = CudaFeed(torch.device("cpu"), prefetch_batches=2, gpu_transform=transform, stats=Stats(),
+                    ops=Ops(gpu))
+    host = ViewHost(gpu, feed)
+    batches = 3
+    seen = 0
+    for k, (views, labels) in enumerate(feed.wrap(host.epoch(n=batches))):
+        assert isinstance(views, list) and [tuple(v.shape) for v in views] == [(2, 3, 8, 8), (2, 3, 4, 4), (2, 3, 4, 4)]
+        raw = torch.arange(4096, dtype=torch.int64).mul_(k + 7).remainder_(251).to(torch.uint8)
+        for got, (start, shape) in zip(views, [(0, (2, 3, 8, 8)), (512, (2, 3, 4, 4)), (1024, (2, 3, 4, 4))]):
+            rows = raw[start:start + math.prod(shape)].view(shape)
+            want = convert_(torch.empty(shape), rows, affine(normalize, work_dtype(torch.float32)))
+            assert got.dtype == torch.float32 and torch.equal(got, want)
+        assert labels.dtype == torch.int64
+        gpu.done()
+        seen += 1
+    assert seen == batches
+    copies = [c for c in gpu.log if c[0] == "copy"]
+    assert copies == [("copy", "copy", True)] * (4 * batches)  # 3 views + labels, page-locked

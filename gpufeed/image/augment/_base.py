@@ -35,11 +35,15 @@ __all__ = ["FLOAT_STREAM", "INTERP_STREAM", "ROW_STREAM", "FloatRowOp", "RowOp",
 ROW_STREAM, FLOAT_STREAM, INTERP_STREAM = 0, 1, 2
 
 
-def row_rng(seed: int, epoch: int, index: int, stream: int = ROW_STREAM) -> np.random.Generator:
-    """A generator that depends only on (seed, epoch, index, stream): SHAKE-128 of the four
-    (under a key of its own, so independent of the crop's words) seeds a PCG64. About 10 us."""
-    key = f"gpufeed-aug:{int(seed)}:{int(epoch)}:{int(index)}:{int(stream)}".encode()
-    words = struct.unpack("<4I", hashlib.shake_128(key).digest(16))
+def row_rng(seed: int, epoch: int, index: int, stream: int = ROW_STREAM, view: int = 0) -> np.random.Generator:
+    """A generator that depends only on (seed, epoch, index, stream, view): SHAKE-128 of them
+    (under a key of its own, so independent of the crop's words) seeds a PCG64. About 10 us.
+    View 0 (a single-view transform) keeps the four-number key; view v >= 1 of a ``MultiView``
+    appends ``:v``, so no stream of view 0 changes."""
+    key = f"gpufeed-aug:{int(seed)}:{int(epoch)}:{int(index)}:{int(stream)}"
+    if view:
+        key += f":{int(view)}"
+    words = struct.unpack("<4I", hashlib.shake_128(key.encode()).digest(16))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(words))))
 
 
@@ -93,12 +97,12 @@ def _check_ops(value: Any, kind: type, name: str) -> tuple[Any, ...]:
 
 
 def apply_ops(ops: Sequence[RowOp], row: np.ndarray, seed: int, epoch: int,
-              index: int) -> np.ndarray:
-    """Run ``ops`` in order on ``row`` ((H, W, 3) uint8) of sample ``index``, their parameters
-    drawn in order from one :func:`row_rng` (stream 0); returns the result."""
+              index: int, view: int = 0) -> np.ndarray:
+    """Run ``ops`` in order on ``row`` ((H, W, 3) uint8) of sample ``index`` (its view ``view``),
+    their parameters drawn in order from one :func:`row_rng` (stream 0); returns the result."""
     if not ops:
         return row
-    rng = row_rng(seed, epoch, index, ROW_STREAM)
+    rng = row_rng(seed, epoch, index, ROW_STREAM, view)
     h, w = row.shape[:2]
     for op in ops:
         row = op.apply(row, op.draw(rng, h, w))
@@ -117,16 +121,17 @@ class RowOps:
         object.__setattr__(self, "ops", _check_ops(self.ops, RowOp, "ops"))
         object.__setattr__(self, "float_ops", _check_ops(self.float_ops, FloatRowOp, "float_ops"))
 
-    def apply(self, row: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
+    def apply(self, row: np.ndarray, seed: int, epoch: int, index: int, view: int = 0) -> np.ndarray:
         """Run ``ops`` on ``row`` ((H, W, 3) uint8) for sample ``index``; returns the result
         (``row`` itself or a new array of its shape)."""
-        return apply_ops(self.ops, row, seed, epoch, index)
+        return apply_ops(self.ops, row, seed, epoch, index, view)
 
-    def apply_float(self, row: Any, seed: int, epoch: int, index: int) -> Any:
-        """Run ``float_ops`` on one normalized (3, H, W) row of sample ``index``."""
+    def apply_float(self, row: Any, seed: int, epoch: int, index: int, view: int = 0) -> Any:
+        """Run ``float_ops`` on one normalized (3, H, W) row of sample ``index`` (its view
+        ``view``)."""
         if not self.float_ops:
             return row
-        rng = row_rng(seed, epoch, index, FLOAT_STREAM)
+        rng = row_rng(seed, epoch, index, FLOAT_STREAM, view)
         h, w = row.shape[-2], row.shape[-1]
         for op in self.float_ops:
             row = op.apply(row, op.draw(rng, h, w))
