@@ -163,10 +163,11 @@ class MultiView:
         else:
             head = (f"MultiView of {n} views: fast path; one decode per sample, at the scale the "
                     f"largest demand of {_span(list(range(n)))} needs (the most source pixels per "
-                    "output pixel), then each view's crop, resize and ops from that image.")
-        groups: dict[str, list[int]] = {}
+                    "output pixel), then each view's crop, resize and ops from that image; view v "
+                    "draws its parameters from (seed, epoch, index, v).")
+        groups: dict[int, list[int]] = {}  # one block per pipeline object (reprs may hide a p)
         for v, pipeline in enumerate(self.pipelines):
-            groups.setdefault(repr(pipeline), []).append(v)
+            groups.setdefault(id(pipeline), []).append(v)
         lines = [head]
         for members in groups.values():
             first = members[0]
