@@ -31,6 +31,7 @@ import torch
 
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 from gpufeed.image._auto_reads import AutoReads
+from gpufeed.image._batch_ops import BatchOp, MixParams, batch_rng
 from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image._slot import SlotLayout, slot_layout
@@ -53,6 +54,10 @@ class ImagePlan:
     seed: int = 0
     cache: str | None = None  # "decoded" | "encoded" | None
     targets: str = "labels"  # "labels" | "collate": the targets' route (gpufeed.image._targets)
+    # MixUp/CutMix over each batch (gpufeed.image._batch_ops), on the labels route only; with
+    # ``device="cuda"`` (``batch_op_on_gpu``) the worker only draws its parameters.
+    batch_op: BatchOp | None = None
+    batch_op_on_gpu: bool = False
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -60,6 +65,8 @@ class ImagePlan:
         if self.targets not in TARGET_ROUTES:
             raise ValueError(f"`targets` must be one of {TARGET_ROUTES}. Found: {shorten(self.targets)}.")
         check_image_output(self.dtype, self.normalize)
+        if self.batch_op is not None and self.targets != "labels":
+            raise ValueError("a batch op (MixUp, CutMix) needs int labels in the slot (targets='labels').")
 
     @property
     def hw(self) -> tuple[int, int]:
@@ -73,7 +80,8 @@ class ImagePlan:
     def layout(self, n: int) -> SlotLayout:
         """Where the regions of an n-sample batch lie in its slot (``slot_layout``)."""
         itemsize = 0 if self.dtype == torch.uint8 else self.dtype.itemsize
-        return slot_layout(n, (self.row_bytes,), itemsize, labels=self.targets == "labels")
+        soft = 0 if self.batch_op is None or self.batch_op_on_gpu else 4 * self.batch_op.num_classes
+        return slot_layout(n, (self.row_bytes,), itemsize, labels=self.targets == "labels", soft_bytes=soft)
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         """The uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
@@ -87,6 +95,7 @@ class ImageTask:
     """Per-batch instructions from the parent: augmentation epoch and what the cache supplied."""
 
     epoch: int
+    batch: int = 0  # the batch's number in the pass (a batch op's draws are keyed by it)
     done: tuple[int, ...] = ()  # positions whose rows the parent already wrote
     given: tuple[tuple[int, int, int], ...] = ()  # (position, offset, nbytes) of encoded hits
     staging_used: int = 0  # bytes of the staging area the parent used
@@ -122,7 +131,7 @@ def fill_batch(
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: ReadAhead | None = None,
     prefetched: BatchReads | None = None,
-) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+) -> tuple[tuple[Any, ...], FillReport]:
     """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, targets), report).
 
     The slot is bound as late as possible: when the parent wrote nothing into it, the first
@@ -187,7 +196,7 @@ def _fill(
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: _Sequential | BatchReads,
-) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+) -> tuple[tuple[Any, ...], FillReport]:
     n = len(indices)
     report = FillReport()
     done = set(task.done)
@@ -253,10 +262,11 @@ def _fill(
 
 
 def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, report: FillReport,
-            targets: list[Any], buf: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            targets: list[Any], buf: torch.Tensor) -> tuple[Any, ...]:
     """The batch's end, once per batch: write the labels (or collate the targets), move the kept
-    rows up (in order), convert to the output dtype and layout, run the float ops; returns
-    (images, targets) of the kept rows."""
+    rows up (in order), apply the batch op with the dtype pass, run the float ops; returns
+    (images, targets) of the kept rows (with ``device="cuda"`` and a batch op: (images, labels,
+    the op's ``MixParams``), the GPU applying it)."""
     n = len(indices)
     layout = plan.layout(n)
     rows_t = plan.rows(buf, n)
@@ -275,8 +285,12 @@ def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, r
     images = rows_t[:k]
     if plan.channels_last:
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
+    op = plan.batch_op
+    params = None if op is None else op.draw(batch_rng(plan.seed, task.epoch, task.batch), k, *plan.hw)
     if plan.dtype != torch.uint8:
-        images = _to_float(plan, images, buf, layout.floats[0].start)
+        images = _to_float(plan, images, buf, layout.floats[0].start, params)
+    elif op is not None and params is not None and not plan.batch_op_on_gpu:
+        op.paste_(images, params)  # uint8 output: CutMix only (a MixUp is refused at construction)
     float_ops = getattr(plan.transform, "float_ops", ())
     if float_ops:  # after normalize, as torchvision and timm run RandomErasing
         row_ops = RowOps(float_ops=float_ops)
@@ -285,13 +299,20 @@ def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, r
             result = row_ops.apply_float(row, plan.seed, task.epoch, indices[pos])
             if result is not row:
                 row.copy_(torch.as_tensor(result))
-    if labels is not None:
+    if labels is None:
+        return images, collate_targets(source, indices, report.kept, targets)
+    if op is None or params is None:
         return images, labels[:k]
-    return images, collate_targets(source, indices, report.kept, targets)
+    if plan.batch_op_on_gpu:
+        return images, labels[:k], params
+    soft = layout.soft.of(buf)[: 4 * k * op.num_classes].view(torch.float32).view(k, op.num_classes)
+    return images, op.soft_targets(labels[:k], params, out=soft)
 
 
-def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
-    """(x / 255 - mean) / std (or x / 255) over the whole batch, into the slot's float area."""
+def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int,
+              params: MixParams | None = None) -> torch.Tensor:
+    """(x / 255 - mean) / std (or x / 255) over the whole batch, into the slot's float area, with
+    the batch op's ``params`` applied in the same pass (``BatchOp.convert``)."""
     k = images.shape[0]
     h, w = plan.hw
     nbytes = k * 3 * h * w * plan.dtype.itemsize
@@ -301,6 +322,8 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
     else:
         out = flat.view(k, 3, h, w)
     constants = None if plan.normalize is None else affine(plan.normalize, work_dtype(plan.dtype))
+    if plan.batch_op is not None and params is not None:
+        return plan.batch_op.convert(out, images, constants, params)
     return convert_(out, images, constants)
 
 
@@ -390,7 +413,7 @@ class ImageFiller:
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
-             ) -> tuple[tuple[torch.Tensor, Any], FillReport]:
+             ) -> tuple[tuple[Any, ...], FillReport]:
         """Lay the batch out in the slot, stage encoded misses after the parent's hits;
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""
