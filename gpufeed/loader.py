@@ -18,7 +18,7 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
 from gpufeed._engine.ranks import check_local_ranks
-from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, fast_path_blocker, make_image_feed
+from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, explain_batch_op, fast_path_blocker, make_image_feed
 from gpufeed._fastpath.local import LocalImageIter
 from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
@@ -554,6 +554,8 @@ def _explain_loader(loader: DataLoader[Any]) -> str:
         head = (f"{type(loader).__name__}: torch's own per-sample path (__getitem__ + collate). "
                 "gpufeed.FastLoader with the same arguments would take "
                 + ("the image fast path." if reason is None else f"{GENERIC_PATH}, because {reason}."))
+    if isinstance(loader, FastLoader) and reason is None and loader.batch_transform is not None:
+        head += "\n" + explain_batch_op(loader.batch_transform, loader.device is not None)
     if not isinstance(loader.dataset, ImageSource):
         return head
     return head + "\n" + _explain_dataset(loader.dataset)

@@ -205,6 +205,14 @@ def check_batch_op(op: BatchOp, given: Any, dtype: torch.dtype, targets: str) ->
             "of another type). Drop the target_transform, or mix in your training step.")
 
 
+def explain_batch_op(given: Any, on_gpu: bool) -> str:
+    """``explain(loader)``'s line for a ``batch_transform``: what gpufeed runs, and where."""
+    where = ("on the GPU after normalize, with parameters drawn in the workers" if on_gpu else
+             "in the workers after the fill (CutMix pasted on the uint8 rows, MixUp fused into the "
+             "dtype/normalize pass)")
+    return f"batch_transform: {batch_op_from(given).describe()}, {where}; soft float32 targets."
+
+
 def target_route(source: Any) -> str:
     """``"labels"`` (int64 labels in the slot) when every target is the source's int label and
     there is no ``target_transform``, else ``"collate"`` (``gpufeed.image._targets``)."""

@@ -318,3 +318,11 @@ def test_the_cuda_iterator_copies_tensors_only_and_never_waits_on_the_host():
         want = op.paste_(convert_(torch.empty(x.shape), x, affine(NORMALIZE, torch.float32)), params)
         torch.testing.assert_close(gx, want)
         torch.testing.assert_close(gy, op.soft_targets(labels, params))
+
+
+def test_explain_says_what_runs_and_where(root):
+    import gpufeed
+
+    text = gpufeed.explain(loader(root, OPS["timm"]()))
+    assert ("batch_transform: MixUp(alpha=0.8 p=0.5) or CutMix(alpha=1 p=0.5), prob=0.8, label_smoothing=0.1, "
+            "num_classes=3, paired by flip (from timm Mixup), in the workers") in text
