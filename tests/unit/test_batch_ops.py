@@ -326,3 +326,20 @@ def test_explain_says_what_runs_and_where(root):
     text = gpufeed.explain(loader(root, OPS["timm"]()))
     assert ("batch_transform: MixUp(alpha=0.8 p=0.5) or CutMix(alpha=1 p=0.5), prob=0.8, label_smoothing=0.1, "
             "num_classes=3, paired by flip (from timm Mixup), in the workers") in text
+
+
+def test_a_worker_killed_mid_epoch_reruns_its_batches_identically(root):
+    """The batch op's draws are keyed by the batch number, never the worker: the batches the
+    killed worker left unanswered are re-run by its replacement with the same parameters."""
+    import os
+    import signal
+
+    want = epoch(loader(root, OPS["tv-choice"]()))
+    it = iter(loader(root, OPS["tv-choice"](), num_workers=2, prefetch_factor=2))
+    got = []
+    for k, (x, y) in enumerate(it):
+        got.append((x.clone(), y.clone()))
+        if k == 0:
+            os.kill(it.worker_pids[1], signal.SIGKILL)
+    assert it.worker_restarts == 1
+    assert same(got, want)
