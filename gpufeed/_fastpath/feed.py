@@ -169,7 +169,7 @@ def make_image_feed(
         normalize=None if on_gpu else normalize,
         dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
-        cache=None if cache_budget == 0 else ("decoded" if transform.deterministic else "encoded"),
+        cache=None if cache_budget == 0 else _cache_kind(transform, batch_op, on_gpu),
         targets=targets,
         batch_op=batch_op,
         batch_op_on_gpu=on_gpu,
@@ -211,6 +211,15 @@ def explain_batch_op(given: Any, on_gpu: bool) -> str:
              "in the workers after the fill (CutMix pasted on the uint8 rows, MixUp fused into the "
              "dtype/normalize pass)")
     return f"batch_transform: {batch_op_from(given).describe()}, {where}; soft float32 targets."
+
+
+def _cache_kind(transform: Any, batch_op: BatchOp | None, on_gpu: bool) -> str:
+    """``"decoded"`` rows for a deterministic transform, else ``"encoded"`` bytes. A batch op run
+    in the workers pastes CutMix boxes into the uint8 rows the decoded cache would keep, so with
+    one the cache holds encoded bytes (with ``device="cuda"`` the GPU mixes: the rows stay)."""
+    if transform.deterministic and (batch_op is None or on_gpu):
+        return "decoded"
+    return "encoded"
 
 
 def target_route(source: Any) -> str:

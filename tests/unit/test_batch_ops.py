@@ -343,3 +343,24 @@ def test_a_worker_killed_mid_epoch_reruns_its_batches_identically(root):
             os.kill(it.worker_pids[1], signal.SIGKILL)
     assert it.worker_restarts == 1
     assert same(got, want)
+
+
+@pytest.mark.parametrize("normalize", [None, NORMALIZE])
+def test_a_cached_epoch_is_mixed_from_the_unmixed_rows(root, normalize):
+    """CutMix pastes into the uint8 rows: with a batch op the cache keeps encoded bytes, never
+    mixed rows, so the second epoch is the op applied to the unmixed batch again."""
+    from gpufeed import ResizeCenterCrop
+
+    def two_epochs(op):
+        made = FastLoader(ImageFolder(root, transform=ResizeCenterCrop(24, 28)), batch_size=8, shuffle=True,
+                          generator=torch.Generator().manual_seed(3), seed=11, normalize=normalize,
+                          cache_bytes="64MB", batch_transform=op)
+        return epoch(made), epoch(made)
+
+    plain = two_epochs(None)[1]
+    first, second = two_epochs(tv_cutmix())
+    op = batch_op_from(tv_cutmix())
+    for b, ((x, y), (mx, my)) in enumerate(zip(plain, second)):
+        params = op.draw(batch_rng(11, 1, b), len(x), 24, 24)
+        torch.testing.assert_close(op.mix_(x.clone(), params), mx, atol=1e-5, rtol=0)
+        torch.testing.assert_close(op.soft_targets(y, params), my)
