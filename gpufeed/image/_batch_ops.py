@@ -236,7 +236,7 @@ def convert_mixed_(out: torch.Tensor, images: torch.Tensor, constants: Any, lam:
 
     def write(i: int, own: torch.Tensor, other: torch.Tensor) -> None:
         target = dst[i] if blend is None else blend
-        torch.mul(own, lam, out=target).add_(other, alpha=1.0 - lam)
+        torch.lerp(other, own, lam, out=target)  # other + lam * (own - other): one pass
         if blend is not None:
             dst[i].copy_(blend)
 
