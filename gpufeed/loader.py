@@ -18,7 +18,7 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
 from gpufeed._engine.ranks import check_local_ranks
-from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, fast_path_blocker, make_image_feed
+from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, explain_batch_op, fast_path_blocker, make_image_feed
 from gpufeed._fastpath.local import LocalImageIter
 from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
@@ -94,6 +94,11 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             ``metrics_port + LOCAL_RANK`` (the environment variable torchrun and Lightning set, 0
             when unset), so the ranks of one host serve side by side; a port already in use is a
             warning, not an error. Needs the ``metrics`` extra (prometheus-client).
+        batch_transform: image path: MixUp/CutMix over each batch, in the workers: torchvision
+            v2's ``MixUp``, ``CutMix``, ``RandomChoice`` of them, or timm's ``Mixup``
+            (``mode="batch"``); targets become float32 ``[N, num_classes]``, parameters depend on
+            (seed, epoch, batch number) only. Anything else is a ``TypeError``
+            (docs/augmentations.md, "MixUp and CutMix").
 
     Every option is a plain attribute under its parameter name holding the value given (so a
     framework that rebuilds a loader from its attributes, as Lightning does to inject a
@@ -145,6 +150,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         local_ranks: tuple[int, int] | None = None,
         log_dir: str | os.PathLike | None = None,
         metrics_port: int | None = None,
+        batch_transform: Any = None,
         **kwargs: Any,
     ) -> None:
         # gpufeed's options are validated first: nothing is started before every check passed.
@@ -181,6 +187,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self.local_ranks = local_ranks
         self.log_dir = log_dir
         self.metrics_port = metrics_port
+        self.batch_transform = batch_transform
         super().__init__(dataset, *args, **kwargs)
         # The image options are checked against the loader's path (a dry run of the feed, with the
         # values as given; the feed iteration uses is made again in the process that iterates).
@@ -300,6 +307,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             seed=self.seed,
             on_gpu=on_gpu,
             announce=dry_run,
+            batch_transform=self.batch_transform,
         )
 
     def _engine_context(self) -> EngineContext:
@@ -546,6 +554,8 @@ def _explain_loader(loader: DataLoader[Any]) -> str:
         head = (f"{type(loader).__name__}: torch's own per-sample path (__getitem__ + collate). "
                 "gpufeed.FastLoader with the same arguments would take "
                 + ("the image fast path." if reason is None else f"{GENERIC_PATH}, because {reason}."))
+    if isinstance(loader, FastLoader) and reason is None and loader.batch_transform is not None:
+        head += "\n" + explain_batch_op(loader.batch_transform, loader.device is not None)
     if not isinstance(loader.dataset, ImageSource):
         return head
     return head + "\n" + _explain_dataset(loader.dataset)

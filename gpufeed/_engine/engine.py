@@ -82,7 +82,7 @@ class TaskRecord:
     slot: int  # the fallback slot (cold), the one the plug-in wrote into, or NO_SLOT (made in ``result``)
     index: Any
     extra: Any  # the plug-in's per-task data (Task.extra)
-    tag: Any  # the driver's value for the plug-in's prepare (FastIter: the augmentation epoch)
+    tag: Any  # the driver's value for the plug-in's prepare (FastIter: a PassTag)
     swap: bool  # the worker may write a warm slot instead (see gpufeed._engine.arena)
     deaths: int = 0  # workers that died while running this task (not while it was queued)
     # With state tracking: (the worker's random states, its dataset's state) after this task, as

@@ -25,7 +25,9 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _sharding_worker_in
 from gpufeed._engine.context import EngineContext
 from gpufeed._engine.engine import Arrival, Engine, TaskRecord, WorkerDeath
 from gpufeed._engine.messages import Done, End, Failed, Restore
+from gpufeed._engine.plugin import PassTag
 from gpufeed._engine.worker import WorkerSpec, fetch_threads_of
+from gpufeed._resume.indices import pulled_number
 from gpufeed._resume.positions import WorkerPositions, WorkerResume
 from gpufeed.errors import LoaderTimeoutError, WorkerError
 
@@ -236,7 +238,8 @@ class FastIter(_BaseDataLoaderIter):
                     break
         else:
             return
-        record = self._engine.submit(index, worker_id=worker_id, tag=self._aug_epoch)
+        tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, pull))
+        record = self._engine.submit(index, worker_id=worker_id, tag=tag)
         self._task_info[self._send_idx] = _Task(record, pull)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,6 +40,15 @@ if TYPE_CHECKING:
     import torch
 
     from gpufeed._engine.arena import SlotWriter
+
+
+class PassTag(NamedTuple):
+    """FastIter's ``tag`` of a task: the pass's augmentation epoch and the batch's number in the
+    pass (counted from the pass's first batch, the batches a resumed pass skipped included), so
+    a plug-in can key per-batch random draws by position, never by worker."""
+
+    epoch: int
+    batch: int
 
 
 class FillReport(Protocol):
@@ -128,7 +137,7 @@ class FillPlugin(Protocol):
     def prepare(self, tag: Any, index: Any, slot: torch.Tensor, count: bool, found: Any = None, /) -> Any:
         """Per-task data for the worker (``Task.extra``), possibly written into ``slot`` (the
         whole slot as uint8). ``tag``: the value the driver submitted the task with (FastIter:
-        the augmentation epoch). ``count`` is False when a task is prepared again for a
+        a ``PassTag``). ``count`` is False when a task is prepared again for a
         replacement worker. ``found``: the ``LookUp.extra`` of the task's look-up at submission
         (None when it found nothing, or the task is prepared again after a death; the engine
         then passes only the first four arguments)."""

@@ -16,12 +16,13 @@ import torch
 from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
-from gpufeed._engine.plugin import Completed, FillPlugin, LookUp
+from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
 from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import GpufeedWarning
+from gpufeed.image._batch_ops import BatchOp, batch_op_from
 from gpufeed.image._fill import FillReport, ImageFiller, ImagePlan, ImageTask
 from gpufeed.image._torchvision import is_torchvision, untranslated_reasons
 from gpufeed.image._views import MultiView
@@ -31,9 +32,11 @@ from gpufeed.sources._base import describe_callable
 log = logging.getLogger(__name__)
 
 
-def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed) -> list[str]:
+def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed,
+                         batch_transform=None) -> list[str]:
     given = []
     for name, value, default in (
+        ("batch_transform", batch_transform, None),
         ("channels_last", channels_last, False),
         ("normalize", normalize, None),
         ("dtype", dtype, None),
@@ -111,6 +114,7 @@ def make_image_feed(
     cache_scope: str = "rank",
     cache_text: str = "",
     dry_run: bool = False,
+    batch_transform: Any = None,
 ) -> ImageFeed | None:
     """The loader's ImageFeed, or None for the generic path (where image options are errors).
 
@@ -120,11 +124,14 @@ def make_image_feed(
     feed.
     ``cache_scope``: ``"rank"``, ``"host"`` or ``"auto"`` (``make_cache``); ``cache_text``: the
     ``cache_bytes`` given, as text (the host cache compares it); ``dry_run``: a check of the
-    options at construction, which attaches to no host cache.
+    options at construction, which attaches to no host cache. ``batch_transform``: MixUp/CutMix
+    (``gpufeed.image._batch_ops.batch_op_from``).
     """
+    batch_op = None if batch_transform is None else batch_op_from(batch_transform)
     blocker = fast_path_blocker(loader)
     if blocker is not None:
-        given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed)
+        given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed,
+                                     batch_transform)
         user_callable = getattr(loader.dataset, "calls_transform", False)
         if given:
             fix = ("Or drop these options and do their work in your transform (e.g. "
@@ -157,7 +164,10 @@ def make_image_feed(
             "of on the GPU (float batches cross PCIe: 4x the bytes of uint8). Drop the float ops "
             "to normalize on the GPU.", GpufeedWarning, stacklevel=2)
         on_gpu = False
-    gpu_transform = GpuTransform(dtype, normalize, bool(channels_last)) if on_gpu else None
+    targets = target_route(loader.dataset)
+    if batch_op is not None:
+        check_batch_op(batch_op, batch_transform, dtype, targets, transform)
+    gpu_transform = GpuTransform(dtype, normalize, bool(channels_last), batch_op) if on_gpu else None
     plan = ImagePlan(
         transform=transform,
         channels_last=bool(channels_last),
@@ -165,8 +175,10 @@ def make_image_feed(
         normalize=None if on_gpu else normalize,
         dtype=torch.uint8 if on_gpu else dtype,
         seed=int(seed),
-        cache=None if cache_budget == 0 else _cache_kind(transform),
-        targets=target_route(loader.dataset),
+        cache=None if cache_budget == 0 else _cache_kind(transform, batch_op, on_gpu),
+        targets=targets,
+        batch_op=batch_op,
+        batch_op_on_gpu=on_gpu,
     )
     batch = loader.batch_size or 1
     need = plan.layout(batch).planned_bytes
@@ -182,11 +194,46 @@ def make_image_feed(
     return ImageFeed(plan, loader.dataset, cache, gpu_transform)
 
 
-def _cache_kind(transform: Any) -> str:
-    """What the cache holds: decoded rows for a deterministic single-view transform, else the
-    encoded bytes (a ``MultiView`` caches bytes: its decoded rows, one entry of every view, are
-    not built yet; docs/design/sample-model.md, section 3)."""
-    return "decoded" if transform.deterministic and not isinstance(transform, MultiView) else "encoded"
+def check_batch_op(op: BatchOp, given: Any, dtype: torch.dtype, targets: str, transform: Any) -> None:
+    """``ValueError`` when ``op`` cannot run on this loader's batches: a ``MultiView`` (a batch
+    op mixes one image batch), a MixUp on uint8 output (torchvision's MixUp refuses uint8 too), or
+    targets that are not the source's int labels."""
+    name = type(given).__name__
+    if isinstance(transform, MultiView):
+        raise ValueError(
+            f"`batch_transform` {name} mixes one batch of images, and the dataset's transform is a "
+            f"MultiView of {len(transform.views)} views. Drop batch_transform, or mix the views "
+            "in your training step.")
+    if op.mixes_pixels and dtype == torch.uint8:
+        raise ValueError(
+            f"`batch_transform` {name} blends pixels (MixUp), which needs a float batch; the "
+            "output dtype is torch.uint8. Pass normalize=(mean, std) or dtype=torch.float32 "
+            "(with device='cuda', uint8 still crosses PCIe and the GPU converts), or use CutMix "
+            "alone, which works on uint8.")
+    if targets != "labels":
+        raise ValueError(
+            f"`batch_transform` {name} mixes int class labels into soft targets, and this "
+            "loader's targets are not the dataset's int labels (a target_transform, or targets "
+            "of another type). Drop the target_transform, or mix in your training step.")
+
+
+def explain_batch_op(given: Any, on_gpu: bool) -> str:
+    """``explain(loader)``'s line for a ``batch_transform``: what gpufeed runs, and where."""
+    where = ("on the GPU after normalize, with parameters drawn in the workers" if on_gpu else
+             "in the workers after the fill (CutMix pasted on the uint8 rows, MixUp fused into the "
+             "dtype/normalize pass)")
+    return f"batch_transform: {batch_op_from(given).describe()}, {where}; soft float32 targets."
+
+
+def _cache_kind(transform: Any, batch_op: BatchOp | None, on_gpu: bool) -> str:
+    """``"decoded"`` rows for a deterministic single-view transform, else ``"encoded"`` bytes. A
+    ``MultiView`` caches bytes (its decoded rows, one entry of every view, are not built yet;
+    docs/design/sample-model.md, section 3). A batch op run in the workers pastes CutMix boxes
+    into the uint8 rows the decoded cache would keep, so with one the cache holds encoded bytes
+    (with ``device="cuda"`` the GPU mixes: the rows stay)."""
+    if transform.deterministic and not isinstance(transform, MultiView) and (batch_op is None or on_gpu):
+        return "decoded"
+    return "encoded"
 
 
 def target_route(source: Any) -> str:
@@ -286,7 +333,7 @@ class ImageFeed(FillPlugin):
         """With a cache, ``prepare`` writes the hits into the task's slot."""
         return self.cache is not None
 
-    def look_up(self, epoch: int, indices: list[int], count: bool = True) -> LookUp:
+    def look_up(self, tag: PassTag, indices: list[int], count: bool = True) -> LookUp:
         """Look the batch up in the cache at submission (one ``get_many``, counted).
 
         When the decoded cache holds every row, the output is uint8 and the targets are int
@@ -308,11 +355,12 @@ class ImageFeed(FillPlugin):
         hits = self.cache.get_many(indices, count)
         n = len(indices)
         if (self.plan.cache == "decoded" and self.plan.dtype == torch.uint8 and n > 0
-                and self.plan.targets == "labels" and all(hit is not None for hit in hits)):
-            return LookUp(ParentBatch(epoch, hits), FillReport(kept=list(range(n))))
+                and self.plan.targets == "labels" and self.plan.batch_op is None
+                and all(hit is not None for hit in hits)):
+            return LookUp(ParentBatch(tag.epoch, hits), FillReport(kept=list(range(n))))
         return LookUp(hits, writes=any(hit is not None for hit in hits))
 
-    def prepare(self, epoch: int, indices: list[int], buf: torch.Tensor | None, count: bool = True,
+    def prepare(self, tag: PassTag, indices: list[int], buf: torch.Tensor | None, count: bool = True,
                 found: list[Any] | None = None) -> ImageTask:
         """Write cache hits into ``buf`` (the slot) and say which rows are done.
 
@@ -320,7 +368,7 @@ class ImageFeed(FillPlugin):
         were already counted as hits and misses. ``found``: what ``look_up`` found at
         submission (then the cache is not looked up again).
         """
-        task = ImageTask(epoch)
+        task = ImageTask(tag.epoch, tag.batch)
         if self.cache is None or buf is None:
             return task
         hits = self.cache.get_many(indices, count) if found is None else found

@@ -10,7 +10,9 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpufeed._engine.layout import align_up
+from gpufeed._engine.plugin import PassTag
 from gpufeed._fastpath.feed import ImageFeed
+from gpufeed._resume.indices import pulled_number
 from gpufeed.image._fill import fill_batch
 from gpufeed.stats import Stats
 
@@ -27,6 +29,7 @@ class LocalImageIter(_BaseDataLoaderIter):
         self._feed = feed
         self._stats = stats
         self._aug_epoch = aug_epoch
+        self._pulls = 0  # batches taken from the index stream
 
     def _next_data(self) -> Any:
         t0 = time.perf_counter()
@@ -43,7 +46,9 @@ class LocalImageIter(_BaseDataLoaderIter):
         if plan.cache == "encoded" and cache is not None:  # room for the encoded hits the feed stages
             nbytes += sum(align_up(len(v)) for v in map(cache.peek, indices) if v is not None)
         buf = torch.empty(nbytes, dtype=torch.uint8)
-        task = feed.prepare(self._aug_epoch, indices, buf)
+        tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, self._pulls))
+        self._pulls += 1
+        task = feed.prepare(tag, indices, buf)
         staged: dict[int, bytes] = {}
 
         def stage(pos: int, data: Any) -> None:
@@ -57,6 +62,6 @@ class LocalImageIter(_BaseDataLoaderIter):
             for pos, data in staged.items():
                 feed.cache.put(indices[pos], data)
         if self._pin_memory:
-            images, targets = batch
-            batch = (images.pin_memory(), pin_memory(targets))  # torch's rule for any structure
+            images, targets, *params = batch  # params: a batch op's, for the GPU (device="cuda")
+            batch = (images.pin_memory(), pin_memory(targets), *params)  # torch's rule for any structure
         return batch

@@ -199,6 +199,16 @@ class PositionedIndices:
     def __init__(self, loader: Any, inner: Any) -> None:
         self._loader = loader
         self.inner = inner
+        self.current: Pass | None = None  # the pass of the latest iter()
+
+    def last_number(self) -> int:
+        """The number in its pass of the batch pulled last: its place in the pass's order,
+        the batches a resumed pass skipped counted (so the same batch has the same number in
+        the checkpointed run and the resumed one)."""
+        p = self.current
+        if p is None or not p.numbers:
+            raise RuntimeError("gpufeed: no batch was pulled from this index stream")
+        return p.skipped_batches + p.numbers[-1]
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -206,6 +216,7 @@ class PositionedIndices:
     def __iter__(self) -> Iterator[Any]:
         p = Pass()
         self._loader._resume_state.latest = p
+        self.current = p
         return self._stream(p)
 
     def _stream(self, p: Pass) -> Iterator[Any]:
@@ -248,6 +259,15 @@ class PositionedIndices:
             if custom is not None:
                 custom.pulled(batch)
         p.finished = True
+
+
+def pulled_number(index_sampler: Any, pull: int) -> int:
+    """The number in the pass of the batch just pulled from ``index_sampler`` (a loader's
+    ``_index_sampler``): ``PositionedIndices.last_number``, or ``pull`` (the pulls counted from
+    0) for an index sampler that does not record positions."""
+    if isinstance(index_sampler, PositionedIndices):
+        return index_sampler.last_number()
+    return pull
 
 
 def _apply_loaded(p: Pass, kind: str, sampler: Any, resume: dict[str, Any]) -> int:

@@ -234,9 +234,11 @@ class HostRegistrar:
 
 class DeviceTransform(Protocol):
     """What the consumer stream does to a batch's tensors after the copy (the image path's
-    ``gpufeed.cuda._transform.GpuTransform``: dtype, layout, normalize)."""
+    ``gpufeed.cuda._transform.GpuTransform``: dtype, layout, normalize, a batch op)."""
 
     def apply(self, images: torch.Tensor) -> torch.Tensor: ...
+
+    def apply_batch(self, batch: Any) -> Any: ...
 
 
 class CudaOps:
@@ -496,20 +498,12 @@ class CudaIter:
         dev = feed.hand_to(dev, consumer)
         transform = feed.gpu_transform
         if transform is not None:
-            dev = (apply_to_images(transform, dev[0]), dev[1])
+            dev = transform.apply_batch(dev)
         if not self._done:
             self._issue()  # keep the pipeline full while the consumer computes
         if self.on_yield is not None:
             self.on_yield.yielded += 1
         return dev
-
-
-def apply_to_images(transform: Any, images: Any) -> Any:
-    """``transform.apply`` on a batch's image part: one tensor, or each view's tensor of a
-    ``MultiView``'s list (the normalize constants are shared: ``GpuTransform.constants``)."""
-    if isinstance(images, list):
-        return [transform.apply(view) for view in images]
-    return transform.apply(images)
 
 
 def _owned_by(ops: Any, t: torch.Tensor, stream: Any) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 from gpufeed.image._auto_reads import AutoReads
+from gpufeed.image._batch_ops import BatchOp, MixParams, batch_rng
 from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image._slot import SlotLayout, slot_layout
@@ -54,6 +55,10 @@ class ImagePlan:
     seed: int = 0
     cache: str | None = None  # "decoded" | "encoded" | None
     targets: str = "labels"  # "labels" | "collate": the targets' route (gpufeed.image._targets)
+    # MixUp/CutMix over each batch (gpufeed.image._batch_ops), on the labels route only; with
+    # ``device="cuda"`` (``batch_op_on_gpu``) the worker only draws its parameters.
+    batch_op: BatchOp | None = None
+    batch_op_on_gpu: bool = False
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -61,6 +66,8 @@ class ImagePlan:
         if self.targets not in TARGET_ROUTES:
             raise ValueError(f"`targets` must be one of {TARGET_ROUTES}. Found: {shorten(self.targets)}.")
         check_image_output(self.dtype, self.normalize)
+        if self.batch_op is not None and self.targets != "labels":
+            raise ValueError("a batch op (MixUp, CutMix) needs int labels in the slot (targets='labels').")
 
     @property
     def views(self) -> tuple[Any, ...]:
@@ -99,7 +106,8 @@ class ImagePlan:
         """Where the regions of an n-sample batch lie in its slot (``slot_layout``)."""
         itemsize = 0 if self.dtype == torch.uint8 else self.dtype.itemsize
         row_bytes = [h * w * 3 for h, w in (v.output_size for v in self.views)]
-        return slot_layout(n, row_bytes, itemsize, labels=self.targets == "labels")
+        soft = 0 if self.batch_op is None or self.batch_op_on_gpu else 4 * self.batch_op.num_classes
+        return slot_layout(n, row_bytes, itemsize, labels=self.targets == "labels", soft_bytes=soft)
 
     def rows(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         """View 0's uint8 rows as stored: (n, H, W, 3) or (n, 3, H, W)."""
@@ -127,6 +135,7 @@ class ImageTask:
     """Per-batch instructions from the parent: augmentation epoch and what the cache supplied."""
 
     epoch: int
+    batch: int = 0  # the batch's number in the pass (a batch op's draws are keyed by it)
     done: tuple[int, ...] = ()  # positions whose rows the parent already wrote
     given: tuple[tuple[int, int, int], ...] = ()  # (position, offset, nbytes) of encoded hits
     staging_used: int = 0  # bytes of the staging area the parent used
@@ -162,7 +171,7 @@ def fill_batch(
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: ReadAhead | None = None,
     prefetched: BatchReads | None = None,
-) -> tuple[tuple[Any, Any], FillReport]:
+) -> tuple[tuple[Any, ...], FillReport]:
     """Fill a batch in the slot ``bind()`` returns (uint8); returns ((images, targets), report).
 
     The slot is bound as late as possible: when the parent wrote nothing into it, the first
@@ -227,7 +236,7 @@ def _fill(
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
     reads: _Sequential | BatchReads,
-) -> tuple[tuple[Any, Any], FillReport]:
+) -> tuple[tuple[Any, ...], FillReport]:
     n = len(indices)
     report = FillReport()
     done = set(task.done)
@@ -297,10 +306,12 @@ def _fill(
 
 
 def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, report: FillReport,
-            targets: list[Any], buf: torch.Tensor) -> tuple[Any, Any]:
+            targets: list[Any], buf: torch.Tensor) -> tuple[Any, ...]:
     """The batch's end, once per batch: write the labels (or collate the targets), then per view
-    (``_finish_view``) move the kept rows up, convert and run the float ops; returns (images,
-    targets) of the kept rows, images a list of view batches for a ``MultiView``."""
+    (``_finish_view``) move the kept rows up, convert (with the batch op's parameters, fused into
+    the dtype pass) and run the float ops; returns (images, targets) of the kept rows, images a
+    list of view batches for a ``MultiView`` (with ``device="cuda"`` and a batch op: (images,
+    labels, the op's ``MixParams``), the GPU applying it)."""
     n = len(indices)
     layout = plan.layout(n)
     labels = None
@@ -312,20 +323,30 @@ def _finish(plan: ImagePlan, source: Any, indices: list[int], task: ImageTask, r
         for dst, src in enumerate(report.kept):
             if dst != src:
                 labels[dst] = labels[src]
+    op = plan.batch_op  # single-view plans only (refused with a MultiView at construction)
+    params = None if op is None else op.draw(batch_rng(plan.seed, task.epoch, task.batch), k, *plan.hw)
     rows = plan.view_rows(buf, n)
     images = [_finish_view(plan, view, rows[v], layout.floats[v].start if layout.floats else 0,
-                           buf, report.kept, [indices[pos] for pos in report.kept], task.epoch)
+                           buf, report.kept, [indices[pos] for pos in report.kept], task.epoch, params)
               for v, view in enumerate(plan.views)]
     image_part: Any = images if plan.multi else images[0]
-    if labels is not None:
+    if labels is None:
+        return image_part, collate_targets(source, indices, report.kept, targets)
+    if op is None or params is None:
         return image_part, labels[:k]
-    return image_part, collate_targets(source, indices, report.kept, targets)
+    if plan.batch_op_on_gpu:
+        return image_part, labels[:k], params
+    soft = layout.soft.of(buf)[: 4 * k * op.num_classes].view(torch.float32).view(k, op.num_classes)
+    return image_part, op.soft_targets(labels[:k], params, out=soft)
 
 
 def _finish_view(plan: ImagePlan, view: Any, rows_t: torch.Tensor, float_start: int,
-                 buf: torch.Tensor, kept: list[int], kept_indices: list[int], epoch: int) -> torch.Tensor:
+                 buf: torch.Tensor, kept: list[int], kept_indices: list[int], epoch: int,
+                 params: MixParams | None = None) -> torch.Tensor:
     """One view's rows: the kept ones moved up (in order), converted to the output dtype and
-    layout (into the float region from ``float_start``), then the view's float ops."""
+    layout (into the float region from ``float_start``) with the batch op's ``params`` (CutMix
+    pasted on uint8, MixUp fused into the conversion; in the workers only), then the view's
+    float ops."""
     k = len(kept)
     if k < rows_t.shape[0]:
         rows = rows_t.numpy()
@@ -335,8 +356,12 @@ def _finish_view(plan: ImagePlan, view: Any, rows_t: torch.Tensor, float_start: 
     images = rows_t[:k]
     if plan.channels_last:
         images = images.permute(0, 3, 1, 2)  # NCHW shape, NHWC memory
+    if plan.batch_op_on_gpu:
+        params = None  # the GPU mixes after the copy
     if plan.dtype != torch.uint8:
-        images = _to_float(plan, images, buf, float_start)
+        images = _to_float(plan, images, buf, float_start, params)
+    elif params is not None and plan.batch_op is not None:
+        plan.batch_op.paste_(images, params)  # uint8 output: CutMix only (a MixUp is refused at construction)
     float_ops = getattr(view, "float_ops", ())
     if float_ops:  # after normalize, as torchvision and timm run RandomErasing
         row_ops = RowOps(float_ops=float_ops)
@@ -348,9 +373,11 @@ def _finish_view(plan: ImagePlan, view: Any, rows_t: torch.Tensor, float_start: 
     return images
 
 
-def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int) -> torch.Tensor:
+def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: int,
+              params: MixParams | None = None) -> torch.Tensor:
     """(x / 255 - mean) / std (or x / 255) over the whole batch (of one view, NCHW shape), into
-    the slot's float area from ``offset``."""
+    the slot's float area from ``offset``, with the batch op's ``params`` applied in the same pass
+    (``BatchOp.convert``)."""
     k, _, h, w = images.shape
     nbytes = k * 3 * h * w * plan.dtype.itemsize
     flat = buf[offset : offset + nbytes].view(plan.dtype)
@@ -359,6 +386,8 @@ def _to_float(plan: ImagePlan, images: torch.Tensor, buf: torch.Tensor, offset: 
     else:
         out = flat.view(k, 3, h, w)
     constants = None if plan.normalize is None else affine(plan.normalize, work_dtype(plan.dtype))
+    if plan.batch_op is not None and params is not None:
+        return plan.batch_op.convert(out, images, constants, params)
     return convert_(out, images, constants)
 
 
@@ -448,7 +477,7 @@ class ImageFiller:
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
-             ) -> tuple[tuple[Any, Any], FillReport]:
+             ) -> tuple[tuple[Any, ...], FillReport]:
         """Lay the batch out in the slot, stage encoded misses after the parent's hits;
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""

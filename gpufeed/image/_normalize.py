@@ -35,8 +35,8 @@ import torch
 
 from gpufeed.errors import GpufeedWarning, shorten
 
-__all__ = ["FLOAT_DTYPES", "Normalize", "affine", "check_image_output", "convert_", "scale_shift",
-           "work_dtype"]
+__all__ = ["FLOAT_DTYPES", "Normalize", "affine", "check_image_output", "convert_", "memory_rows",
+           "scale_shift", "work_dtype"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -112,27 +112,20 @@ def convert_(out: torch.Tensor, images: torch.Tensor,
     if out.shape != images.shape:
         raise ValueError(f"`out` must have the shape of `images`, {tuple(images.shape)}. "
                          f"Found: {tuple(out.shape)}.")
-    n, _, h, w = images.shape
+    views = memory_rows(out, images, constants)
     work = work_dtype(out.dtype)
-    if _is_channels_last(images) and _is_channels_last(out):
-        src = images.permute(0, 2, 3, 1).view(n, h, w * 3)
-        dst = out.permute(0, 2, 3, 1).view(n, h, w * 3)
-        row = (1, w * 3)
-        scale, shift = (None, None) if constants is None else (
-            c.reshape(3).repeat(w).view(row) for c in constants)
-    elif not (images.is_contiguous() and out.is_contiguous()):  # other strides: one pass each
+    if views is None:  # other strides: one pass each
         y = images.to(work)
         if constants is None:
             y.mul_(1.0 / 255.0)
         else:
             y.mul_(constants[0].view(1, 3, 1, 1)).add_(constants[1].view(1, 3, 1, 1))
         return out.copy_(y)
-    else:
-        src, dst = images.view(n, 3, h * w), out.view(n, 3, h * w)
-        scale, shift = (None, None) if constants is None else (c.reshape(3, 1) for c in constants)
+    src, dst, scale, shift = views
+    n = src.shape[0]
     if n == 0:
         return out
-    per_image = 3 * h * w * work.itemsize
+    per_image = src.shape[1] * src.shape[2] * work.itemsize
     step = n if out.device.type != "cpu" else max(1, _CHUNK_BYTES // per_image)
     scratch = None
     if out.dtype != work:
@@ -148,6 +141,28 @@ def convert_(out: torch.Tensor, images: torch.Tensor,
         if scratch is not None:
             dst[i:i + step].copy_(y)
     return out
+
+
+def memory_rows(out: torch.Tensor, images: torch.Tensor, constants: tuple[torch.Tensor, torch.Tensor] | None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """``images`` and ``out`` (both (n, 3, H, W)) as (n, a, b) views in memory order, with the
+    per-channel constants shaped to broadcast over one (a, b) image: NCHW is (n, 3, H * W) with
+    (3, 1) constants, channels_last (n, H, W * 3) with (1, W * 3) ones (module docstring). None
+    when the two are not both NCHW-contiguous or both channels_last."""
+    n, _, h, w = images.shape
+    if _is_channels_last(images) and _is_channels_last(out):
+        src = images.permute(0, 2, 3, 1).view(n, h, w * 3)
+        dst = out.permute(0, 2, 3, 1).view(n, h, w * 3)
+        if constants is None:
+            return src, dst, None, None
+        scale, shift = (c.reshape(3).repeat(w).view(1, w * 3) for c in constants)
+        return src, dst, scale, shift
+    if not (images.is_contiguous() and out.is_contiguous()):
+        return None
+    src, dst = images.view(n, 3, h * w), out.view(n, 3, h * w)
+    if constants is None:
+        return src, dst, None, None
+    return src, dst, constants[0].reshape(3, 1), constants[1].reshape(3, 1)
 
 
 def _is_channels_last(t: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ A batch of n samples occupies its slot as (docs/design/sample-model.md, section 
 
     [ view 0: n uint8 rows ] ... [ view V-1 ][ int64 labels: n (the labels route only) ]
     [ view 0 floats ] ... [ view V-1 floats ]   (only when the output dtype is not uint8)
+    [ soft targets: n x num_classes float32 ]   (only with a batch op run in the workers)
     [ staging: the parent's encoded hits, then the worker's misses ... to the slot's end ]
 
 Every region begins on an ``align_up`` (64-byte) boundary; within a region rows are contiguous.
@@ -44,7 +45,8 @@ class SlotLayout:
     """The regions of an n-sample image batch; ``staging`` is where the staging area begins.
 
     ``views``: the uint8 rows of each view (n rows of h*w*3 bytes); ``labels``: the int64 labels;
-    ``floats``: each view's rows in the output dtype (empty for uint8 output). ``planned_bytes``
+    ``floats``: each view's rows in the output dtype (empty for uint8 output); ``soft``: the
+    float32 targets a batch op makes (MixUp, CutMix; empty without one). ``planned_bytes``
     (the staging start) is what ``max_batch_bytes`` must hold; the staging area is not planned.
     """
 
@@ -53,17 +55,20 @@ class SlotLayout:
     labels: Region
     floats: tuple[Region, ...]
     staging: int
+    soft: Region = Region(0, 0)
 
     @property
     def planned_bytes(self) -> int:
         return self.staging
 
 
-def slot_layout(n: int, row_bytes: Sequence[int], float_itemsize: int = 0, labels: bool = True) -> SlotLayout:
+def slot_layout(n: int, row_bytes: Sequence[int], float_itemsize: int = 0, labels: bool = True,
+                soft_bytes: int = 0) -> SlotLayout:
     """The layout of an n-sample batch whose view v has rows of ``row_bytes[v]`` uint8 bytes;
     ``float_itemsize``: bytes per element of the float output (0: the output is the uint8 rows);
     ``labels``: the targets are int64 labels in the slot (else their region is empty: targets
-    collated in the worker take what they need after the staging area)."""
+    collated in the worker take what they need after the staging area); ``soft_bytes``: bytes
+    per sample of a batch op's soft targets (0: none)."""
     cursor = 0
     views = []
     for nbytes in row_bytes:
@@ -76,4 +81,6 @@ def slot_layout(n: int, row_bytes: Sequence[int], float_itemsize: int = 0, label
         for nbytes in row_bytes:
             floats.append(Region(cursor, n * nbytes * float_itemsize))
             cursor = align_up(cursor + n * nbytes * float_itemsize)
-    return SlotLayout(n, tuple(views), label_region, tuple(floats), cursor)
+    soft = Region(cursor, n * soft_bytes)
+    cursor = align_up(soft.end)
+    return SlotLayout(n, tuple(views), label_region, tuple(floats), cursor, soft)
