@@ -1,6 +1,8 @@
-"""Two-sample tests for the augmentation parameter draws (no scipy): Kolmogorov-Smirnov for
-continuous parameters, chi-square for categories, both at a fixed significance of 0.001 (the
-draws come from fixed seeds, so a pass or a failure is the same on every run)."""
+"""Tests for the augmentation parameter draws (no scipy): two-sample Kolmogorov-Smirnov for
+continuous parameters, chi-square for categories (two samples, one sample against a probability,
+or two paired draws against independence), all at a fixed significance of 0.001 (the draws come
+from fixed seeds, so a pass or a failure is the same on every run). Needs numpy only:
+tests/unit uses it too."""
 
 from __future__ import annotations
 
@@ -65,3 +67,40 @@ def assert_same_categories(a: Sequence[Hashable], b: Sequence[Hashable], what: s
     stat, df = chi2_statistic(a, b)
     limit = chi2_critical(df)
     assert stat <= limit, f"{what}: chi-square {stat:.1f} > {limit:.1f} (df={df})"
+
+
+def assert_probability(flags: Sequence[bool], p: float, what: str) -> None:
+    """The share of True in ``flags`` is ``p`` (one-sample chi-square, 1 degree of freedom)."""
+    n, hits = len(flags), sum(bool(f) for f in flags)
+    expected = (n * p, n * (1 - p))
+    stat = sum((o - e) ** 2 / e for o, e in zip((hits, n - hits), expected))
+    limit = chi2_critical(1)
+    assert stat <= limit, f"{what}: {hits} of {n} against p={p}: chi-square {stat:.1f} > {limit:.1f}"
+
+
+def quantile_bins(values: Sequence[float], bins: int) -> list[int]:
+    """Each value's bin among ``bins`` bins of about equal counts (cut at the values' own
+    quantiles), to make a continuous parameter a category for :func:`assert_independent`."""
+    x = np.asarray(values, float)
+    cuts = np.quantile(x, np.linspace(0, 1, bins + 1)[1:-1])
+    return np.searchsorted(cuts, x, side="right").tolist()
+
+
+def assert_independent(a: Sequence[Hashable], b: Sequence[Hashable], what: str) -> None:
+    """Paired categories ``a[i]``, ``b[i]`` are independent: the chi-square test of the
+    contingency table against the product of its margins, (rows - 1)(columns - 1) degrees of
+    freedom. Every expected count must be >= 5 (bin coarser otherwise)."""
+    assert len(a) == len(b) and len(a) > 0
+    rows, cols = sorted(set(a), key=repr), sorted(set(b), key=repr)
+    if len(rows) < 2 or len(cols) < 2:
+        raise AssertionError(f"{what}: one side has a single category ({rows} x {cols})")
+    table = np.zeros((len(rows), len(cols)))
+    r, c = {k: i for i, k in enumerate(rows)}, {k: i for i, k in enumerate(cols)}
+    for x, y in zip(a, b):
+        table[r[x], c[y]] += 1
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / len(a)
+    assert expected.min() >= 5, f"{what}: an expected count of {expected.min():.1f} < 5; bin coarser"
+    stat = float(((table - expected) ** 2 / expected).sum())
+    df = (len(rows) - 1) * (len(cols) - 1)
+    limit = chi2_critical(df)
+    assert stat <= limit, f"{what}: chi-square {stat:.1f} > {limit:.1f} (df={df}), not independent"
