@@ -1,6 +1,6 @@
 """Several views per image (``gpufeed.MultiView``, docs/design/sample-model.md, stage 3): each view
 against its transform alone, one decode per sample at the largest demand, the batch's structure
-against DataLoader's, identical batches for any num_workers, exact resume, a worker's death."""
+against DataLoader's, identical batches for num_workers 0 to 3, exact resume, a worker's death."""
 
 from __future__ import annotations
 
@@ -181,6 +181,24 @@ def test_same_batches_for_any_num_workers(root, options):
     if options:
         assert want[0][0][0].dtype == torch.float32
         assert want[0][0][2].is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.fixture(scope="module")
+def tiny(image_folder) -> Path:
+    """Two batches' worth of images: enough for the workers' share of them to matter."""
+    return image_folder(num_classes=2, per_class=BATCH, size=((60, 90), (70, 100)), seed=32)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_same_batches_with_one_or_three_workers(tiny, num_workers):
+    """One worker makes every batch; three have one idle. The float ops (RandomErasing on the
+    global views) run in the workers, drawn per view from (seed, epoch, index, view)."""
+    options = {"normalize": (MEAN, STD), "channels_last": True}
+    want = list(loader(tiny, 0, **options))
+    assert len(want) == 2
+    assert_same(list(loader(tiny, num_workers, **options)), want)
 
 
 def test_float_ops_and_normalize_apply_to_every_view(root):
