@@ -419,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     env = describe_environment(args.workers)
     env["uptime_before"] = _uptime()
     env["torchvision"] = __import__("torchvision").__version__
+    if "caption_tar" in recipes:
+        env["webdataset"] = __import__("webdataset").__version__
     task = build(Data(root, shards), recipes, batch_size=args.batch_size, num_workers=args.workers)
     result = compare(task.loaders, num_batches=args.batches, num_rounds=args.rounds, environment=env,
                      rotate=True)
@@ -433,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             write(f"  {row.name}: {rep['status']} ({rep['detail']})")
     write(f"uptime before: {env['uptime_before']}\nuptime after:  {env['uptime_after']}")
     if args.json:
-        out = {"compare": result.to_dict(), "rows": {row.name: rep for row, rep in zip(task.rows, reports)}}
+        out = {"compare": result.to_dict(), "uptime_after": env["uptime_after"],
+               "rows": {row.name: rep for row, rep in zip(task.rows, reports)}}
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0
 
