@@ -189,10 +189,10 @@ def caption(class_name: str, index: int) -> str:
 def write_caption_shards(root: Path, out: Path, num_shards: int = NUM_SHARDS) -> tuple[str, ...]:
     """The images of the folder ``root`` as ``num_shards`` tar shards in ``out``, written once:
     members ``%06d.jpg``, ``%06d.cls`` (the class index) and ``%06d.txt`` (:func:`caption`)."""
-    import torchvision
+    import gpufeed
 
-    samples = torchvision.datasets.ImageFolder(str(root)).samples
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    folder = gpufeed.ImageFolder(root)
+    samples, classes = folder.samples, folder.classes
     paths = [out / f"caption-{k:06d}.tar" for k in range(num_shards)]
     done = out / f"done-{len(samples)}"
     if done.exists():
@@ -292,11 +292,11 @@ class PathTargets(torch.utils.data.Dataset):
 def multi_hot_samples(root: Path, num_classes: int = MULTI_LABEL_CLASSES, seed: int = 0) -> list[tuple[str, Any]]:
     """(path, float32 [num_classes] multi-hot) per image of ``root``: its folder's class and up
     to 3 others drawn from a generator seeded with ``seed``."""
-    import torchvision
+    import gpufeed
 
     g = torch.Generator().manual_seed(seed)
     out = []
-    for path, label in torchvision.datasets.ImageFolder(str(root)).samples:
+    for path, label in gpufeed.ImageFolder(root).samples:
         target = torch.zeros(num_classes)
         target[label % num_classes] = 1.0
         extra = int(torch.randint(0, 4, (), generator=g))
