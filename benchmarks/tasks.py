@@ -187,17 +187,19 @@ def caption(class_name: str, index: int) -> str:
 
 
 def write_caption_shards(root: Path, out: Path, num_shards: int = NUM_SHARDS) -> tuple[str, ...]:
-    """The images of the folder ``root`` as ``num_shards`` tar shards in ``out``, written once:
+    """The images of the folder ``root`` as ``num_shards`` tar shards in ``out``, written once
+    (rewritten when the folder's count or ``num_shards`` changed):
     members ``%06d.jpg``, ``%06d.cls`` (the class index) and ``%06d.txt`` (:func:`caption`)."""
     import gpufeed
 
     folder = gpufeed.ImageFolder(root)
     samples, classes = folder.samples, folder.classes
     paths = [out / f"caption-{k:06d}.tar" for k in range(num_shards)]
-    done = out / f"done-{len(samples)}"
-    if done.exists():
+    done = out / "done"  # "N in K": samples and shards, written once every shard is complete
+    if done.exists() and done.read_text() == f"{len(samples)} in {num_shards}":
         return tuple(str(p) for p in paths)
     out.mkdir(parents=True, exist_ok=True)
+    done.unlink(missing_ok=True)
     for k, path in enumerate(paths):
         with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
             for i in range(k, len(samples), num_shards):
@@ -208,7 +210,7 @@ def write_caption_shards(root: Path, out: Path, num_shards: int = NUM_SHARDS) ->
                     info = tarfile.TarInfo(f"{i:06d}.{ext}")
                     info.size, info.mode = len(blob), 0o444
                     tar.addfile(info, io.BytesIO(blob))
-    done.touch()
+    done.write_text(f"{len(samples)} in {num_shards}")
     return tuple(str(p) for p in paths)
 
 

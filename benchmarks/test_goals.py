@@ -157,6 +157,7 @@ def test_caption_shards_give_tarshards_and_webdataset_the_same_captions(tmp_path
     make_image_folder(tmp_path / "images", num_classes=2, per_class=3, size=(40, 50), seed=1)
     shards = tasks.write_caption_shards(tmp_path / "images", tmp_path / "shards", num_shards=2)
     assert tasks.write_caption_shards(tmp_path / "images", tmp_path / "shards", num_shards=2) == shards
+    assert len(TarShards(list(tasks.write_caption_shards(tmp_path / "images", tmp_path / "x", 3)))) == 6
     captions, labels = TarShards(list(shards), label="txt"), TarShards(list(shards))
     got = {captions.target(i): labels.target(i) for i in range(len(captions))}
     classes = sorted(p.name for p in (tmp_path / "images").iterdir())
