@@ -42,7 +42,7 @@ class Goal:
             object.__setattr__(self, "status", "met" if self.met else "NOT met")
 
 
-def _speed_goal(result: CompareResult, name: str, ref: str, target: float, label: str,
+def speed_goal(result: CompareResult, name: str, ref: str, target: float, label: str,
                 notes: tuple[str, ...] = (), noisy_hint: bool = True) -> Goal:
     """``name``'s images/s over ``ref``'s against ``target``; inconclusive when the ratio of
     medians and the median per-round ratio disagree (``noisy_hint``: then say what to do)."""
@@ -66,7 +66,7 @@ def image_goals(run: ImageBenchResult) -> list[Goal]:
     if FAST_NAME in names and PIL_NAME in names:
         notes = () if run.num_workers == GOAL_NUM_WORKERS else (
             f"measured at num_workers={run.num_workers}; the goal is stated at {GOAL_NUM_WORKERS}",)
-        goals.append(_speed_goal(result, FAST_NAME, PIL_NAME, GOAL_SPEEDUP,
+        goals.append(speed_goal(result, FAST_NAME, PIL_NAME, GOAL_SPEEDUP,
                                  f"{run.transform} >= {GOAL_SPEEDUP:.1f}x {PIL_NAME} images/s", notes))
     fast = [n for n in names if n.startswith(FAST_NAME)]
     layout_ref = LAYOUT_REFERENCE.name
@@ -74,7 +74,7 @@ def image_goals(run: ImageBenchResult) -> list[Goal]:
         for n in fast:
             if n == layout_ref:
                 continue
-            goals.append(_speed_goal(result, n, layout_ref, GOAL_LAYOUT,
+            goals.append(speed_goal(result, n, layout_ref, GOAL_LAYOUT,
                                      f"{n} >= {GOAL_LAYOUT:.2f}x {layout_ref} images/s"))
     refs = [n for n in names if not n.startswith(FAST_NAME)]
     if FAST_NAME in names and refs:
@@ -112,7 +112,7 @@ def large_photo_goals(result: CompareResult, transform: str) -> list[Goal]:
     goals = []
     notes = () if transform == "eval" else ("the goal is stated for eval",)
     for ref, target in LARGE_PHOTO_GOALS.items():
-        goals.append(_speed_goal(result, FAST_NAME, ref, target,
+        goals.append(speed_goal(result, FAST_NAME, ref, target,
                                  f"{transform} {FAST_NAME} >= {target:.1f}x {ref} images/s", notes,
                                  noisy_hint=False))
     return goals

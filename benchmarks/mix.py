@@ -46,22 +46,28 @@ def make_op(name: str, num_classes: int) -> Any:
     return V.CutMix(alpha=1.0, num_classes=num_classes)
 
 
+def recipe() -> Any:
+    """torchvision v2's classification recipe (module docstring), one object for every loader."""
+    import torchvision.transforms.v2 as V
+
+    return V.Compose([V.RandomResizedCrop(224), V.RandomHorizontalFlip(), V.ToImage(),
+                      V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD)])
+
+
 def factories(root: Path, *, batch_size: int, num_workers: int, seed: int = 0) -> dict[str, Callable[[], Any]]:
     """Loader name -> a callable building a fresh loader (module docstring)."""
     import warnings
 
     import torchvision
-    import torchvision.transforms.v2 as V
     from torch.utils.data import DataLoader, default_collate
 
     import gpufeed
 
-    recipe = V.Compose([V.RandomResizedCrop(224), V.RandomHorizontalFlip(), V.ToImage(),
-                        V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD)])
+    transform = recipe()
     with warnings.catch_warnings():
         warnings.simplefilter("error", gpufeed.GpufeedWarning)  # the recipe must stay on the fast path
-        ours = gpufeed.ImageFolder(root, transform=recipe)
-    theirs = torchvision.datasets.ImageFolder(str(root), transform=recipe)
+        ours = gpufeed.ImageFolder(root, transform=transform)
+    theirs = torchvision.datasets.ImageFolder(str(root), transform=transform)
     num_classes = len(theirs.classes)
 
     def common() -> dict[str, Any]:

@@ -6,10 +6,11 @@ large_photos.py. Plain tests, no pytest-benchmark fixture: ``make test`` runs th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks import e2e_images
+from benchmarks import e2e_images, tasks
 from benchmarks._goals import (
     GOAL_LAYOUT,
     GOAL_SPEEDUP,
@@ -122,3 +123,45 @@ def test_e2e_images_prints_and_records_the_goals(tmp_path, capsys):
     assert {g["name"] for g in run["goals"]} == {f"train >= 2.0x {PIL_NAME} images/s",
                                                  "peak PSS <= DataLoader's", "peak footprint <= DataLoader's"}
     assert all(g["status"] in ("met", "NOT met", "inconclusive") for g in run["goals"])
+
+
+# -- benchmarks/tasks.py: rows of (loader, peer, target), statuses by the same rule ------------
+
+def test_task_rows_take_the_goal_rule_and_a_row_without_target_has_no_status():
+    result = _compare({"peer": [1, 1, 3], "met": [2.5, 2.2, 2.4], "noisy": [4, 1.5, 3], "slow": [0.5, 0.5, 0.5]})
+    rows = [tasks.Row("a", "met", "peer", 2.0), tasks.Row("b", "noisy", "peer", 2.0),
+            tasks.Row("c", "slow", "peer", 0.9), tasks.Row("d", "met", "peer")]
+    reports = [tasks.row_report(result, r) for r in rows]
+    assert [r["status"] for r in reports] == ["met", "inconclusive", "NOT met", "no target"]
+    assert reports[1]["ratio"] == 3.0 and reports[1]["paired"] == [4.0, 1.5, 1.0]
+    lines = tasks.format_rows(rows, reports)
+    assert ">=2.0x  inconclusive" in lines[2] and lines[4].split()[4:6] == ["-", "no"]
+
+
+def test_task_recipes_share_a_loader_of_the_same_name(monkeypatch):
+    def recipe(loaders, row):
+        return lambda data, **kw: tasks.Task({n: (lambda n=n: n) for n in loaders}, (row,))
+
+    monkeypatch.setattr(tasks, "RECIPES", {
+        "x": recipe(["shared", "x"], tasks.Row("x", "x", "shared", 0.9)),
+        "y": recipe(["y", "shared"], tasks.Row("y", "y", "shared", 2.0))})
+    task = tasks.build(tasks.Data(Path("."), ()), ["x", "y"], batch_size=2, num_workers=0)
+    assert list(task.loaders) == ["shared", "x", "y"] and [r.name for r in task.rows] == ["x", "y"]
+    with pytest.raises(ValueError, match="`recipes` must name recipes of"):
+        tasks.build(tasks.Data(Path("."), ()), ["z"], batch_size=2, num_workers=0)
+
+
+def test_caption_shards_give_tarshards_and_webdataset_the_same_captions(tmp_path):
+    from gpufeed import TarShards
+
+    make_image_folder(tmp_path / "images", num_classes=2, per_class=3, size=(40, 50), seed=1)
+    shards = tasks.write_caption_shards(tmp_path / "images", tmp_path / "shards", num_shards=2)
+    assert tasks.write_caption_shards(tmp_path / "images", tmp_path / "shards", num_shards=2) == shards
+    assert len(TarShards(list(tasks.write_caption_shards(tmp_path / "images", tmp_path / "x", 3)))) == 6
+    captions, labels = TarShards(list(shards), label="txt"), TarShards(list(shards))
+    got = {captions.target(i): labels.target(i) for i in range(len(captions))}
+    classes = sorted(p.name for p in (tmp_path / "images").iterdir())
+    assert len(got) == 6 and all(text.startswith(f"a photo of a {classes[y]}, ") for text, y in got.items())
+    wds = pytest.importorskip("webdataset", reason="webdataset reads the same shards when installed")
+    pipe = wds.WebDataset(list(shards), shardshuffle=False).decode("pil").to_tuple("jpg", "txt")
+    assert {text for _, text in pipe} == set(got)
