@@ -1,7 +1,9 @@
-"""Helpers the benchmark scripts share: CPU seconds of processes."""
+"""Helpers the benchmark scripts share: CPU seconds of processes, the host's load."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterable
 
 import psutil
@@ -27,3 +29,12 @@ def tree_cpu_s() -> float:
     except psutil.NoSuchProcess:
         children = []
     return sum(cpu_s_by_pid([me.pid, *(c.pid for c in children)]).values())
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages a result records beside its figures), or the load
+    averages alone where the command is missing."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load average {os.getloadavg()}"

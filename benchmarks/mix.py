@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks._common import uptime
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -115,13 +115,6 @@ def pass_costs(batch_size: int, reps: int = 9) -> dict[str, float]:
     return {name: round(1000 * statistics.median(t), 2) for name, t in times.items()}
 
 
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return f"load average {os.getloadavg()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?")
@@ -137,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(args.root) if args.root else Path(prepare_demo_data("demo-mix", args.images)[0])
     env = describe_environment(args.workers)
-    env["uptime_before"] = _uptime()
+    env["uptime_before"] = uptime()
     env["torchvision"] = __import__("torchvision").__version__
     made = factories(root, batch_size=args.batch_size, num_workers=args.workers)
     result = compare(made, num_rounds=args.rounds, environment=env, rotate=True)
-    env["uptime_after"] = _uptime()
+    env["uptime_after"] = uptime()
     write(result.format_table())
     ratios: dict[str, Any] = {}
     write("\nop       vs gpufeed (goal >= 0.9x)   vs DataLoader + collate idiom (goal >= 2.0x)   per round")

@@ -48,8 +48,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import subprocess
 import sys
 import tarfile
 from collections.abc import Callable, Sequence
@@ -60,6 +58,7 @@ from typing import Any
 import torch
 
 from benchmarks import mix
+from benchmarks._common import uptime
 from benchmarks._goals import speed_goal
 
 MEAN = (0.485, 0.456, 0.406)
@@ -391,13 +390,6 @@ def format_rows(rows: Sequence[Row], reports: Sequence[dict[str, Any]]) -> list[
     return lines
 
 
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return f"load average {os.getloadavg()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?")
@@ -419,14 +411,14 @@ def main(argv: list[str] | None = None) -> int:
     shards = (write_caption_shards(root, root.parent / f"{root.name}-caption-shards")
               if "caption_tar" in recipes else ())
     env = describe_environment(args.workers)
-    env["uptime_before"] = _uptime()
+    env["uptime_before"] = uptime()
     env["torchvision"] = __import__("torchvision").__version__
     if "caption_tar" in recipes:
         env["webdataset"] = __import__("webdataset").__version__
     task = build(Data(root, shards), recipes, batch_size=args.batch_size, num_workers=args.workers)
     result = compare(task.loaders, num_batches=args.batches, num_rounds=args.rounds, environment=env,
                      rotate=True)
-    env["uptime_after"] = _uptime()
+    env["uptime_after"] = uptime()
     write(result.format_table())
     reports = [row_report(result, row) for row in task.rows]
     write("")

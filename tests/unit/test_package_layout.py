@@ -53,7 +53,6 @@ def test_every_public_module_lists_its_names_sorted_and_resolvable(name):
 
 def test_each_public_name_is_exported_by_one_public_package_besides_gpufeed():
     homes: dict[int, list[str]] = {}
-    objects = {}
     for name in PUBLIC:
         if name == "gpufeed":
             continue
@@ -63,7 +62,6 @@ def test_each_public_name_is_exported_by_one_public_package_besides_gpufeed():
             if isinstance(obj, (int, float, str, tuple, frozenset, dict)):
                 continue  # constants compare by value; their names are checked by the test above
             homes.setdefault(id(obj), []).append(f"{name}.{attr}")
-            objects[id(obj)] = obj
     shared = {k: v for k, v in homes.items() if len(v) > 1}
     assert not shared, f"exported by more than one public package: {sorted(shared.values())}"
 
