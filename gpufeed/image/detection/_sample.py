@@ -1,0 +1,261 @@
+"""A detection/segmentation sample as the joint ops see it in a worker: the decoded image and
+its target's typed leaves (boxes, masks, keypoints), in numpy, with torchvision v2's meaning.
+
+The image is an (H, W, 3) uint8 RGB array (HWC) until the pipeline's end. A target is any
+pytree (dict, list, tuple) whose leaves are :class:`Boxes`, :class:`Mask`, :class:`KeyPoints`
+or anything else (labels, ids: carried as they are; ``SanitizeBoundingBoxes`` filters the
+labels it finds). A joint op draws its parameters once per sample (``JointOp.draw``) and
+applies them to the image and to every leaf (``JointOp.apply``), as a torchvision v2 transform
+does. Masks are not resampled op by op: nearest-neighbour geometry (crop, pad, flip, resize)
+composes row and column index maps (:meth:`Mask.select`), and only the pixels the output keeps
+are read at the end (:meth:`Mask.dense`), from a dense array or from a lazy decoder (COCO RLE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "BOX_FORMATS",
+    "Boxes",
+    "JointOp",
+    "KeyPoints",
+    "LazyPlanes",
+    "Mask",
+    "Sample",
+    "map_leaves",
+    "sample_rng",
+    "torch_nearest_index",
+]
+
+#: The axis-aligned box formats the joint ops transform (torchvision's ``BoundingBoxFormat``
+#: names); rotated formats are out of scope (a pipeline with them runs its ops as given).
+BOX_FORMATS = ("XYXY", "XYWH", "CXCYWH")
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of one sample's joint-op parameters: SHAKE-128 of (seed, epoch, index)
+    under a key of its own seeds a PCG64, so the draws are the same in any process."""
+    key = f"gpufeed-joint:{int(seed)}:{int(epoch)}:{int(index)}"
+    words = struct.unpack("<4I", hashlib.shake_128(key.encode()).digest(16))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(words))))
+
+
+def torch_nearest_index(in_size: int, out_size: int) -> np.ndarray:
+    """Source index of each output index under torch's ``interpolate(mode="nearest")`` (what
+    torchvision v2 resizes masks with): ``min(floor(dst * (in / out)), in - 1)`` in float32,
+    with torch's shortcuts for equal and doubled sizes."""
+    dst = np.arange(out_size, dtype=np.int64)
+    if out_size == in_size:
+        return dst
+    if out_size == 2 * in_size:
+        return dst >> 1
+    scale = np.float32(in_size) / np.float32(out_size)
+    src = np.floor(dst.astype(np.float32) * scale).astype(np.int64)
+    return np.minimum(src, in_size - 1)
+
+
+@dataclass
+class Boxes:
+    """``tv_tensors.BoundingBoxes`` in numpy: ``data`` (N, 4) float64 in ``format``, on a
+    ``canvas`` of (H, W) pixels. ``dtype``: the torch dtype name the leaf leaves as
+    (``"float32"`` for COCO). ``clamping_mode``: torchvision's ``"soft"``, ``"hard"`` or None."""
+
+    data: np.ndarray
+    format: str
+    canvas: tuple[int, int]
+    clamping_mode: str | None = "soft"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.format not in BOX_FORMATS:
+            raise ValueError(f"box format must be one of {', '.join(BOX_FORMATS)} (rotated formats "
+                             f"run their ops as given). Found: {self.format!r}.")
+        self.data = np.asarray(self.data, dtype=np.float64).reshape(-1, 4)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class KeyPoints:
+    """``tv_tensors.KeyPoints`` in numpy: ``data`` (..., 2) float64 (x, y) on a ``canvas`` of
+    (H, W) pixels; ``dtype`` as for :class:`Boxes`."""
+
+    data: np.ndarray
+    canvas: tuple[int, int]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        self.data = np.asarray(self.data, dtype=np.float64)
+
+
+class LazyPlanes(Protocol):
+    """Mask planes decoded only where asked (e.g. COCO polygons/RLE, rasterised at the source
+    size as pycocotools does): ``shape`` is (N, H, W) at the source."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """(N, len(rows), len(cols)) uint8: planes at the given source rows and columns (each
+        in range)."""
+
+
+@dataclass
+class Mask:
+    """``tv_tensors.Mask``: one plane (H, W) or N planes (N, H, W) of ``dtype`` (a numpy dtype
+    name), dense (``data``) or lazy (``lazy``), seen through index maps.
+
+    ``rows``/``cols``: for each output row/column, the source row/column it copies, -1 where it
+    is ``fill`` (padding); None is the identity. Nearest-neighbour ops compose these maps
+    (:meth:`select`) instead of moving pixels; :meth:`dense` reads the output once. An op that
+    is not a selection (affine warps) calls :meth:`dense` first and sets ``data``.
+    """
+
+    data: np.ndarray | None = None
+    lazy: LazyPlanes | None = None
+    planes: bool = True  # (N, H, W); False: one (H, W) plane
+    dtype: str = "uint8"
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+    fill: float = 0
+    _source_hw: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.lazy is None):
+            raise ValueError("a Mask takes exactly one of `data` (an array) and `lazy`")
+        if self.data is not None:
+            self.planes = self.data.ndim == 3
+            self.dtype = str(self.data.dtype)
+            self._source_hw = tuple(self.data.shape[-2:])  # type: ignore[assignment]
+        else:
+            assert self.lazy is not None
+            self._source_hw = tuple(self.lazy.shape[1:])  # type: ignore[assignment]
+
+    @property
+    def count(self) -> int:
+        """Planes (1 for a single plane)."""
+        if self.data is not None:
+            return self.data.shape[0] if self.planes else 1
+        assert self.lazy is not None
+        return self.lazy.shape[0]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the output as the maps stand."""
+        h = self._source_hw[0] if self.rows is None else len(self.rows)
+        w = self._source_hw[1] if self.cols is None else len(self.cols)
+        return h, w
+
+    def _maps(self) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.arange(self._source_hw[0]) if self.rows is None else self.rows
+        cols = np.arange(self._source_hw[1]) if self.cols is None else self.cols
+        return rows, cols
+
+    def select(self, rows: np.ndarray | None, cols: np.ndarray | None, fill: float | None = None) -> None:
+        """Compose a selection: output row i is current row ``rows[i]`` (-1: ``fill``), the same
+        for columns; None keeps that axis. A ``fill`` other than the pending one materialises
+        the mask first (one fill value per map)."""
+        pending = self.rows is not None and bool((self.rows < 0).any()) or \
+            self.cols is not None and bool((self.cols < 0).any())
+        if fill is not None and fill != self.fill and pending:
+            self.materialize()
+        if fill is not None:
+            self.fill = fill
+        cur_rows, cur_cols = self._maps()
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.int64)
+            self.rows = np.where(rows < 0, -1, cur_rows[np.clip(rows, 0, None)])
+        if cols is not None:
+            cols = np.asarray(cols, dtype=np.int64)
+            self.cols = np.where(cols < 0, -1, cur_cols[np.clip(cols, 0, None)])
+
+    def dense(self) -> np.ndarray:
+        """The output planes as an array ((N, H, W), or (H, W) for one plane), in ``dtype``."""
+        rows, cols = self._maps()
+        if self.rows is None and self.cols is None and self.data is not None:
+            return self.data
+        r_ok, c_ok = rows >= 0, cols >= 0
+        n = self.count
+        out = np.full((n, len(rows), len(cols)), self.fill, dtype=self.dtype)
+        if r_ok.any() and c_ok.any():
+            rr, cc = rows[r_ok], cols[c_ok]
+            if self.data is not None:
+                src = self.data if self.planes else self.data[None]
+                got = src[:, rr[:, None], cc[None, :]]
+            else:
+                assert self.lazy is not None
+                got = self.lazy.pixels(rr, cc)
+            out[:, np.flatnonzero(r_ok)[:, None], np.flatnonzero(c_ok)[None, :]] = got
+        return out if self.planes else out[0]
+
+    def materialize(self) -> np.ndarray:
+        """Read the output into ``data`` (dropping the maps and the lazy source); returns it."""
+        data = self.dense()
+        self.data, self.lazy, self.rows, self.cols = data, None, None, None
+        self._source_hw = tuple(data.shape[-2:])  # type: ignore[assignment]
+        return data
+
+
+@dataclass
+class Sample:
+    """One sample in a worker: ``image`` (H, W, 3) uint8 RGB, ``target`` a pytree of leaves."""
+
+    image: np.ndarray
+    target: Any
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the image."""
+        return self.image.shape[0], self.image.shape[1]
+
+    def leaves(self) -> list[Any]:
+        """The target's leaves, depth first (dict values in order)."""
+        out: list[Any] = []
+        map_leaves(self.target, lambda leaf: out.append(leaf) or leaf)
+        return out
+
+
+def map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with every leaf replaced by ``fn(leaf)``: dicts, lists and tuples (namedtuples
+    too) are walked, anything else is a leaf."""
+    if isinstance(tree, dict):
+        return type(tree)((k, map_leaves(v, fn)) for k, v in tree.items()) if type(tree) is not dict \
+            else {k: map_leaves(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [map_leaves(v, fn) for v in tree]
+    if isinstance(tree, tuple):
+        items = [map_leaves(v, fn) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+    return fn(tree)
+
+
+class JointOp(ABC):
+    """A transform of the image and its target together, with torchvision v2's semantics.
+
+    Subclasses are named like the torchvision op they stand for and take its constructor
+    arguments (so a translation is a lookup). ``draw`` returns the parameters for one sample
+    (None: the op leaves this sample unchanged, e.g. a flip not taken); ``apply`` returns the
+    transformed sample (it may change the one given)."""
+
+    name: str = ""
+
+    @abstractmethod
+    def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
+        """This sample's parameters, from ``rng`` (and the sample's sizes or boxes)."""
+
+    @abstractmethod
+    def apply(self, sample: Sample, params: Any) -> Sample:
+        """The sample with ``params`` applied to its image and every leaf."""
+
+    def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
+        params = self.draw(rng, sample)
+        return sample if params is None else self.apply(sample, params)
