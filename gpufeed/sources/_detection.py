@@ -4,11 +4,16 @@ the per-sample fast path (``docs/design/detection.md``)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from torch.utils.data import Dataset
 
 from gpufeed.decoders._header import Buffer
+from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.image.detection._translate import translate_detection
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DetectionSource"]
 
@@ -26,7 +31,25 @@ class DetectionSource(Dataset):
     """
 
     epoch: int = 0
-    transforms: Any = None
+    _transforms: Any = None
+
+    @property
+    def transforms(self) -> Any:
+        """None, a :class:`DetectionPipeline` (translated: the fast path) or a callable taking
+        (PIL image, target) (the generic path)."""
+        return self._transforms
+
+    @transforms.setter
+    def transforms(self, value: Any) -> None:
+        if value is not None and not isinstance(value, DetectionPipeline):
+            if not callable(value):
+                raise TypeError(f"`transforms` must be None, a torchvision v2 pipeline or a "
+                                f"callable taking (image, target). Found: {type(value).__name__}.")
+            translated, report = translate_detection(value)
+            log.info("gpufeed: %s: %s", type(self).__name__, report)
+            if translated is not None:
+                value = translated
+        self._transforms = value
 
     def __len__(self) -> int:
         raise NotImplementedError
