@@ -98,7 +98,7 @@ def test_subclasses_with_their_own_pickling_and_parameters_keep_it(slot):
 
 def test_a_subclass_that_requires_grad_is_pickled_as_torch_would(slot):
     arena, writer, index = slot
-    t = tagged(torch.ones(3), name="w").requires_grad_()
+    t = tagged(torch.ones(3), label="w").requires_grad_()
     _, _, out = _round_trip(arena, writer, index, t)
-    assert out.requires_grad and type(out) is Tagged and out.name == "w"
-    assert pickle.loads(pickle.dumps(t)).name == "w"
+    assert out.requires_grad and type(out) is Tagged and out.label == "w"
+    assert pickle.loads(pickle.dumps(t)).label == "w"
