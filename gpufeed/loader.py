@@ -413,8 +413,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 iterator = super()._get_iterator()
                 self._mark_pass(epoch)
                 return iterator
-            local = LocalSampleIter if isinstance(self._image_feed, SampleFeed) else LocalImageIter
-            iterator = local(self, self._image_feed, context.stats, epoch)
+            feed = self._image_feed
+            iterator = (LocalSampleIter(self, feed, context.stats, epoch) if isinstance(feed, SampleFeed)
+                        else LocalImageIter(self, feed, context.stats, epoch))
         else:
             self.check_worker_number_rationality()
             iterator = FastIter(self, context, epoch, self._take_resume_workers())
