@@ -5,7 +5,6 @@ runs read, decode, target, joint ops and output in its workers, with images of a
 from __future__ import annotations
 
 import logging
-import signal
 
 import pytest
 import torch
@@ -115,8 +114,7 @@ def test_a_worker_killed_mid_epoch_is_replaced_and_its_batch_rerun(records, tmp_
     assert_same(got, reference(records))
     assert sorted(t["image_id"] for _, targets in got for t in targets) == list(range(N))
     assert fast.stats()["worker_restarts"] == 1
-    assert (tmp_path / "died-6").exists()
-    assert signal.SIGKILL  # (the worker killed itself with it: see FilesDetection.read_item)
+    assert (tmp_path / "died-6").exists()  # the worker that read sample 6 was SIGKILLed
 
 
 @pytest.fixture
