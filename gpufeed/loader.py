@@ -456,8 +456,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         """Counters since the loader was created.
 
         Always: path ("image": the image fast path, over a ``DetectionSource`` its per-sample form
-        with any collate_fn; "generic": per-sample ``__getitem__`` + collate) and path_reason (why the generic path, and the fix; None on the image path),
-        as ``gpufeed.explain(loader)`` says them; batches, samples, batches_per_s,
+        with any collate_fn; "generic": per-sample ``__getitem__`` + collate) and path_reason
+        (why the generic path, and the fix; None on the image path), as ``gpufeed.explain(loader)``
+        says them; batches, samples, batches_per_s,
         samples_per_s; per-stage worker seconds (fetch_s, read_s, decode_s, transform_s,
         collate_s, pack_s, h2d_s); wait_s and
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
@@ -534,13 +535,14 @@ def explain(target: Any) -> str:
       ``__getitem__`` + collate), with the reason and the fix (``loader.stats()["path"]`` and
       ``["path_reason"]``); for a torch ``DataLoader``, the path a ``FastLoader`` with the same
       arguments would take; then, for a gpufeed image dataset, its transform as below;
-    - a gpufeed image dataset: its transform as below;
+    - a gpufeed image dataset: its transform as below; a detection dataset (``DetectionSource``):
+      what runs per sample, and its pipeline's ops;
     - a transform (gpufeed's, a torchvision or timm pipeline, any callable, None): where each op
       runs (:func:`gpufeed.image.explain_transform`).
     """
     if isinstance(target, DataLoader):
         return explain_loader(target, isinstance(target, FastLoader))
-    if isinstance(target, ImageSource):
+    if isinstance(target, (ImageSource, DetectionSource)):
         return explain_dataset(target)
     return explain_transform(target)
 

@@ -8,6 +8,7 @@ from typing import Any
 from gpufeed._fastpath.feed import GENERIC_PATH, explain_batch_op, fast_path_blocker
 from gpufeed._fastpath.samples import SAMPLE_PATH, explain_samples
 from gpufeed.image import explain_transform
+from gpufeed.image.detection import DetectionPipeline
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 
@@ -38,7 +39,13 @@ def explain_loader(loader: Any, fast: bool) -> str:
     return head + "\n" + explain_dataset(loader.dataset)
 
 
-def explain_dataset(dataset: ImageSource) -> str:
-    """A gpufeed image dataset's transform: where each op runs."""
+def explain_dataset(dataset: ImageSource | DetectionSource) -> str:
+    """A gpufeed image dataset's transform: where each op runs (a detection dataset: what runs
+    per sample, or its untranslated ``transforms``)."""
+    if isinstance(dataset, DetectionSource):
+        if isinstance(dataset.transforms, DetectionPipeline):
+            return f"{type(dataset).__name__}: " + "\n".join(explain_samples(dataset))
+        text = explain_transform(dataset.transforms)
+        return f"{type(dataset).__name__}'s transforms: " + text.replace("\n", "\n  ")
     text = explain_transform(dataset.transform)
     return f"{type(dataset).__name__}'s transform: " + text.replace("\n", "\n  ")

@@ -72,11 +72,13 @@ def test_batches_equal_torch_dataloaders_with_images_of_different_sizes(records)
 
 
 def test_default_collate_works_when_sizes_are_equal(same_size_records):
-    got = list(loader(same_size_records, collate_fn=default_collate))
+    fast = loader(same_size_records, collate_fn=default_collate)
+    got = list(fast)
     want = reference(same_size_records, collate_fn=default_collate)
     assert_same(got, want)
     images, targets = got[0]
     assert images.shape == (4, 3, 40, 56) and targets["boxes"].shape == (4, 2, 4)
+    assert fast.stats()["overflow_bytes"] == 0  # stacked in the slot by the workers' collate
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 3])
@@ -187,6 +189,8 @@ def test_explain_and_stats_name_the_per_sample_path(records):
     assert fast.stats()["path"] == "image"
     torch_text = gpufeed.explain(DataLoader(fast.dataset, batch_size=2, collate_fn=tuple_collate))
     assert "would take the image path (per sample" in torch_text
+    dataset_text = gpufeed.explain(fast.dataset)
+    assert dataset_text.startswith("FilesDetection: per sample, in the workers") and "FlipH(p=0.5)" in dataset_text
 
 
 def test_the_image_options_are_refused_with_the_fix(records):
