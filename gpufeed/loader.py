@@ -18,19 +18,21 @@ from gpufeed._engine.arena import Arena
 from gpufeed._engine.context import EngineContext, Registrar
 from gpufeed._engine.iterator import FastIter
 from gpufeed._engine.ranks import check_local_ranks
-from gpufeed._fastpath.feed import GENERIC_PATH, ImageFeed, explain_batch_op, fast_path_blocker, make_image_feed
-from gpufeed._fastpath.local import LocalImageIter
+from gpufeed._fastpath.explain import explain_dataset, explain_loader
+from gpufeed._fastpath.feed import ImageFeed, fast_path_blocker, make_image_feed
+from gpufeed._fastpath.local import LocalImageIter, LocalSampleIter
+from gpufeed._fastpath.samples import SampleFeed, make_sample_feed
+from gpufeed._options import check_options, serve_metrics
 from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
 from gpufeed.cache import CacheSize, parse_cache_bytes
-from gpufeed.cache._job import SCOPES
 from gpufeed.config import EngineConfig
-from gpufeed.cuda._feed import CudaFeed, check_device, resolve_device
-from gpufeed.errors import GpufeedWarning, check_int, shorten
+from gpufeed.cuda._feed import CudaFeed, resolve_device
+from gpufeed.errors import GpufeedWarning, check_int
 from gpufeed.image import explain_transform
 from gpufeed.image._cv2threads import single_threaded_cv2
-from gpufeed.metrics import start_server
 from gpufeed.sources import ImageSource
+from gpufeed.sources._detection import DetectionSource
 from gpufeed.stats import Stats, worker_usage
 
 T_co = TypeVar("T_co", covariant=True)
@@ -48,7 +50,10 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     With a gpufeed image dataset (``ImageFolder``, ``ImageDataset``, ``LMDBDataset``) that has a
     transform, and the default ``collate_fn``, batches take the image fast path: workers decode,
     crop and resize straight into the batch, which arrives as ``(images, labels)``: images a
-    ``[N, 3, H, W]`` tensor (uint8, or normalized floats), labels int64 ``[N]``.
+    ``[N, 3, H, W]`` tensor (uint8, or normalized floats), labels int64 ``[N]``. With a
+    detection dataset (``DetectionSource``) whose ``transforms`` gpufeed translated, its
+    per-sample form: images of any size, any ``collate_fn``, run in the workers
+    (``seed``/``on_error`` apply; the batch options do not: the pipeline sets the output).
 
     Other Parameters:
         max_worker_restarts: dead workers replaced per iterator before raising ``WorkerError``.
@@ -159,15 +164,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             max_batch_bytes=max_batch_bytes,
             shutdown_timeout_s=shutdown_timeout_s,
         )
-        parse_cache_bytes(cache_bytes)
-        if cache_scope not in SCOPES:
-            raise ValueError(f"`cache_scope` must be one of {', '.join(map(repr, SCOPES))}. "
-                             f"Found: {shorten(cache_scope)}.")
-        check_int("prefetch_batches", prefetch_batches, 1)
-        if metrics_port is not None:
-            check_int("metrics_port", metrics_port, 0, 65535, rule="in 0-65535 (0: any free port)")
-        check_device(device)  # no CUDA call: "cuda" is resolved at the first iteration
-        check_local_ranks(local_ranks)
+        check_options(cache_bytes=cache_bytes, cache_scope=cache_scope, prefetch_batches=prefetch_batches,
+                      metrics_port=metrics_port, device=device, local_ranks=local_ranks)
         # Every option is an attribute under its parameter name, holding the value given (decision
         # 14): frameworks rebuild loaders from them. Set before DataLoader's own __init__ so that
         # a rebuild reading them can never see a half-made loader.
@@ -196,14 +194,14 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         self._context: EngineContext | None = None  # made at the first iter() of this process
         self._context_pid = 0
         self._cuda_feed: CudaFeed | None = None
-        self._image_feed: ImageFeed | None = None
+        self._image_feed: ImageFeed | SampleFeed | None = None
         self._epoch = 0
         self._sampler_epochs: dict[int, Any] = {}  # id(sampler) -> its epoch at its last pass
         self._warned_epoch = False
         self._resume_state = ResumeState()  # what was loaded, the latest pass (gpufeed._resume.loader)
         self.metrics_server = None
         if metrics_port is not None:
-            self.metrics_server = _serve_metrics(metrics_port)
+            self.metrics_server = serve_metrics(metrics_port)
             if self.metrics_server is not None:
                 self.metrics_server.register(self)
         self.__options_frozen = True
@@ -289,12 +287,14 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
 
     # -- the state of the process that iterates -----------------------------------------------------
 
-    def _make_image_feed(self, on_gpu: bool, dry_run: bool = False) -> ImageFeed | None:
-        """The image feed, or None for the generic path, whose reason it keeps for ``stats()``
-        and ``explain(loader)``; ``dry_run``: the check at construction (it warns of the generic
-        path once, and attaches to no host cache)."""
+    def _make_image_feed(self, on_gpu: bool, dry_run: bool = False) -> ImageFeed | SampleFeed | None:
+        """The image feed (over a ``DetectionSource``: the per-sample one), or None for the
+        generic path, whose reason it keeps for ``stats()`` and ``explain(loader)``; ``dry_run``:
+        the check at construction (it warns of the generic path once, and attaches to no host
+        cache)."""
         self._path_reason: str | None = fast_path_blocker(self)
-        return make_image_feed(
+        make = make_sample_feed if isinstance(self.dataset, DetectionSource) else make_image_feed
+        return make(
             self,
             channels_last=self.channels_last,
             normalize=self.normalize,
@@ -413,7 +413,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
                 iterator = super()._get_iterator()
                 self._mark_pass(epoch)
                 return iterator
-            iterator = LocalImageIter(self, self._image_feed, context.stats, epoch)
+            feed = self._image_feed
+            iterator = (LocalSampleIter(self, feed, context.stats, epoch) if isinstance(feed, SampleFeed)
+                        else LocalImageIter(self, feed, context.stats, epoch))
         else:
             self.check_worker_number_rationality()
             iterator = FastIter(self, context, epoch, self._take_resume_workers())
@@ -453,9 +455,10 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
     def stats(self) -> dict[str, Any]:
         """Counters since the loader was created.
 
-        Always: path ("image": the image fast path; "generic": per-sample ``__getitem__`` +
-        collate) and path_reason (why the generic path, and the fix; None on the image path),
-        as ``gpufeed.explain(loader)`` says them; batches, samples, batches_per_s,
+        Always: path ("image": the image fast path, over a ``DetectionSource`` its per-sample form
+        with any collate_fn; "generic": per-sample ``__getitem__`` + collate) and path_reason
+        (why the generic path, and the fix; None on the image path), as ``gpufeed.explain(loader)``
+        says them; batches, samples, batches_per_s,
         samples_per_s; per-stage worker seconds (fetch_s, read_s, decode_s, transform_s,
         collate_s, pack_s, h2d_s); wait_s and
         data_wait_fraction (time ``__next__`` blocked: the consumer's starvation); queue_depth
@@ -532,38 +535,16 @@ def explain(target: Any) -> str:
       ``__getitem__`` + collate), with the reason and the fix (``loader.stats()["path"]`` and
       ``["path_reason"]``); for a torch ``DataLoader``, the path a ``FastLoader`` with the same
       arguments would take; then, for a gpufeed image dataset, its transform as below;
-    - a gpufeed image dataset: its transform as below;
+    - a gpufeed image dataset: its transform as below; a detection dataset (``DetectionSource``):
+      what runs per sample, and its pipeline's ops;
     - a transform (gpufeed's, a torchvision or timm pipeline, any callable, None): where each op
       runs (:func:`gpufeed.image.explain_transform`).
     """
     if isinstance(target, DataLoader):
-        return _explain_loader(target)
-    if isinstance(target, ImageSource):
-        return _explain_dataset(target)
+        return explain_loader(target, isinstance(target, FastLoader))
+    if isinstance(target, (ImageSource, DetectionSource)):
+        return explain_dataset(target)
     return explain_transform(target)
-
-
-def _explain_loader(loader: DataLoader[Any]) -> str:
-    if isinstance(loader, FastLoader):
-        reason = loader._path_reason
-        head = (f"{type(loader).__name__}: "
-                + ("the image fast path (decode, crop and resize straight into the batch)."
-                   if reason is None else f"{GENERIC_PATH}, because {reason}."))
-    else:
-        reason = fast_path_blocker(loader)
-        head = (f"{type(loader).__name__}: torch's own per-sample path (__getitem__ + collate). "
-                "gpufeed.FastLoader with the same arguments would take "
-                + ("the image fast path." if reason is None else f"{GENERIC_PATH}, because {reason}."))
-    if isinstance(loader, FastLoader) and reason is None and loader.batch_transform is not None:
-        head += "\n" + explain_batch_op(loader.batch_transform, loader.device is not None)
-    if not isinstance(loader.dataset, ImageSource):
-        return head
-    return head + "\n" + _explain_dataset(loader.dataset)
-
-
-def _explain_dataset(dataset: ImageSource) -> str:
-    text = explain_transform(dataset.transform)
-    return f"{type(dataset).__name__}'s transform: " + text.replace("\n", "\n  ")
 
 
 def _signature() -> inspect.Signature:
@@ -591,27 +572,3 @@ _OPTIONS = frozenset(
 def _rebuild(cls: type[FastLoader[Any]], kwargs: dict[str, Any]) -> FastLoader[Any]:
     """Unpickle a loader: a fresh one made from its arguments."""
     return cls(**kwargs)
-
-
-def _serve_metrics(metrics_port: int) -> Any:
-    """The metrics endpoint of a loader: port ``metrics_port + LOCAL_RANK`` (the ``LOCAL_RANK``
-    environment variable torchrun and Lightning set; 0 when unset), so the ranks of one host
-    serve side by side. ``metrics_port=0`` picks a free port. A port another program holds is
-    logged as a warning, never an error: metrics must not stop a training rank."""
-    port = metrics_port
-    if port:
-        try:
-            port += int(os.environ.get("LOCAL_RANK", "0"))
-        except ValueError:
-            pass
-    try:
-        return start_server(min(port, 65535))
-    except OSError as exc:
-        warnings.warn(
-            f"gpufeed metrics: port {port} (metrics_port={metrics_port} + LOCAL_RANK) cannot be bound "
-            f"({exc}); this loader serves no metrics. Pick a free metrics_port, or serve them yourself "
-            "(gpufeed.metrics.start_server(port).register(loader)).",
-            GpufeedWarning,
-            stacklevel=3,
-        )
-        return None

@@ -7,7 +7,13 @@ slot (by the arena-backed collate) cost nothing; others are copied in once per s
 that shared a storage in the worker share it in the parent too. Parent side, ``unpack`` turns the
 references back into views of the lease.
 
-What cannot live in the arena (sparse, quantized, nested, tensors that require grad, tensor
+A CPU strided tensor *subclass* (torchvision's ``tv_tensors``: ``Image``, ``BoundingBoxes``,
+``Mask``, ``KeyPoints``) travels as a plain tensor would, its payload in the slot, with its class
+and ``__dict__`` (``format``, ``canvas_size``...) in the skeleton; the parent rebuilds it as
+``plain.as_subclass(cls)`` with that ``__dict__``. Subclasses with their own dispatch
+(``__torch_dispatch__``) or pickling (``__reduce_ex__``), and ``nn.Parameter``, are left alone.
+
+What cannot live in the arena (sparse, quantized, nested, tensors that require grad, those
 subclasses, object arrays, payloads larger than the slot) is pickled inline, as torch would.
 """
 
@@ -48,6 +54,18 @@ def _arena_eligible(t: torch.Tensor) -> bool:
     )
 
 
+def _plain_subclass(t: torch.Tensor) -> bool:
+    """A tensor subclass that is a plain tensor plus Python attributes (``tv_tensors``): no
+    dispatch or pickling of its own, not a ``Parameter``."""
+    cls = type(t)
+    return (
+        cls is not torch.Tensor
+        and not isinstance(t, torch.nn.Parameter)
+        and cls.__torch_dispatch__ is torch.Tensor.__torch_dispatch__
+        and cls.__reduce_ex__ is torch.Tensor.__reduce_ex__
+    )
+
+
 class _Packer(pickle.Pickler):
     def __init__(self, file: io.BytesIO, writer: SlotWriter) -> None:
         super().__init__(file, protocol=_PROTOCOL)
@@ -70,6 +88,8 @@ class _Packer(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
+            if _plain_subclass(obj):
+                return self._subclass(obj)
             if self._writer.owns_storage(obj.untyped_storage().data_ptr()):
                 return self._arena_backed(obj)
             if not _arena_eligible(obj):
@@ -78,6 +98,16 @@ class _Packer(pickle.Pickler):
         if type(obj) is np.ndarray:
             return self._ndarray(obj)
         return None
+
+    def _subclass(self, t: torch.Tensor) -> Any:
+        """A tensor subclass: its plain tensor's reference, with its class and ``__dict__``;
+        None (pickled inline, as torch would) when the plain tensor cannot live in the slot."""
+        with torch._C.DisableTorchFunctionSubclass():
+            plain = t.as_subclass(torch.Tensor)
+        inner = self.persistent_id(plain)
+        if inner is None:
+            return None
+        return ("s", type(t), dict(t.__dict__), inner)
 
     def _copied(self, t: torch.Tensor) -> Any:
         """A tensor with a storage of its own: the storage is copied into the slot once."""
@@ -163,8 +193,9 @@ class _ViewPacker(_Packer):
 
     def persistent_id(self, obj: Any) -> Any:
         pid = super().persistent_id(obj)
-        if pid is not None and pid[0] in ("t", "n"):
-            self.end = max(self.end, pid[1] + pid[2])
+        ref = pid[3] if pid is not None and pid[0] == "s" else pid
+        if ref is not None and ref[0] in ("t", "n"):
+            self.end = max(self.end, ref[1] + ref[2])
         return pid
 
 
@@ -195,6 +226,11 @@ class _Unpacker(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         kind = pid[0]
+        if kind == "s":
+            _, cls, attrs, inner = pid
+            t = self.persistent_load(inner).as_subclass(cls)
+            t.__dict__.update(attrs)
+            return t
         if kind == "t":
             _, off, nbytes, dtype, shape, stride, storage_offset, requires_grad = pid
             base = self._base(off, nbytes)

@@ -17,6 +17,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
+from gpufeed._fastpath.samples import sample_path_blocker
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
 from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
@@ -28,6 +29,7 @@ from gpufeed.image._torchvision import is_torchvision, untranslated_reasons
 from gpufeed.image._views import MultiView
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 from gpufeed.sources._base import describe_callable
+from gpufeed.sources._detection import DetectionSource
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,11 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 
 def fast_path_blocker(loader: Any) -> str | None:
-    """Why ``loader`` cannot take the image fast path, and the fix, or None if it can."""
+    """Why ``loader`` cannot take the image fast path, and the fix, or None if it can (over a
+    ``DetectionSource``: its per-sample form, ``gpufeed._fastpath.samples``)."""
     dataset = loader.dataset
+    if isinstance(dataset, DetectionSource):
+        return sample_path_blocker(loader)
     if not isinstance(dataset, ImageSource):
         return f"the dataset is a {type(dataset).__name__}, not a gpufeed image dataset"
     if isinstance(dataset.transform, MultiView) and not dataset.transform.translated:
@@ -92,7 +97,7 @@ def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
     """Warn (``GpufeedWarning``) that ``loader``, over a gpufeed image dataset, takes the generic
     path: why, and the fix (``blocker``). A loader over any other dataset is not warned about:
     the generic path is the only one it has."""
-    if not isinstance(loader.dataset, ImageSource):
+    if not isinstance(loader.dataset, (ImageSource, DetectionSource)):
         return
     warnings.warn(GpufeedWarning(
         f"gpufeed: this loader of {type(loader.dataset).__name__} takes {GENERIC_PATH}, not "

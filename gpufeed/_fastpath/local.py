@@ -1,4 +1,5 @@
-"""The image fast path in the main process (``num_workers=0``): same batches as with workers."""
+"""The image fast path in the main process (``num_workers=0``): same batches as with workers
+(``LocalImageIter``; ``LocalSampleIter`` for the per-sample form)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import PassTag
 from gpufeed._fastpath.feed import ImageFeed
+from gpufeed._fastpath.samples import SampleFeed
 from gpufeed._resume.indices import pulled_number
 from gpufeed.image._fill import fill_batch
+from gpufeed.image._sample_fill import fill_samples
 from gpufeed.stats import Stats
 
 
@@ -65,3 +68,34 @@ class LocalImageIter(_BaseDataLoaderIter):
             images, targets, *params = batch  # params: a batch op's, for the GPU (device="cuda")
             batch = (images.pin_memory(), pin_memory(targets), *params)  # torch's rule for any structure
         return batch
+
+
+class LocalSampleIter(_BaseDataLoaderIter):
+    """The per-sample path in the main process: each sample read, decoded and transformed in
+    turn (images in torch's memory), then the loader's ``collate_fn``; the same batches as with
+    workers (the draws are keyed by seed, epoch and index)."""
+
+    def __init__(self, loader: Any, feed: SampleFeed, stats: Stats, aug_epoch: int) -> None:
+        super().__init__(loader)
+        self._feed = feed
+        self._stats = stats
+        self._aug_epoch = aug_epoch
+        self._pulls = 0  # batches taken from the index stream
+
+    def _next_data(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._fill_next()
+        finally:
+            self._stats.add_wait(time.perf_counter() - t0, 0)
+
+    def _fill_next(self) -> Any:
+        indices = self._next_index()  # StopIteration ends the epoch
+        feed = self._feed
+        tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, self._pulls))
+        self._pulls += 1
+        task = feed.prepare(tag, indices, None)
+        batch, report = fill_samples(feed.plan, feed.source, indices, task, None)
+        self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
+        feed.absorb(indices, task, report, None)
+        return pin_memory(batch) if self._pin_memory else batch

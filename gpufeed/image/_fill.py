@@ -184,7 +184,7 @@ def fill_batch(
     batch_reads = prefetched
     if batch_reads is None:
         batch_reads = begin_reads(reads, source, indices, task)
-    order: _Sequential | BatchReads = batch_reads or _Sequential(source.read_item, _misses(indices, task))
+    order: SequentialReads | BatchReads = batch_reads or SequentialReads(source.read_item, _misses(indices, task))
     try:
         out, report = _fill(plan, source, indices, task, bind, stage, order)
     finally:
@@ -203,13 +203,18 @@ def _misses(indices: list[int], task: ImageTask) -> list[int]:
 def begin_reads(reads: ReadAhead | None, source: Any, indices: list[int], task: ImageTask,
                 ) -> BatchReads | None:
     """Start reading the task's misses on ``reads`` (None: they are read one at a time)."""
-    misses = _misses(indices, task)
-    if reads is None or len(misses) < 2:
+    return read_ahead(reads, source, _misses(indices, task))
+
+
+def read_ahead(reads: ReadAhead | None, source: Any, indices: list[int]) -> BatchReads | None:
+    """Start reading ``indices`` (``source.read_item``) on ``reads``; None when there is no
+    read-ahead or fewer than two reads (they are then read one at a time: ``SequentialReads``)."""
+    if reads is None or len(indices) < 2:
         return None
-    return reads.batch(source.read_item, misses)
+    return reads.batch(source.read_item, indices)
 
 
-class _Sequential:
+class SequentialReads:
     """Reads one sample at a time, at its turn (the main process, or read_concurrency=1)."""
 
     def __init__(self, read: Callable[[int], tuple[Any, Any]], indices: list[int]) -> None:
@@ -235,7 +240,7 @@ def _fill(
     task: ImageTask,
     bind: Callable[[], torch.Tensor],
     stage: Callable[[int, Any], tuple[int, int] | None] | None,
-    reads: _Sequential | BatchReads,
+    reads: SequentialReads | BatchReads,
 ) -> tuple[tuple[Any, ...], FillReport]:
     n = len(indices)
     report = FillReport()
@@ -422,7 +427,7 @@ class WorkerReads:
             ahead = self.ahead = ReadAhead(concurrency, budget)
         return ahead
 
-    def observe(self, source: Any, report: FillReport) -> None:
+    def observe(self, source: Any, report: Any) -> None:
         """Take a filled task's figures (``AutoReads.observe``; ``read_auto`` sources only)."""
         if self.auto is not None and getattr(source, "read_auto", False):
             self.auto.observe(report.read_s, report.reads, report.read_latency_s,
@@ -435,20 +440,12 @@ class WorkerReads:
             self.ahead.stop()
 
 
-@dataclass(frozen=True)
-class ImageFiller:
-    """The image path's worker half (the engine's ``BatchFiller``): ``fill_batch`` into the
-    task's arena slot, instead of ``__getitem__`` + ``collate_fn``.
+class ReadsOwner:
+    """What a filler that reads in its worker shares (``ImageFiller``, ``SampleFiller``): one
+    OpenCV thread per worker, and this process's ``WorkerReads`` in ``_reads``, made at its
+    first use in each process and ended by :meth:`teardown`."""
 
-    Made in the parent; what a worker reads with (``WorkerReads``) is made in the worker at its
-    first task and ended by :meth:`teardown`: a pickled filler carries only its plan, and a
-    forked one makes its own."""
-
-    plan: ImagePlan
-    _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __reduce__(self) -> tuple[type[ImageFiller], tuple[ImagePlan]]:
-        return ImageFiller, (self.plan,)  # the plan only: read state belongs to one process
+    _reads: WorkerReads | None
 
     def setup(self) -> None:
         """One OpenCV thread per worker."""
@@ -470,6 +467,22 @@ class ImageFiller:
             reads = WorkerReads()
             object.__setattr__(self, "_reads", reads)  # frozen: the plan never changes, this does
         return reads
+
+
+@dataclass(frozen=True)
+class ImageFiller(ReadsOwner):
+    """The image path's worker half (the engine's ``BatchFiller``): ``fill_batch`` into the
+    task's arena slot, instead of ``__getitem__`` + ``collate_fn``.
+
+    Made in the parent; what a worker reads with (``WorkerReads``) is made in the worker at its
+    first task and ended by :meth:`teardown`: a pickled filler carries only its plan, and a
+    forked one makes its own."""
+
+    plan: ImagePlan
+    _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[type[ImageFiller], tuple[ImagePlan]]:
+        return ImageFiller, (self.plan,)  # the plan only: read state belongs to one process
 
     def prefetch(self, source: Any, indices: list[int], task: ImageTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it)."""

@@ -1,0 +1,144 @@
+"""The parent side of the per-sample fast path (detection/segmentation: ``docs/design/
+detection.md``): whether a loader over a ``DetectionSource`` takes it, its plan, and
+``SampleFeed``, the engine's ``FillPlugin`` (no cache yet: every sample is read and decoded by a
+worker in every epoch).
+
+The path is the image path's per-sample form: ``loader.stats()["path"]`` is ``"image"`` for it
+too (the image fast path, as against the generic ``__getitem__`` + collate), and
+``gpufeed.explain(loader)`` tells the two forms apart. Any ``collate_fn`` runs on it, in the
+workers; the image path's batch options (``channels_last``, ``normalize``, ``dtype``,
+``batch_transform``, ``cache_bytes``) are refused: the pipeline's own ``ToDtype`` /
+``Normalize`` set the output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gpufeed._engine.plugin import FillPlugin, PassTag
+from gpufeed.errors import describe_callable
+from gpufeed.image._sample_fill import SampleFiller, SamplePlan, SampleReport, SampleTask
+from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.sources._detection import DetectionSource
+
+log = logging.getLogger(__name__)
+
+#: ``explain(loader)``'s name of this path.
+SAMPLE_PATH = "the image path (per sample: variable sizes, collate_fn in the workers)"
+
+#: The image path's batch options, which a per-sample loader refuses: (name, key in
+#: ``make_image_feed``'s keywords, default).
+_IMAGE_ONLY = (("channels_last", "channels_last", False), ("normalize", "normalize", None),
+               ("dtype", "dtype", None), ("batch_transform", "batch_transform", None),
+               ("cache_bytes", "cache_budget", 0))
+
+
+def sample_path_blocker(loader: Any) -> str | None:
+    """Why ``loader`` (over a ``DetectionSource``) cannot take the per-sample fast path, and the
+    fix, or None if it can. Any ``collate_fn`` can."""
+    pipeline = loader.dataset.transforms
+    if pipeline is None:
+        return ("the detection dataset has no `transforms`, so its samples are PIL images run "
+                "through __getitem__; give it a torchvision v2 pipeline gpufeed translates (at "
+                "least ToImage()) for the fast path")
+    if not isinstance(pipeline, DetectionPipeline):
+        return (f"the dataset's transforms ({describe_callable(pipeline)}) is not a pipeline gpufeed "
+                "translates, so it runs as given in workers on PIL images and tv_tensors; use the "
+                "torchvision v2 ops gpufeed translates (gpufeed.explain(dataset.transforms) says "
+                "which do not)")
+    if loader.batch_sampler is None:
+        return ("batch_size=None disables batching; give a batch_size (or a batch_sampler) for "
+                "the fast path")
+    return None
+
+
+def check_sample_options(options: dict[str, Any]) -> None:
+    """``ValueError`` naming the image-path options given to a loader over a ``DetectionSource``
+    (``options``: ``make_image_feed``'s keywords)."""
+    given = [name for name, key, default in _IMAGE_ONLY if options.get(key, default) not in (default, None)]
+    if given:
+        names = ", ".join(f"`{g}`" for g in given)
+        raise ValueError(
+            f"{names} {'applies' if len(given) == 1 else 'apply'} to image classification batches, not to a "
+            f"detection dataset's samples (images of any size, collated by your collate_fn). Drop "
+            f"{'it' if len(given) == 1 else 'them'}: put ToDtype(torch.float32, scale=True) and "
+            "Normalize(mean, std) in the dataset's transforms (they run on each sample, in the workers); "
+            "no host cache exists for detection samples yet.")
+
+
+def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, **options: Any) -> SampleFeed | None:
+    """The loader's ``SampleFeed``, or None for the generic path (then ``seed``/``on_error``
+    are errors, and with ``announce`` the generic path is warned about once). ``options``: the
+    image path's other keywords (``make_image_feed``'s): the batch options are refused."""
+    from gpufeed._fastpath.feed import warn_generic_path  # (feed imports this module)
+
+    check_sample_options(options)
+    blocker = sample_path_blocker(loader)
+    if blocker is not None:
+        given = [name for name, value, default in (("on_error", on_error, "raise"), ("seed", seed, None))
+                 if value != default]
+        if given:
+            raise ValueError(
+                f"{', '.join(f'`{g}`' for g in given)} only {'applies' if len(given) == 1 else 'apply'} to "
+                f"the fast path, which this loader cannot take: {blocker}. Or drop these options.")
+        if options.get("announce"):
+            warn_generic_path(loader, blocker, stacklevel=4)
+        return None
+    pipeline: DetectionPipeline = loader.dataset.transforms
+    if seed is None:
+        seed = pipeline.seed if pipeline.seed is not None else _default_seed(loader.generator)
+    plan = SamplePlan(pipeline=pipeline, collate_fn=loader.collate_fn, seed=int(seed), on_error=on_error)
+    return SampleFeed(plan, loader.dataset)
+
+
+def _default_seed(generator: torch.Generator | None) -> int:
+    # initial_seed() does not advance the generator, as on the image path
+    return (generator.initial_seed() if generator is not None else torch.initial_seed()) % (1 << 63)
+
+
+def explain_samples(dataset: DetectionSource) -> Sequence[str]:
+    """``explain(loader)``'s lines for the per-sample path: where things run, then the ops."""
+    pipeline: DetectionPipeline = dataset.transforms
+    lines = ["per sample, in the workers: read, decode (stored orientation), target_of, the joint ops:"]
+    lines += [f"  {line}" for line in pipeline.describe()] or ["  (none)"]
+    out = "tv_tensors" if not pipeline.pure else "plain tensors"
+    lines.append(f"then the output stage ({pipeline.image_dtype}, {out}; the image written into the "
+                 "batch's shared-memory slot) and your collate_fn on the batch's samples.")
+    lines.append("No host cache on this path yet: every epoch reads and decodes every sample.")
+    return lines
+
+
+class SampleFeed(FillPlugin):
+    """Parent side of the per-sample path (the engine's ``FillPlugin``): per-task epochs, and
+    the counts of images and skipped samples; ``filler`` is the worker side."""
+
+    def __init__(self, plan: SamplePlan, source: Any) -> None:
+        self.plan = plan
+        self.filler = SampleFiller(plan)
+        self.source = source
+        self.cache = None  # no cache on this path (yet)
+        self.gpu_transform = None  # the pipeline sets the dtype: nothing runs after the copy
+        self.images = 0
+        self.skipped = 0
+        self._logged: set[str] = set()
+
+    @property
+    def parent_binds(self) -> bool:
+        return False
+
+    def prepare(self, tag: PassTag, indices: list[int], buf: torch.Tensor | None, count: bool = True,
+                found: Any = None) -> SampleTask:
+        return SampleTask(tag.epoch, tag.batch)
+
+    def absorb(self, indices: list[int], task: SampleTask, report: SampleReport, buf: torch.Tensor | None) -> None:
+        """Count the batch; log each skipped file once."""
+        self.images += len(report.kept)
+        self.skipped += len(report.errors)
+        for index, where, message in report.errors:
+            if where not in self._logged:
+                self._logged.add(where)
+                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)

@@ -1,0 +1,206 @@
+"""The per-sample fast path's worker half: detection/segmentation samples of any size, and any
+``collate_fn`` (``docs/design/detection.md``, section 1).
+
+Per sample of a batch, in a worker: ``source.read_item(i)`` (read ahead on threads, as the image
+path reads), the decode at stored orientation (as PIL's ``Image.open`` sees the file),
+``source.target_of(i, record, (H, W))``, the ``DetectionPipeline``'s joint ops with
+``sample_rng(seed, epoch, i)``, and its output stage, which writes the image tensor straight into
+the task's arena slot (``SlotWriter.tensor``), so the transport references it where it lies.
+Then, per batch, the loader's ``collate_fn`` on the list of samples, as ``DataLoader`` runs it;
+the engine packs what it returns. Results depend only on (seed, epoch, sample index).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+from gpufeed.decoders import decode, read_header
+from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, add_note, describe_callable, shorten
+from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, read_ahead
+from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image._transforms import stored_orientation
+from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
+from gpufeed.image.detection._sample import Sample, sample_rng
+
+if TYPE_CHECKING:
+    from gpufeed._engine.arena import SlotWriter
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """What every batch of a per-sample loader does (picklable; travels to workers):
+    ``pipeline`` per sample, then ``collate_fn`` per batch; ``seed`` keys the joint ops' draws;
+    ``on_error``: ``"raise"`` or ``"skip"`` (an unreadable or undecodable sample is left out)."""
+
+    pipeline: DetectionPipeline
+    collate_fn: Callable[[list[Any]], Any]
+    seed: int = 0
+    on_error: str = "raise"
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"`on_error` must be 'raise' or 'skip'. Found: {shorten(self.on_error)}.")
+        if not isinstance(self.pipeline, DetectionPipeline):
+            raise TypeError(f"`pipeline` must be a DetectionPipeline. Found: {type(self.pipeline).__name__}.")
+
+
+@dataclass
+class SampleTask:
+    """Per-batch instructions from the parent: the augmentation epoch and the batch's number."""
+
+    epoch: int
+    batch: int = 0
+
+
+@dataclass
+class SampleReport:
+    """What a worker did with a batch (the engine's ``FillReport``): the positions it kept, the
+    samples it skipped (index, file, message) and its stage seconds."""
+
+    kept: list[int] = field(default_factory=list)
+    errors: list[tuple[int, str, str]] = field(default_factory=list)
+    read_s: float = 0.0  # waiting for bytes (with read-ahead, less than the reads took)
+    reads: int = 0
+    read_latency_s: float = 0.0  # the reads' summed duration, each timed where it ran
+    read_concurrency: int = 1
+    decode_s: float = 0.0
+    transform_s: float = 0.0  # target_of, the joint ops and the output stage
+    post_s: float = 0.0  # the collate_fn
+
+    @property
+    def samples(self) -> int:
+        """Samples in the batch (the skipped ones left out)."""
+        return len(self.kept)
+
+
+def _where() -> str:
+    info = get_worker_info()
+    who = "the main process" if info is None else f"worker {info.id}"
+    return f"{who} (pid {os.getpid()})"
+
+
+def _decode(data: Any) -> Any:
+    """(H, W, 3) uint8 RGB at stored orientation (EXIF ignored, as PIL's ``Image.open``)."""
+    return decode(data, header=stored_orientation(read_header(data)))
+
+
+def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, epoch: int,
+            alloc: Alloc | None, report: SampleReport) -> Any:
+    """One sample: decode, target, joint ops, output (``alloc``: the image's tensor). Raises a
+    ``DecodeError`` naming the file; other errors get a note naming the stage, sample and file."""
+    t0 = time.perf_counter()
+    try:
+        image = _decode(data)
+    except DecodeError as exc:
+        report.decode_s += time.perf_counter() - t0
+        raise DecodeError(
+            f"cannot decode {source.describe(index)} (sample index {index}): {exc}. Check or remove "
+            f"the file, or pass {SKIP_HINT} to leave bad samples out of their batch.") from exc
+    t1 = time.perf_counter()
+    report.decode_s += t1 - t0
+    stage = "target_of"
+    try:
+        target = source.target_of(index, record, (int(image.shape[0]), int(image.shape[1])))
+        stage = "the pipeline's joint ops"
+        sample = plan.pipeline.run(Sample(image, target), sample_rng(plan.seed, epoch, index))
+        stage = "the pipeline's output stage"
+        out = plan.pipeline.output(sample, alloc)
+    except Exception as exc:
+        add_note(exc, f"gpufeed: raised in {stage} of sample index {index} ({source.describe(index)}), "
+                      f"in {_where()}.")
+        raise
+    finally:
+        report.transform_s += time.perf_counter() - t1
+    return out
+
+
+def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: SampleTask,
+                 alloc: Alloc | None, reads: ReadAhead | None = None,
+                 prefetched: BatchReads | None = None) -> tuple[Any, SampleReport]:
+    """The batch of ``indices``: each sample through the pipeline (images in ``alloc``'s tensors;
+    None: torch's), then ``plan.collate_fn`` on the list; returns (batch, report). ``reads``: the
+    worker's read-ahead; ``prefetched``: the reads ``SampleFiller.prefetch`` started for this
+    task (closed here either way). A batch whose every sample was skipped is ``[]``."""
+    batch_reads = prefetched if prefetched is not None else read_ahead(reads, source, indices)
+    order: SequentialReads | BatchReads = batch_reads or SequentialReads(source.read_item, indices)
+    report = SampleReport()
+    samples: list[Any] = []
+    try:
+        for pos, index in enumerate(indices):
+            t0 = time.perf_counter()
+            try:
+                data, record = order.next()
+                report.read_s += time.perf_counter() - t0
+                samples.append(_sample(plan, source, index, data, record, task.epoch, alloc, report))
+            except (ReadError, DecodeError) as exc:
+                if plan.on_error == "raise":
+                    raise
+                report.errors.append((index, source.describe(index), str(exc)))
+                continue
+            report.kept.append(pos)
+    finally:
+        if batch_reads is not None:
+            batch_reads.close()
+    report.reads, report.read_latency_s = order.reads_done, order.latency_s
+    t1 = time.perf_counter()
+    try:
+        batch = plan.collate_fn(samples) if samples else []
+    except Exception as exc:
+        add_note(exc, f"gpufeed: raised in collate_fn ({describe_callable(plan.collate_fn)}) on the "
+                      f"batch of sample indices {shorten(indices)}, in {_where()}.")
+        raise
+    report.post_s = time.perf_counter() - t1
+    return batch, report
+
+
+def slot_alloc(w: SlotWriter) -> Alloc:
+    """``alloc`` for the output stage: a tensor in the writer's current slot (torch's when the
+    slot is full: the transport then copies it, or pickles it inline)."""
+
+    def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        t = w.tensor(shape, dtype)
+        return torch.empty(shape, dtype=dtype) if t is None else t
+
+    return alloc
+
+
+@dataclass(frozen=True)
+class SampleFiller(ReadsOwner):
+    """The per-sample path's worker half (the engine's ``BatchFiller``): ``fill_samples`` with
+    the images in the task's arena slot, instead of ``__getitem__`` + ``collate_fn``. A pickled
+    filler carries only its plan; its ``WorkerReads`` are made in each worker."""
+
+    plan: SamplePlan
+    _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[type[SampleFiller], tuple[SamplePlan]]:
+        return SampleFiller, (self.plan,)
+
+    def prefetch(self, source: Any, indices: list[int], task: SampleTask) -> BatchReads | None:
+        """Start the task's reads (after those of the tasks begun before it)."""
+        return read_ahead(self.worker_reads().for_source(source), source, indices)
+
+    def fill(self, source: Any, indices: list[int], task: SampleTask, w: SlotWriter,
+             prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
+             ) -> tuple[Any, SampleReport]:
+        """The batch of ``indices`` (``more``: takes the tasks that reached the worker since, so
+        their reads begin during this fill)."""
+        worker = self.worker_reads()
+        reads = worker.for_source(source)
+        if reads is not None:
+            reads.more = more
+        try:
+            batch, report = fill_samples(self.plan, source, indices, task, slot_alloc(w), reads, prefetched)
+        finally:
+            if reads is not None:
+                reads.more = None
+        report.read_concurrency = 1 if reads is None else reads.concurrency
+        worker.observe(source, report)
+        return batch, report
