@@ -22,7 +22,7 @@ import torch
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
 __all__ = ["IMAGE_KINDS", "ROTATED_FORMATS", "AsGiven", "from_torchvision", "has_rotated",
-           "seeded", "to_torchvision"]
+           "seeded", "to_torchvision", "tv_module"]
 
 #: What an op as given receives as the image: "image" a ``tv_tensors.Image`` (after ``ToImage``),
 #: "tensor" a plain CHW tensor (after ``PILToTensor``), "pil" a PIL image (before the conversion).
@@ -31,7 +31,8 @@ IMAGE_KINDS = ("image", "tensor", "pil")
 ROTATED_FORMATS = frozenset({"XYWHR", "CXCYWHR", "XYXYXYXY"})
 
 
-def _tv() -> Any:
+def tv_module() -> Any:
+    """``torchvision.tv_tensors`` (imported when first needed)."""
     return importlib.import_module("torchvision.tv_tensors")
 
 
@@ -53,7 +54,7 @@ def to_torchvision(sample: Sample, kind: str = "image") -> tuple[Any, Any]:
     """(image, target) in torchvision's types: the image as ``kind`` says (``IMAGE_KINDS``; a
     float image stays float), ``Boxes`` -> ``BoundingBoxes``, ``Mask`` -> ``Mask`` (its output
     pixels), ``KeyPoints`` -> ``KeyPoints``; other leaves as they are."""
-    tv = _tv()
+    tv = tv_module()
     img = sample.image
     if kind == "pil":
         if img.dtype != np.uint8:
@@ -86,7 +87,7 @@ def from_torchvision(image: Any, target: Any) -> Sample:
     """The sample of torchvision's (image, target): the image (PIL, or a 3-channel CHW tensor)
     as (H, W, 3) numpy, leaves back to ``Boxes``/``Mask``/``KeyPoints`` (boxes in a rotated
     format stay ``BoundingBoxes``); other leaves as they are."""
-    tv = _tv()
+    tv = tv_module()
     if isinstance(image, torch.Tensor):
         if image.ndim != 3 or image.shape[0] != 3:
             raise ValueError(f"an op as given must return a (3, H, W) image. Found: shape "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.image.detection._as_given import has_rotated
+from gpufeed.image.detection._as_given import has_rotated, tv_module
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
 __all__ = ["Alloc", "DetectionPipeline"]
@@ -99,8 +99,7 @@ class DetectionPipeline:
         target = map_leaves(sample.target, self._leaf)
         if self.pure or self.plain_image:
             return out, target
-        from torchvision import tv_tensors
-
+        tv_tensors = tv_module()
         return tv_tensors.Image(out), target
 
     def _leaf(self, leaf: Any) -> Any:
@@ -108,8 +107,7 @@ class DetectionPipeline:
             t = torch.from_numpy(leaf.data.astype(leaf.dtype))
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.BoundingBoxes(t, format=leaf.format, canvas_size=leaf.canvas,
                                             clamping_mode=leaf.clamping_mode)
         if isinstance(leaf, Mask):
@@ -118,15 +116,13 @@ class DetectionPipeline:
                 t = t.to(self.mask_dtype)
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.Mask(t)
         if isinstance(leaf, KeyPoints):
             t = torch.from_numpy(leaf.data.astype(leaf.dtype))
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.KeyPoints(t, canvas_size=leaf.canvas)
         if self.pure and isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
             return leaf.as_subclass(torch.Tensor)  # a tv_tensor left by an op as given
