@@ -239,6 +239,8 @@ def _walk(walk: _Walk, op: Any, pil: bool) -> None:
         walk.blocker = "ToPILImage: the pipeline works on PIL images"
     elif tv and _is_v1(op):
         walk.blocker = f"{name} is a torchvision.transforms (v1) op, which takes the image only"
+    elif tv and name == "Lambda" and pil and not walk.converted:
+        walk.blocker = "Lambda given a PIL image (its function may need one)"
     elif tv and name in _CONVERSIONS:
         _conversion(walk, op, name)
     elif tv and name in ("ToDtype", "ConvertImageDtype"):
