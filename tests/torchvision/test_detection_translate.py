@@ -245,11 +245,11 @@ def test_unknown_ops_run_as_given():
     def user_op(image, target):
         return image, target
 
-    pipeline = T.Compose([T.ToImage(), T.RandomPerspective(p=1.0), user_op,
+    pipeline = T.Compose([T.ToImage(), T.Identity(), T.RandomPerspective(p=1.0), user_op,
                           T.RandomEqualize(p=1.0), T.ToDtype(torch.float32, scale=True)])
     translated, report = translate_detection(pipeline)
     assert translated is not None, report
-    assert "RandomPerspective: tensor (as given)" in report
+    assert "RandomPerspective: tensor (as given)" in report and "Identity: fast: no-op" in report
     assert "function: tensor (as given): not a torchvision op" in report
     assert isinstance(translated.ops[0], AsGiven) and isinstance(translated.ops[1], AsGiven)
     assert translated.describe()[0].startswith("tensor (as given): AsGiven(RandomPerspective")

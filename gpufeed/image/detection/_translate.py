@@ -247,6 +247,8 @@ def _walk(walk: _Walk, op: Any, pil: bool) -> None:
         _to_dtype(walk, op, name)
     elif tv and name == "Normalize":
         _normalize(walk, op)
+    elif tv and name == "Identity":
+        walk.routes.append((name, "fast: no-op"))
     elif tv and name == "ToPureTensor":
         walk.pure = True
         walk.routes.append((name, "fast: output stage (plain tensors)"))
