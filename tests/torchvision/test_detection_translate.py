@@ -10,6 +10,7 @@ tests/torchvision/_detection_presets.py.
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -343,3 +344,15 @@ def test_rotated_boxes_run_every_op_as_given():
     want_image, want = pipeline(pil, {"boxes": rotated.clone(), "labels": torch.tensor([1])})
     _assert_same(image, want_image)
     _assert_same(target, want)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "ssd"])  # ssd: the preset's
+def test_translations_pickle(policy):  # fill is a defaultdict of a lambda (it does not pickle)
+    """Workers may receive the pipeline pickled (spawn): the ops, the fallback and the source."""
+    translated, _ = translate_detection(DetectionPresetTrain(data_augmentation=policy))
+    again = pickle.loads(pickle.dumps(translated))
+    assert [type(op).__name__ for op in again.ops] == [type(op).__name__ for op in translated.ops]
+    assert len(again.fallback) == len(translated.fallback)
+    sample = _detection_sample(0, masks=False)[0]
+    if policy != "lsj":
+        _assert_same(_ours(again, sample, 1)[0], _ours(translated, _detection_sample(0, masks=False)[0], 1)[0])

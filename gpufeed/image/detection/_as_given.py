@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,18 +37,24 @@ def tv_module() -> Any:
     return importlib.import_module("torchvision.tv_tensors")
 
 
+#: the generators are global: one seeded block at a time per process (threads wait)
+_SEEDED = threading.RLock()
+
+
 @contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """torch's (CPU) and Python's ``random`` generators seeded with ``seed`` inside the block,
-    as ``torch.manual_seed(seed); random.seed(seed)`` would; their states restored after."""
-    torch_state, py_state = torch.get_rng_state(), random.getstate()
-    torch.default_generator.manual_seed(seed)
-    random.seed(seed)
-    try:
-        yield
-    finally:
-        torch.set_rng_state(torch_state)
-        random.setstate(py_state)
+    as ``torch.manual_seed(seed); random.seed(seed)`` would; their states restored after.
+    Threads of a process take turns (the generators are global)."""
+    with _SEEDED:
+        torch_state, py_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(py_state)
 
 
 def to_torchvision(sample: Sample, kind: str = "image") -> tuple[Any, Any]:
