@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -269,6 +270,21 @@ def test_op_after_the_dtype_conversion_runs_it_as_given():
     sample, pil, tv_target = _detection_sample(5, masks=False)
     want = _reference(pipeline, translated, pil, tv_target, 5)
     got = _ours(translated, sample, 5)
+    _assert_same(got[0], want[0])
+    _assert_same(got[1], want[1])
+
+
+def test_to_tensor_then_an_op_as_given():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # v2.ToTensor is deprecated
+        pipeline = T.Compose([T.ToTensor(), T.RandomPerspective(p=1.0)])
+    translated, report = translate_detection(pipeline)
+    assert translated is not None and translated.plain_image, report
+    sample, pil, tv_target = _detection_sample(6, masks=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _reference(pipeline, translated, pil, tv_target, 6)
+    got = _ours(translated, sample, 6)
     _assert_same(got[0], want[0])
     _assert_same(got[1], want[1])
 

@@ -25,11 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpufeed.image.detection._as_given import AsGiven
 from gpufeed.image.detection._pipeline import DetectionPipeline
-from gpufeed.image.detection._sample import JointOp
+from gpufeed.image.detection._sample import JointOp, Sample
 
 __all__ = ["JOINT_OPS", "translate_detection"]
 
@@ -215,7 +216,7 @@ class _Walk:
         Normalize) run as given before it, where the pipeline has them."""
         if self.stage:
             for op in self.stage:  # ToTensor passes tensors through: its conversion instead
-                joint = AsGiven(_to_float if type(op).__name__ == "ToTensor" else op, self.kind)
+                joint = _ToTensorFloat() if type(op).__name__ == "ToTensor" else AsGiven(op, self.kind)
                 self.ops.append(joint)
                 self.fallback.append(joint)
             names = ", ".join(type(op).__name__ for op in self.stage)
@@ -225,9 +226,22 @@ class _Walk:
         self.flushed = self.image_dtype is not None and self.image_dtype.is_floating_point
 
 
-def _to_float(image: Any, target: Any) -> tuple[Any, Any]:
-    """``ToTensor``'s conversion of an image that is already a uint8 tensor."""
-    return image.as_subclass(torch.Tensor).to(torch.float32).div(255), target
+class _ToTensorFloat(JointOp):
+    """``ToTensor``'s conversion (float32, divided by 255) of the sample's uint8 image, for a
+    ``ToTensor`` followed by an op run as given (``ToTensor`` itself passes tensors through)."""
+
+    name = "ToTensor"
+    where = "fast"
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
+        return True
+
+    def apply(self, sample: Sample, params: Any) -> Sample:
+        image = sample.image.astype(np.float32) / np.float32(255)
+        return Sample(image, sample.target)
+
+    def __repr__(self) -> str:
+        return "ToTensor()"
 
 
 def _walk(walk: _Walk, op: Any, pil: bool) -> None:
