@@ -304,6 +304,11 @@ def test_pil_only_pipelines_are_not_translated(pipeline, why):
     assert report.startswith("detection pipeline runs as given on PIL images") and why in report
 
 
+def test_a_user_callable_is_not_translated():
+    translated, report = translate_detection(lambda img, tgt: (img, tgt))
+    assert translated is None and "not a torchvision v2 pipeline" in report
+
+
 def test_lambda_after_the_conversion_runs_as_given():
     translated, report = translate_detection(T.Compose([T.ToImage(), T.Lambda(lambda x: x)]))
     assert translated is not None and "Lambda: tensor (as given)" in report

@@ -352,6 +352,9 @@ def translate_detection(pipeline: Any, *, table: Mapping[str, tuple[str, str, Ar
     ops = _flatten(pipeline)
     walk = _Walk(JOINT_OPS if table is None else table)
     conv = [i for i, op in enumerate(ops) if _is_tv(op) and type(op).__name__ in _CONVERSIONS]
+    if not any(_is_tv(op) for op in ops):
+        return None, ("detection transforms run as given on PIL images: not a torchvision v2 "
+                      "pipeline (a callable gpufeed cannot look into)")
     if not conv:
         return None, ("detection pipeline runs as given on PIL images: no ToImage/PILToTensor: "
                       "it returns PIL images")
