@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.image.detection._as_given import has_rotated, tv_module
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
 __all__ = ["Alloc", "DetectionPipeline"]
@@ -30,9 +31,15 @@ class DetectionPipeline:
 
     Output stage (torchvision's trailing ``ToImage``/``ToDtype``/``Normalize``/``ToPureTensor``):
     the image becomes a CHW tensor of ``image_dtype`` (float dtypes scaled to [0, 1] when
-    ``scale``), normalized by ``normalize`` = (mean, std) if given; masks become ``mask_dtype``
-    (None: their own dtype). ``pure``: plain tensors (after ``ToPureTensor``); otherwise the
-    image, boxes, masks and keypoints are ``tv_tensors`` (which imports torchvision).
+    ``scale``, as ``ToDtype(dtype, scale=True)``), normalized by ``normalize`` = (mean, std) if
+    given; masks become ``mask_dtype`` (None: their own dtype). An image the ops left float (an op
+    run as given returned one, e.g. a ``ToDtype`` followed by an op gpufeed runs as given) is
+    not scaled again: it is cast to ``image_dtype`` when that is a float dtype, else kept.
+    ``pure``: plain tensors (after ``ToPureTensor``); otherwise the boxes, masks and keypoints
+    are ``tv_tensors`` (which imports torchvision), and the image too unless ``plain_image``
+    (the pipeline converted it with ``PILToTensor``, which gives a plain tensor).
+    ``fallback``: the ops to run instead of ``ops`` on a sample whose boxes are in a rotated
+    format (each op as given, seeded); empty: always ``ops``.
     ``seed``: the seed of the joint ops' draws when the loader gives none (``seed=``).
     ``source``: the pipeline this was translated from, for ``repr``/``explain``.
     """
@@ -43,12 +50,30 @@ class DetectionPipeline:
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     mask_dtype: torch.dtype | None = None
     pure: bool = True
+    plain_image: bool = False
+    fallback: tuple[JointOp, ...] = ()
     seed: int | None = None
     source: Any = field(default=None, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.image_dtype, torch.dtype) or not (
+                self.image_dtype == torch.uint8 or self.image_dtype.is_floating_point):
+            raise ValueError(f"`image_dtype` must be torch.uint8 or a float dtype. "
+                             f"Found: {self.image_dtype!r}.")
+        if self.normalize is not None:
+            if not self.image_dtype.is_floating_point:
+                raise ValueError(f"`normalize` needs a float `image_dtype`. Found: {self.image_dtype}.")
+            if len(self.normalize) != 2 or 0.0 in tuple(self.normalize[1]):
+                raise ValueError(f"`normalize` must be (mean, std) with non-zero stds. "
+                                 f"Found: {self.normalize!r}.")
+        if self.mask_dtype is not None and not isinstance(self.mask_dtype, torch.dtype):
+            raise ValueError(f"`mask_dtype` must be a torch.dtype or None. Found: {self.mask_dtype!r}.")
+
     def run(self, sample: Sample, rng: np.random.Generator) -> Sample:
-        """The joint ops, in order, on ``sample`` (parameters drawn from ``rng``)."""
-        for op in self.ops:
+        """The joint ops, in order, on ``sample`` (parameters drawn from ``rng``); ``fallback``
+        instead when the sample has boxes in a rotated format."""
+        ops = self.fallback if self.fallback and has_rotated(sample) else self.ops
+        for op in ops:
             sample = op(sample, rng)
         return sample
 
@@ -57,22 +82,24 @@ class DetectionPipeline:
         ``alloc``'s tensor."""
         img = sample.image
         h, w = img.shape[:2]
-        out = _new(alloc, (3, h, w), self.image_dtype)
         chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
-        if self.image_dtype == torch.uint8:
-            out.copy_(chw)
+        if img.dtype != np.uint8:  # left float by an op as given: already converted
+            dtype = self.image_dtype if self.image_dtype.is_floating_point else chw.dtype
+            out = chw.to(dtype, copy=True)
+            if alloc is not None:
+                out = _new(alloc, tuple(out.shape), out.dtype).copy_(out)
         else:
+            out = _new(alloc, (3, h, w), self.image_dtype)
             out.copy_(chw)
-            if self.scale:
+            if self.image_dtype.is_floating_point and self.scale:
                 out.mul_(1.0 / 255.0)
-            if self.normalize is not None:
-                mean, std = (torch.tensor(v, dtype=self.image_dtype).view(-1, 1, 1) for v in self.normalize)
-                out.sub_(mean).div_(std)
+        if self.normalize is not None and out.dtype.is_floating_point:
+            mean, std = (torch.tensor(v, dtype=out.dtype).view(-1, 1, 1) for v in self.normalize)
+            out.sub_(mean).div_(std)
         target = map_leaves(sample.target, self._leaf)
-        if self.pure:
+        if self.pure or self.plain_image:
             return out, target
-        from torchvision import tv_tensors
-
+        tv_tensors = tv_module()
         return tv_tensors.Image(out), target
 
     def _leaf(self, leaf: Any) -> Any:
@@ -80,8 +107,7 @@ class DetectionPipeline:
             t = torch.from_numpy(leaf.data.astype(leaf.dtype))
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.BoundingBoxes(t, format=leaf.format, canvas_size=leaf.canvas,
                                             clamping_mode=leaf.clamping_mode)
         if isinstance(leaf, Mask):
@@ -90,18 +116,32 @@ class DetectionPipeline:
                 t = t.to(self.mask_dtype)
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.Mask(t)
         if isinstance(leaf, KeyPoints):
             t = torch.from_numpy(leaf.data.astype(leaf.dtype))
             if self.pure:
                 return t
-            from torchvision import tv_tensors
-
+            tv_tensors = tv_module()
             return tv_tensors.KeyPoints(t, canvas_size=leaf.canvas)
+        if self.pure and isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
+            return leaf.as_subclass(torch.Tensor)  # a tv_tensor left by an op as given
         return leaf
 
     def describe(self) -> Sequence[str]:
-        """One line per op (``explain``)."""
-        return [repr(op) for op in self.ops]
+        """One line per op (``explain``): where it runs ("fast": a gpufeed joint op; "tensor (as
+        given)": the torchvision op on ``tv_tensors``), then the output stage."""
+        lines = [f"{getattr(op, 'where', 'fast')}: {op!r}" for op in self.ops]
+        return [*lines, f"output: {self.output_text()}"]
+
+    def output_text(self) -> str:
+        """The output stage in words."""
+        parts = [f"image {str(self.image_dtype).removeprefix('torch.')}"
+                 + (" on the 0-1 scale" if self.scale and self.image_dtype.is_floating_point else "")]
+        if self.normalize is not None:
+            parts.append(f"normalized (mean={list(self.normalize[0])}, std={list(self.normalize[1])})")
+        if self.mask_dtype is not None:
+            parts.append(f"masks {str(self.mask_dtype).removeprefix('torch.')}")
+        parts.append("plain tensors" if self.pure else
+                     "plain image tensor, tv_tensors target" if self.plain_image else "tv_tensors")
+        return ", ".join(parts)
