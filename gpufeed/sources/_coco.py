@@ -22,7 +22,7 @@ from gpufeed.decoders._header import Buffer
 from gpufeed.errors import add_note
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import Boxes, Mask
-from gpufeed.sources._coco_masks import CocoPlanes, segmentation_rle
+from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, rle_string, segmentation_rle
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.sources._detection_items import (
     check_transform_args,
@@ -81,7 +81,6 @@ class _Parser:
         self.seg_size: list[tuple[int, int]] = []
         self.coords: list[float] = []
         self.poly_ends: list[int] = []
-        self.rle_counts: list[int] = []
         self.rle_blob = bytearray()
 
     def fail(self, where: str, what: str) -> ValueError:
@@ -145,12 +144,15 @@ class _Parser:
                 kind, lo = RLE_STRING, len(self.rle_blob)
                 self.rle_blob += counts.encode("ascii")
                 hi = len(self.rle_blob)
-            elif isinstance(counts, list) and all(isinstance(v, int) for v in counts):
-                kind, lo = RLE_LIST, len(self.rle_counts)
-                self.rle_counts.extend(counts)
-                hi = len(self.rle_counts)
+            elif isinstance(counts, list) and all(
+                    isinstance(v, int) and 0 <= v < 1 << 32 for v in counts):
+                # kept compressed (lossless for run lengths); the list is rebuilt on request
+                kind, lo = RLE_LIST, len(self.rle_blob)
+                self.rle_blob += rle_string(counts)
+                hi = len(self.rle_blob)
             else:
-                raise self.fail(f"{where}.counts", f"must be a string or a list of run lengths. "
+                raise self.fail(f"{where}.counts", f"must be a string or a list of run lengths "
+                                                   f"(0 to 2**32 - 1). "
                                                    f"Found: {str(counts)[:80]}.")
         else:
             raise self.fail(where, f"must be a list of polygons or an RLE object. "
@@ -175,6 +177,16 @@ def _read_json(ann_file: str) -> dict[str, Any]:
             raise ValueError(f"{ann_file}: `{key}` must be a list. "
                              f"Found: {type(data[key]).__name__}.")
     return data
+
+
+def _compact_coords(coords: np.ndarray) -> np.ndarray:
+    """Polygon coordinates as int32 hundredths where that is lossless (COCO's are given to two
+    decimals: ``round(x * 100) / 100`` is then the same double as ``x``), else float64."""
+    if coords.size and np.abs(coords).max() < 2**31 / 100:
+        centi = np.round(coords * 100)
+        if np.array_equal(centi / 100.0, coords):
+            return centi.astype(np.int32)
+    return coords
 
 
 class CocoDetection(DetectionSource):
@@ -260,9 +272,8 @@ class CocoDetection(DetectionSource):
         self._seg_lo = flat(parser.seg_lo, np.int64)
         self._seg_hi = flat(parser.seg_hi, np.int64)
         self._seg_size = flat(parser.seg_size, np.int64, (-1, 2))
-        self._coords = share(np.asarray(parser.coords, dtype=np.float64))
+        self._coords = share(_compact_coords(np.asarray(parser.coords, dtype=np.float64)))
         self._poly_off = share(np.concatenate(([0], np.asarray(parser.poly_ends, np.int64))))
-        self._rle_counts = share(np.asarray(parser.rle_counts, dtype=np.int64))
         self._rle_blob = share(np.frombuffer(bytes(parser.rle_blob), dtype=np.uint8))
 
     # -- the DetectionSource protocol ---------------------------------------------------------
@@ -302,7 +313,7 @@ class CocoDetection(DetectionSource):
             target["boxes"] = self._boxes(lo, hi, canvas)
         if "masks" in keys:
             self._check_present(index, lo, hi, "segmentation")
-            rles = [segmentation_rle(self._segmentation(a), canvas) for a in range(lo, hi)]
+            rles = [self._rle(a, canvas) for a in range(lo, hi)]
             target["masks"] = Mask(lazy=CocoPlanes(rles, canvas))
         if "labels" in keys:
             target["labels"] = torch.from_numpy(np.array(self._category[lo:hi], dtype=np.int64))
@@ -331,20 +342,28 @@ class CocoDetection(DetectionSource):
                              f"({self.describe(index)}) has no `{key}`, which `target_keys` asks "
                              f"for.")
 
+    def _rle(self, a: int, canvas: tuple[int, int]) -> dict[str, Any]:
+        """Annotation ``a``'s compressed RLE on ``canvas`` (torchvision's wrapper's rules)."""
+        if int(self._kind[a]) & ~SIZE_FIRST == RLE_LIST:  # stored compressed: as frPyObjects
+            lo, hi = int(self._seg_lo[a]), int(self._seg_hi[a])
+            return {"size": [int(v) for v in self._seg_size[a]],
+                    "counts": self._rle_blob[lo:hi].tobytes()}
+        return segmentation_rle(self._segmentation(a), canvas)
+
     def _segmentation(self, a: int) -> Any:
         """Annotation ``a``'s segmentation as the JSON gave it."""
         kind, lo, hi = int(self._kind[a]), int(self._seg_lo[a]), int(self._seg_hi[a])
         size_first, kind = bool(kind & SIZE_FIRST), kind & ~SIZE_FIRST
         if kind == POLYGONS:
             off = self._poly_off
-            return [self._coords[off[p]:off[p + 1]].tolist() for p in range(lo, hi)]
+            coords = self._coords
+            scale = 1.0 if coords.dtype == np.float64 else 100.0
+            return [(coords[off[p]:off[p + 1]] / scale).tolist() for p in range(lo, hi)]
         size = [int(v) for v in self._seg_size[a]]
-        if kind == RLE_LIST:
-            counts: Any = self._rle_counts[lo:hi].tolist()
-        elif kind == RLE_STRING:
-            counts = self._rle_blob[lo:hi].tobytes().decode("ascii")
-        else:
+        if kind not in (RLE_LIST, RLE_STRING):
             return None
+        counts: Any = self._rle_blob[lo:hi].tobytes()
+        counts = rle_counts(counts).tolist() if kind == RLE_LIST else counts.decode("ascii")
         return {"size": size, "counts": counts} if size_first else {"counts": counts, "size": size}
 
     def _raw(self, index: int, key: str, lo: int, hi: int) -> list[Any]:
@@ -397,7 +416,7 @@ class CocoDetection(DetectionSource):
         arrays = [self._ids, self._offsets, self._bbox, self._bbox_int, self._category,
                   self._iscrowd, self._area, self._area_int, self._missing, self._kind,
                   self._seg_lo, self._seg_hi, self._seg_size, self._coords, self._poly_off,
-                  self._rle_counts, self._rle_blob]
+                  self._rle_blob]
         return int(sum(a.nbytes for a in arrays)) + self._paths.nbytes
 
     def __repr__(self) -> str:

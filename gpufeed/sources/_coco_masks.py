@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CocoPlanes", "rle_counts", "segmentation_rle"]
+__all__ = ["CocoPlanes", "rle_counts", "rle_string", "segmentation_rle"]
 
 
 def segmentation_rle(segmentation: Any, canvas: tuple[int, int]) -> dict[str, Any]:
@@ -56,6 +56,23 @@ def rle_counts(counts: str | bytes) -> np.ndarray:
     out[1::2] = np.cumsum(values[1::2])  # counts[m] += counts[m - 2] for m > 2
     out[2::2] = np.cumsum(values[2::2])
     return out
+
+
+def rle_string(counts: list[int] | np.ndarray) -> bytes:
+    """The compressed RLE string of run lengths ``counts`` (the inverse of :func:`rle_counts`;
+    pycocotools' encoding)."""
+    values = np.asarray(counts, dtype=np.int64).copy()
+    values[3::2] -= np.asarray(counts, dtype=np.int64)[1:-2:2]  # differences to m - 2, m > 2
+    values[4::2] -= np.asarray(counts, dtype=np.int64)[2:-2:2]
+    out = bytearray()
+    for x in values.tolist():
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = not ((c & 0x10) == 0 and x == 0 or (c & 0x10) != 0 and x == -1)
+            out.append((c | 0x20 if more else c) + 48)
+    return bytes(out)
 
 
 class CocoPlanes:
