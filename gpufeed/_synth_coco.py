@@ -93,7 +93,8 @@ def make_coco(root: str | os.PathLike, n_images: int, *,
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     ids = rng.permutation(np.arange(1, 3 * n_images + 1))[:n_images]
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for k in range(n_images):
         h = int(rng.integers(size[0][0], size[0][1] + 1))
         w = int(rng.integers(size[1][0], size[1][1] + 1))

@@ -4,6 +4,7 @@ callable, as ``wrap_dataset_for_transforms_v2`` returns it."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 from typing import Any
@@ -45,7 +46,7 @@ def open_pil(source: str | os.PathLike | Buffer, *, rgb: bool = True) -> Any:
 
 def _torchvision_leaf(leaf: Any) -> Any:
     try:
-        from torchvision import tv_tensors
+        tv_tensors: Any = importlib.import_module("torchvision.tv_tensors")
     except ImportError:
         tv_tensors = None
     if isinstance(leaf, Boxes):
