@@ -23,8 +23,7 @@ from gpufeed import CocoDetection, SegmentationDataset  # noqa: E402
 from gpufeed._synth_coco import make_coco, make_segmentation  # noqa: E402
 from gpufeed.image.detection import DetectionPipeline  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
