@@ -10,9 +10,11 @@ see ``gpufeed.sources._shared``), not COCO's dict of dicts.
 
 from __future__ import annotations
 
+import importlib
 import json
 import operator
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -179,6 +181,20 @@ def _read_json(ann_file: str) -> dict[str, Any]:
     return data
 
 
+def _torchvision_key_order(target_keys: Any) -> tuple[str, ...] | None:
+    """The order of the raw keys in torchvision's wrapped ``CocoDetection`` targets (the keys
+    its wrapper factory parsed, less the ones it adds), or None where that cannot be read."""
+    try:
+        wrapper_module = importlib.import_module("torchvision.tv_tensors._dataset_wrapper")
+        datasets = importlib.import_module("torchvision.datasets")
+        wrapper = wrapper_module.WRAPPER_FACTORIES[datasets.CocoDetection](None, target_keys)
+        cells = dict(zip(wrapper.__code__.co_freevars,
+                         (c.cell_contents for c in wrapper.__closure__ or ())))
+        return tuple(cells["target_keys"] - _WRAPPER_KEYS)
+    except Exception:  # noqa: BLE001 - another torchvision: the fixed order
+        return None
+
+
 def _compact_coords(coords: np.ndarray) -> np.ndarray:
     """Polygon coordinates as int32 hundredths where that is lossless (COCO's are given to two
     decimals: ``round(x * 100) / 100`` is then the same double as ``x``), else float64."""
@@ -221,7 +237,10 @@ class CocoDetection(DetectionSource):
         self.transforms = transforms
         keys = _target_keys(target_keys)
         self.target_keys = frozenset(keys)
-        self._extra_keys = tuple(keys - _WRAPPER_KEYS)  # torchvision's order
+        self._target_keys_arg = target_keys if target_keys is None or isinstance(target_keys, str) \
+            else tuple(target_keys)
+        self._extra_keys = tuple(keys - _WRAPPER_KEYS)
+        self._extra_order: tuple[int, tuple[str, ...]] | None = None  # (pid, torchvision's order)
         self._parse(_read_json(self.ann_file))
 
     def _parse(self, data: dict[str, Any]) -> None:
@@ -317,9 +336,20 @@ class CocoDetection(DetectionSource):
             target["masks"] = Mask(lazy=CocoPlanes(rles, canvas))
         if "labels" in keys:
             target["labels"] = torch.from_numpy(np.array(self._category[lo:hi], dtype=np.int64))
-        for key in self._extra_keys:
+        for key in self._key_order():
             target[key] = self._raw(index, key, lo, hi)
         return target
+
+    def _key_order(self) -> tuple[str, ...]:
+        """The raw keys in the order the wrapped torchvision dataset gives them in this process
+        (the iteration order of its set of keys, which depends on the process's string hashes),
+        where torchvision is imported; a fixed order otherwise."""
+        if len(self._extra_keys) < 2 or "torchvision" not in sys.modules:
+            return self._extra_keys
+        if self._extra_order is None or self._extra_order[0] != os.getpid():
+            self._extra_order = (os.getpid(), _torchvision_key_order(self._target_keys_arg)
+                                 or self._extra_keys)
+        return self._extra_order[1]
 
     # -- pieces of a target -------------------------------------------------------------------
 

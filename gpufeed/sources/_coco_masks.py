@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+#: ``pixels`` binary-searches each selected pixel when they are fewer than 1/this of the pixels
+#: of the columns they span, and expands those columns' runs otherwise.
+_SPARSE_RATIO = 16
+
 __all__ = ["CocoPlanes", "rle_counts", "rle_string", "segmentation_rle"]
 
 
@@ -122,12 +126,40 @@ class CocoPlanes:
 
             full = mask_utils.decode(self._rles)  # (H, W, N), Fortran order
             return np.ascontiguousarray(full.transpose(2, 0, 1))
-        linear = cols[None, :] * h + rows[:, None]  # column-major index of each output pixel
         out = np.empty((n, len(rows), len(cols)), dtype=np.uint8)
+        if len(rows) == 0 or len(cols) == 0:
+            return out
+        c0, c1 = int(cols.min()), int(cols.max()) + 1
+        if len(rows) * len(cols) * _SPARSE_RATIO < (c1 - c0) * h:
+            # few pixels: the run of each one, by binary search on the run ends
+            linear = cols[None, :] * h + rows[:, None]  # column-major index of each output pixel
+            for k in range(n):
+                run = np.searchsorted(self._run_ends(k), linear, side="right")
+                np.bitwise_and(run, 1, out=out[k], casting="unsafe")
+            return out
+        # most pixels of the columns c0..c1 - 1: expand those columns' runs, then gather
         for k in range(n):
-            run = np.searchsorted(self._run_ends(k), linear, side="right")
-            np.bitwise_and(run, 1, out=out[k], casting="unsafe")
+            span = self._columns(k, c0, c1).reshape(c1 - c0, h)
+            out[k] = span.take(cols - c0, axis=0).take(rows, axis=1).T
         return out
+
+    def _columns(self, k: int, c0: int, c1: int) -> np.ndarray:
+        """Plane ``k``'s columns ``c0`` to ``c1 - 1``, column after column (uint8)."""
+        h = self._shape[1]
+        ends = self._run_ends(k)
+        lo, hi = c0 * h, c1 * h
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = min(int(np.searchsorted(ends, hi - 1, side="right")), len(ends) - 1)
+        if first > last:  # past the last run (a short RLE): zeros
+            return np.zeros(hi - lo, dtype=np.uint8)
+        run_ends = np.minimum(ends[first:last + 1], hi)
+        run_starts = np.maximum(np.concatenate(([ends[first - 1] if first else 0],
+                                                ends[first:last])), lo)
+        values = (np.arange(first, last + 1) & 1).astype(np.uint8)
+        dense = np.repeat(values, np.maximum(run_ends - run_starts, 0))
+        if len(dense) < hi - lo:
+            dense = np.concatenate((dense, np.zeros(hi - lo - len(dense), dtype=np.uint8)))
+        return dense
 
     def __repr__(self) -> str:
         n, h, w = self._shape

@@ -113,7 +113,9 @@ def test_rle_runs_on_random_masks_and_polygons():
             assert rle_counts(rle["counts"]).sum() == h * w
         planes = CocoPlanes(rles, (h, w))
         full = np.stack([pycocotools_mask.decode(r) for r in rles])
-        rows, cols = rng.integers(0, h, 17), rng.integers(0, w, 9)
+        rows, cols = rng.integers(0, h, 17), rng.integers(0, w, 9)  # few pixels: searched
+        assert np.array_equal(planes.pixels(rows, cols), full[:, rows][:, :, cols])
+        rows, cols = np.arange(h)[::-1], np.arange(w // 3, w)  # most of their columns: expanded
         assert np.array_equal(planes.pixels(rows, cols), full[:, rows][:, :, cols])
         assert planes.shape == (3, h, w)
 
