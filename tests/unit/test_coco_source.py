@@ -228,3 +228,22 @@ def test_segmentation_errors_name_the_files(tmp_path):
     ds = SegmentationDataset([seg.image_paths[0]], [small])
     with pytest.raises(ValueError, match="small.png is 4x3"):
         ds.target_of(0, ds.read_item(0)[1], (10, 10))
+
+
+def _as_list(batch):
+    return batch
+
+
+@pytest.mark.timeout(180)
+def test_spawned_dataloader_workers_get_the_same_samples(coco):
+    ds = CocoDetection(coco.root, coco.ann_file, target_keys=["boxes", "labels", "masks"],
+                       transforms=DetectionPipeline(image_dtype=torch.uint8))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_as_list,
+                                         multiprocessing_context="spawn", timeout=120)
+    got = [sample for batch in loader for sample in batch]
+    assert len(got) == len(ds)
+    for i, (image, target) in enumerate(got):
+        expect_image, expect_target = ds[i]
+        assert torch.equal(image, expect_image) and list(target) == list(expect_target)
+        for key in target:
+            assert torch.equal(torch.as_tensor(target[key]), torch.as_tensor(expect_target[key]))
