@@ -20,11 +20,22 @@ from gpufeed.errors import (
 from gpufeed.image import MultiView, RandomResizedCrop, ResizeCenterCrop, TorchvisionPipeline, from_torchvision
 from gpufeed.loader import FastLoader, explain
 from gpufeed.sampler import DistributedSampler
-from gpufeed.sources import ImageDataset, ImageFolder, ImageSource, LMDBDataset, TarShards, pack, pack_tar
+from gpufeed.sources import (
+    CocoDetection,
+    ImageDataset,
+    ImageFolder,
+    ImageSource,
+    LMDBDataset,
+    SegmentationDataset,
+    TarShards,
+    pack,
+    pack_tar,
+)
 
 __all__ = [
     "BackendFallbackWarning",
     "BackendUnavailableError",
+    "CocoDetection",
     "DecodeError",
     "DistributedSampler",
     "FastLoader",
@@ -39,6 +50,7 @@ __all__ = [
     "MultiView",
     "RandomResizedCrop",
     "ResizeCenterCrop",
+    "SegmentationDataset",
     "TarShards",
     "TorchvisionPipeline",
     "WorkerError",

@@ -1,0 +1,95 @@
+"""``__getitem__`` of the detection sources: a gpufeed :class:`DetectionPipeline` on the image
+decoded by gpufeed, or torchvision's sample (PIL image, target of ``tv_tensors``) handed to a
+callable, as ``wrap_dataset_for_transforms_v2`` returns it."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpufeed.decoders import decode, read_header
+from gpufeed.decoders._header import Buffer
+from gpufeed.errors import DecodeError
+from gpufeed.image._transforms import stored_orientation
+from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.image.detection._sample import Boxes, KeyPoints, Mask, Sample, map_leaves, sample_rng
+
+__all__ = ["check_transform_args", "finish_item", "open_pil", "pipeline_item", "to_torchvision"]
+
+
+def check_transform_args(transform: Any, target_transform: Any, transforms: Any) -> None:
+    """torchvision's rule: ``transforms`` or ``transform``/``target_transform``, not both."""
+    if transforms is not None and (transform is not None or target_transform is not None):
+        raise ValueError("Only `transforms` or `transform`/`target_transform` can be passed, "
+                         "not both (as torchvision's datasets).")
+
+
+def open_pil(source: str | os.PathLike | Buffer, *, rgb: bool = True) -> Any:
+    """``PIL.Image.open(source)`` (a path or encoded bytes), ``.convert("RGB")`` when ``rgb``:
+    the stored orientation, as torchvision's datasets load images."""
+    try:
+        from PIL import Image
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("a detection source without a gpufeed pipeline returns PIL images: "
+                          "pip install pillow (or gpufeed[pil])") from exc
+    if isinstance(source, (str, os.PathLike)):
+        image = Image.open(source)
+    else:
+        image = Image.open(io.BytesIO(bytes(source)))
+    return image.convert("RGB") if rgb else image
+
+
+def _torchvision_leaf(leaf: Any) -> Any:
+    try:
+        tv_tensors: Any = importlib.import_module("torchvision.tv_tensors")
+    except ImportError:
+        tv_tensors = None
+    if isinstance(leaf, Boxes):
+        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
+        return t if tv_tensors is None else tv_tensors.BoundingBoxes(
+            t, format=leaf.format, canvas_size=leaf.canvas, clamping_mode=leaf.clamping_mode)
+    if isinstance(leaf, Mask):
+        t = torch.from_numpy(np.ascontiguousarray(leaf.dense()))
+        return t if tv_tensors is None else tv_tensors.Mask(t)
+    if isinstance(leaf, KeyPoints):
+        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
+        return t if tv_tensors is None else tv_tensors.KeyPoints(t, canvas_size=leaf.canvas)
+    return leaf
+
+
+def to_torchvision(target: Any) -> Any:
+    """``target`` with its leaves as ``tv_tensors`` (``BoundingBoxes``, ``Mask``,
+    ``KeyPoints``), or as plain tensors where torchvision is not installed."""
+    return map_leaves(target, _torchvision_leaf)
+
+
+def pipeline_item(source: Any, index: int, data: Buffer, record: Any,
+                  pipeline: DetectionPipeline) -> tuple[Any, Any]:
+    """Sample ``index`` through ``pipeline``: the image decoded by gpufeed as stored (EXIF
+    orientation ignored, as PIL), its target built by ``source.target_of``, the joint ops drawn
+    from ``sample_rng(pipeline.seed or 0, source.epoch, index)``, then the output stage."""
+    try:
+        image = decode(data, header=stored_orientation(read_header(data)))
+    except DecodeError as exc:
+        raise DecodeError(f"cannot decode {source.describe(index)} (sample index {index}): "
+                          f"{exc}. Check or remove the file.") from exc
+    sample = Sample(image, source.target_of(index, record, image.shape[:2]))
+    sample = pipeline.run(sample, sample_rng(pipeline.seed or 0, source.epoch, index))
+    return pipeline.output(sample)
+
+
+def finish_item(source: Any, image: Any, target: Any) -> tuple[Any, Any]:
+    """(PIL image, target of ``tv_tensors``) through ``source``'s callables: ``transforms`` on
+    both, or ``transform`` on the image and ``target_transform`` on the target."""
+    if source.transforms is not None:
+        return source.transforms(image, target)
+    if source.transform is not None:
+        image = source.transform(image)
+    if source.target_transform is not None:
+        target = source.target_transform(target)
+    return image, target
