@@ -1,0 +1,483 @@
+"""``RandomAffine`` and ``RandomRotation`` as joint ops, with torchvision v2's geometry.
+
+The forward and inverse matrices are torchvision's ``_get_inverse_affine_matrix`` (angle in
+degrees, counter-clockwise for ``rotate``; shear in degrees). Boxes: the four corners of each
+box go through the forward matrix, the enclosing box is taken, shifted for ``expand`` and
+clamped per the leaf's ``clamping_mode`` (affine_bounding_boxes). Keypoints: the forward matrix,
+never clamped. The image: ``cv2.warpAffine`` with the inverse matrix torchvision samples its
+tensor kernel with (within a level of it where bilinear, ties apart where nearest). Masks are
+materialised and resampled as torchvision does it (``grid_sample``, nearest, on torchvision's
+own grid, in torch), so they equal ``affine_mask`` / ``rotate_mask`` pixel for pixel.
+``rotate`` about the centre by a multiple of 90 degrees is ``rot90`` for the image and masks,
+as in torchvision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import shorten
+from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
+
+__all__ = ["RandomAffine", "RandomRotation", "affine_matrix", "get_fill", "setup_fill"]
+
+Fill = float | tuple[float, ...] | None
+Matrix = list[float]
+
+#: torchvision's ``InterpolationMode`` ints (PIL's constants) -> name
+_INTERP_INTS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+_INTERPS = ("nearest", "bilinear", "bicubic")
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+        and math.isfinite(float(value))
+
+
+def _numbers(value: Any, name: str, sizes: tuple[int, ...]) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) not in sizes \
+            or not all(_is_number(v) for v in value):
+        raise ValueError(f"`{name}` must be a sequence of {' or '.join(map(str, sizes))} numbers. "
+                         f"Found: {shorten(value)}.")
+    return tuple(float(v) for v in value)
+
+
+def _pairs_ordered(values: tuple[float, ...], name: str, given: Any) -> tuple[float, ...]:
+    if any(values[i] > values[i + 1] for i in range(0, len(values), 2)):
+        raise ValueError(f"`{name}` must be (min, max) pairs with min <= max. Found: {shorten(given)}.")
+    return values
+
+
+def _angle_range(value: Any, name: str, sizes: tuple[int, ...] = (2,)) -> tuple[float, ...]:
+    """torchvision's ``_setup_angle``: a number d >= 0 is (-d, d), else a sequence of ``sizes``."""
+    if _is_number(value):
+        if value < 0:
+            raise ValueError(f"`{name}` must be >= 0 when a single number. Found: {shorten(value)}.")
+        return (-float(value), float(value))
+    return _pairs_ordered(_numbers(value, name, sizes), name, value)
+
+
+def check_interpolation(value: Any) -> str:
+    """"nearest", "bilinear" or "bicubic" from a name, torchvision's ``InterpolationMode`` (by
+    value) or PIL's int constant."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in _INTERP_INTS:
+        return _INTERP_INTS[value]
+    text = str(getattr(value, "value", value)).lower()
+    if text not in _INTERPS:
+        raise ValueError(f"`interpolation` must be one of {', '.join(_INTERPS)} (an "
+                         f"InterpolationMode or its name). Found: {shorten(value)}.")
+    return text
+
+
+def _fill_value(value: Any) -> Fill:
+    """torchvision's ``_convert_fill_arg``: None, a number, or a tuple of floats."""
+    if value is None:
+        return None
+    if _is_number(value):
+        return value if isinstance(value, (int, float)) else float(value)
+    if isinstance(value, (tuple, list)) and len(value) > 0 and all(_is_number(v) for v in value):
+        return tuple(float(v) for v in value)
+    raise TypeError(f"`fill` must be None, a number, a sequence of numbers or a dict of them. "
+                    f"Found: {shorten(value)}.")
+
+
+def setup_fill(fill: Any) -> dict[str, Fill]:
+    """``fill`` as a dict keyed by type NAME (``"Image"``, ``"Mask"``, ...; a type key is taken
+    by its ``__name__``) or ``"others"`` (torchvision's ``_setup_fill_arg``)."""
+    if isinstance(fill, dict):
+        return {(k if isinstance(k, str) else getattr(k, "__name__", str(k))): _fill_value(v)
+                for k, v in fill.items()}
+    return {"others": _fill_value(fill)}
+
+
+def get_fill(fills: dict[str, Fill], kind: str) -> Fill:
+    """The fill of an input of type name ``kind`` (torchvision's ``_get_fill``): its own entry,
+    else ``"others"``, else None."""
+    if kind in fills:
+        return fills[kind]
+    return fills.get("others")
+
+
+# --- matrices -------------------------------------------------------------------------------
+
+def affine_matrix(center: tuple[float, float], angle: float, translate: tuple[float, float],
+                  scale: float, shear: tuple[float, float], inverted: bool = True) -> Matrix:
+    """torchvision's ``_get_inverse_affine_matrix``: (a, b, c, d, e, f) with x' = a x + b y + c,
+    y' = d x + e y + f; ``inverted`` maps output to input positions, else input to output.
+    Degrees; ``center`` and ``translate`` in pixels."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    cx, cy = center
+    tx, ty = translate
+    cos_sy, tan_sx = math.cos(sy), math.tan(sx)
+    a = math.cos(rot - sy) / cos_sy
+    b = -(a * tan_sx + math.sin(rot))
+    c = math.sin(rot - sy) / cos_sy
+    d = math.cos(rot) - c * tan_sx
+    if inverted:
+        m = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0]
+        m[2] += cx - m[0] * (cx + tx) - m[1] * (cy + ty)
+        m[5] += cy - m[3] * (cx + tx) - m[4] * (cy + ty)
+    else:
+        m = [a * scale, b * scale, 0.0, c * scale, d * scale, 0.0]
+        m[2] += cx + tx - m[0] * cx - m[1] * cy
+        m[5] += cy + ty - m[3] * cx - m[4] * cy
+    return m
+
+
+def expanded_size(matrix: Matrix, width: int, height: int) -> tuple[int, int]:
+    """torchvision's ``_compute_affine_output_size`` (its tensor form, float32): (W, H) of the
+    output that holds the whole warped image."""
+    import torch
+
+    hw, hh = 0.5 * width, 0.5 * height
+    pts = torch.tensor([[-hw, -hh, 1.0], [-hw, hh, 1.0], [hw, hh, 1.0], [hw, -hh, 1.0]])
+    theta = torch.tensor(matrix, dtype=torch.float).view(2, 3)
+    lo, hi = torch.matmul(pts, theta.T).aminmax(dim=0)
+    halfs = torch.tensor((hw, hh))
+    lo, hi = lo + halfs, hi + halfs
+    tol = 1e-4
+    cmax = hi.mul(1.0 / tol).trunc().mul(tol).ceil()
+    cmin = lo.mul(1.0 / tol).trunc().mul(tol).floor()
+    size = cmax - cmin
+    return int(size[0]), int(size[1])
+
+
+# --- the warps ------------------------------------------------------------------------------
+
+def _cv2_matrix(matrix: Matrix, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> np.ndarray:
+    """torchvision's grid (output pixel centres about the output's centre, through the inverse
+    ``matrix``, about the input's centre) as an OpenCV inverse map in index coordinates."""
+    a, b, c, d, e, f = matrix
+    (h, w), (oh, ow) = in_hw, out_hw
+    ox, oy = (ow - 1) * 0.5, (oh - 1) * 0.5
+    return np.array([[a, b, c + (w - 1) * 0.5 - a * ox - b * oy],
+                     [d, e, f + (h - 1) * 0.5 - d * ox - e * oy]], np.float64)
+
+
+def _image_fill(fill: Fill) -> tuple[float, float, float]:
+    if fill is None:
+        return (0.0, 0.0, 0.0)
+    if isinstance(fill, tuple):
+        if len(fill) not in (1, 3):
+            raise ValueError(f"`fill` for the image must be a number or 3 numbers (R, G, B). "
+                             f"Found: {shorten(fill)}.")
+        return (fill * 3)[:3] if len(fill) == 1 else fill  # type: ignore[return-value]
+    return (float(fill),) * 3
+
+
+def warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], interpolation: str,
+               fill: Fill) -> np.ndarray:
+    """The (H, W, 3) uint8 image through the centred inverse ``matrix`` (torchvision's
+    ``affine_image`` convention) into ``out_hw``, ``fill`` outside."""
+    import cv2
+
+    flags = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR,
+             "bicubic": cv2.INTER_CUBIC}[interpolation] | cv2.WARP_INVERSE_MAP
+    m = _cv2_matrix(matrix, image.shape[:2], out_hw)
+    size = (out_hw[1], out_hw[0])
+    src = np.ascontiguousarray(image)
+    if interpolation == "nearest" or fill is None:
+        return cv2.warpAffine(src, m, size, flags=flags, borderMode=cv2.BORDER_CONSTANT,
+                              borderValue=_image_fill(fill))
+    # torchvision's tensor kernel: the image sampled with zeros outside (s), the share of the
+    # kernel inside (m) sampled alike, then s m + fill (1 - m): the edge pixels count m twice
+    s = cv2.warpAffine(src.astype(np.float32), m, size, flags=flags, borderMode=cv2.BORDER_CONSTANT,
+                       borderValue=(0.0, 0.0, 0.0))
+    inside = cv2.warpAffine(np.ones(src.shape[:2], np.float32), m, size, flags=flags,
+                            borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)[..., None]
+    out = (s - np.asarray(_image_fill(fill), np.float32)) * inside + np.asarray(_image_fill(fill), np.float32)
+    return np.rint(out).clip(0, 255).astype(np.uint8)
+
+
+def _torch_grid(matrix: Matrix, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
+    """torchvision's ``_affine_grid`` (float32): normalised input positions of the output pixels."""
+    import torch
+
+    (h, w), (oh, ow) = in_hw, out_hw
+    theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
+    base = torch.empty(1, oh, ow, 3, dtype=torch.float32)
+    base[..., 0].copy_(torch.linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, steps=ow))
+    base[..., 1].copy_(torch.linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, steps=oh).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32))
+    return base.view(1, oh * ow, 3).bmm(rescaled).view(1, oh, ow, 2)
+
+
+def warp_mask(planes: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill: Fill) -> np.ndarray:
+    """(N, H, W) planes resampled nearest on torchvision's grid, ``fill`` outside (None: 0), as
+    torchvision's ``_apply_grid_transform`` does it; (N, oh, ow) of the planes' dtype."""
+    import torch
+    from torch.nn.functional import grid_sample
+
+    n, h, w = planes.shape
+    if isinstance(fill, tuple) and len(fill) > 1 and len(fill) != n:
+        raise ValueError(f"`fill` for a mask of {n} plane(s) must be a number or {n} numbers "
+                         f"(torchvision refuses it too). Found: {shorten(fill)}.")
+    if planes.size == 0:
+        return np.zeros((n, *out_hw), planes.dtype)
+    src = torch.from_numpy(np.ascontiguousarray(planes))
+    grid = _torch_grid(matrix, (h, w), out_hw)
+    img = src.to(torch.float32)[None]
+    if fill is not None:
+        img = torch.cat((img, torch.ones(1, 1, h, w, dtype=torch.float32)), dim=1)
+    out = grid_sample(img, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    if fill is not None:
+        out, inside = torch.tensor_split(out, indices=(-1,), dim=-3)
+        values = list(fill) if isinstance(fill, tuple) else [float(fill)]
+        fill_img = torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
+        out = torch.where(inside.expand_as(out) < 0.5, fill_img.expand_as(out), out)
+    return out.round_().to(src.dtype)[0].numpy()
+
+
+# --- the leaves -----------------------------------------------------------------------------
+
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _cast_like(values: np.ndarray, dtype: str) -> np.ndarray:
+    """torchvision computes integer boxes/keypoints in float and casts back (truncating)."""
+    return values if dtype in _FLOAT_DTYPES else np.trunc(values)
+
+
+def _to_xyxy(data: np.ndarray, fmt: str) -> np.ndarray:
+    out = data.copy()
+    if fmt == "XYWH":
+        out[:, 2:] += out[:, :2]
+    elif fmt == "CXCYWH":
+        out[:, :2] = data[:, :2] - data[:, 2:] / 2
+        out[:, 2:] = data[:, :2] + data[:, 2:] / 2
+    return out
+
+
+def _from_xyxy(xyxy: np.ndarray, fmt: str) -> np.ndarray:
+    out = xyxy.copy()
+    if fmt == "XYWH":
+        out[:, 2:] -= out[:, :2]
+    elif fmt == "CXCYWH":
+        out[:, :2] = (xyxy[:, :2] + xyxy[:, 2:]) / 2
+        out[:, 2:] = xyxy[:, 2:] - xyxy[:, :2]
+    return out
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """One draw's warp: torchvision's ``affine`` arguments, plus ``expand`` for ``rotate``."""
+
+    angle: float
+    translate: tuple[float, float]
+    scale: float
+    shear: tuple[float, float]
+    center: tuple[float, float] | None
+    expand: bool = False
+    pixel_angle: float | None = None  # the image's and masks' angle where it differs (rotate)
+    rot90: bool = False  # rotate's quarter-turn fast path for the image and masks
+
+    def forward(self, hw: tuple[int, int]) -> tuple[Matrix, tuple[int, int], np.ndarray]:
+        """(forward matrix about ``center`` in pixels, output (H, W), shift subtracted for
+        ``expand``) on a canvas of ``hw`` (the boxes' and keypoints' rule)."""
+        h, w = hw
+        center = (w * 0.5, h * 0.5) if self.center is None else self.center
+        fwd = affine_matrix(center, self.angle, self.translate, self.scale, self.shear, inverted=False)
+        shift = np.zeros(2)
+        if not self.expand:
+            return fwd, hw, shift
+        corners = np.array([[0.0, 0.0], [0.0, h], [w, h], [w, 0.0]])
+        shift = _apply(corners, fwd).min(axis=0)
+        inv = affine_matrix(center, self.angle, self.translate, self.scale, self.shear)
+        ow, oh = expanded_size(inv, w, h)
+        return fwd, (oh, ow), shift
+
+    def inverse(self, hw: tuple[int, int]) -> tuple[Matrix, tuple[int, int]]:
+        """(inverse matrix about the image centre, output (H, W)): the image's and masks' rule."""
+        h, w = hw
+        center = (0.0, 0.0) if self.center is None else (self.center[0] - w * 0.5, self.center[1] - h * 0.5)
+        angle = self.angle if self.pixel_angle is None else self.pixel_angle
+        inv = affine_matrix(center, angle, self.translate, self.scale, self.shear)
+        if not self.expand:
+            return inv, hw
+        ow, oh = expanded_size(inv, w, h)
+        return inv, (oh, ow)
+
+
+def _apply(points: np.ndarray, m: Matrix) -> np.ndarray:
+    x, y = points[..., 0], points[..., 1]
+    return np.stack([m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]], axis=-1)
+
+
+def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
+    """torchvision's ``_affine_bounding_boxes_with_expand`` for axis-aligned formats: an empty
+    leaf comes back as it is (its canvas too, as torchvision leaves it)."""
+    if boxes.data.size == 0:
+        return boxes
+    fwd, canvas, shift = geo.forward(boxes.canvas)
+    xyxy = _to_xyxy(boxes.data, boxes.format)
+    corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]  # (N, 4 corners, 2)
+    moved = _apply(corners, fwd)
+    out = np.concatenate([moved.min(axis=1), moved.max(axis=1)], axis=1)
+    out -= np.tile(shift, 2)
+    if boxes.clamping_mode is not None:  # soft and hard are the same for axis-aligned boxes
+        out[:, 0::2] = out[:, 0::2].clip(0, canvas[1])
+        out[:, 1::2] = out[:, 1::2].clip(0, canvas[0])
+    data = _cast_like(_from_xyxy(out, boxes.format), boxes.dtype)
+    return Boxes(data, boxes.format, canvas, boxes.clamping_mode, boxes.dtype)
+
+
+def warp_keypoints(points: KeyPoints, geo: _Geometry) -> KeyPoints:
+    """torchvision's ``_affine_keypoints_with_expand`` (not clamped; an empty leaf unchanged)."""
+    if points.data.size == 0:
+        return points
+    fwd, canvas, shift = geo.forward(points.canvas)
+    data = _cast_like(_apply(points.data, fwd) - shift, points.dtype)
+    return KeyPoints(data, canvas, points.dtype)
+
+
+def _rot90_k(geo: _Geometry, hw: tuple[int, int]) -> int | None:
+    """torchvision's ``rotate_image`` fast path: k quarter turns (counter-clockwise), or None."""
+    if not geo.rot90 or geo.center is not None or geo.pixel_angle is None:
+        return None
+    turn = -geo.pixel_angle
+    if turn in (0, 180):
+        return int(turn // 90)
+    if turn in (90, 270) and (geo.expand or hw[0] == hw[1]):
+        return int(turn // 90)
+    return None
+
+
+def _warp_mask_leaf(mask: Mask, geo: _Geometry, fill: Fill) -> Mask:
+    data = mask.materialize()
+    planes = data if mask.planes else data[None]
+    k = _rot90_k(geo, planes.shape[-2:])
+    if k is not None:
+        out = np.ascontiguousarray(np.rot90(planes, k=k, axes=(-2, -1)))
+    else:
+        inv, out_hw = geo.inverse(planes.shape[-2:])
+        out = warp_mask(planes, inv, out_hw, fill)
+    return Mask(data=out if mask.planes else out[0])
+
+
+def _warp_sample(sample: Sample, geo: _Geometry, interpolation: str, fills: dict[str, Fill]) -> Sample:
+    k = _rot90_k(geo, sample.size)
+    if k is not None:
+        image = np.ascontiguousarray(np.rot90(sample.image, k=k, axes=(0, 1)))
+    else:
+        inv, out_hw = geo.inverse(sample.size)
+        image = warp_image(sample.image, inv, out_hw, interpolation, get_fill(fills, "Image"))
+    mask_fill = get_fill(fills, "Mask")
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, Boxes):
+            return warp_boxes(value, geo)
+        if isinstance(value, KeyPoints):
+            return warp_keypoints(value, geo)
+        if isinstance(value, Mask):
+            return _warp_mask_leaf(value, geo, mask_fill)
+        return value
+
+    return Sample(image, map_leaves(sample.target, leaf))
+
+
+# --- the ops --------------------------------------------------------------------------------
+
+def _check_center(center: Any) -> tuple[float, float] | None:
+    if center is None:
+        return None
+    values = _numbers(center, "center", (2,))
+    return (values[0], values[1])
+
+
+@dataclass(frozen=True)
+class RandomAffine(JointOp):
+    """torchvision v2's ``RandomAffine``: angle uniform in ``degrees`` (d: [-d, d]); shift
+    round(uniform(-tx W, tx W)) px (and so for y) for ``translate`` = (tx, ty) in [0, 1]; scale
+    uniform in ``scale`` (min, max); x shear uniform in ``shear``'s first pair (s: [-s, s]), y
+    shear in its second if given (degrees). ``fill``: a number, a tuple, or a dict by type name
+    (``"Image"``, ``"Mask"``, ``"others"``). ``center``: (x, y) px, None the image centre.
+    ``params``: torchvision's ``make_params`` dict (angle, translate, scale, shear)."""
+
+    degrees: Any = 0
+    translate: Any = None
+    scale: Any = None
+    shear: Any = None
+    interpolation: Any = "nearest"
+    fill: Any = field(default=0, hash=False)
+    center: Any = None
+    name = "RandomAffine"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "degrees", _angle_range(self.degrees, "degrees"))
+        if self.translate is not None:
+            t = _numbers(self.translate, "translate", (2,))
+            if not all(0.0 <= v <= 1.0 for v in t):
+                raise ValueError(f"`translate` must be two fractions in [0, 1]. Found: {shorten(self.translate)}.")
+            object.__setattr__(self, "translate", t)
+        if self.scale is not None:
+            s = _pairs_ordered(_numbers(self.scale, "scale", (2,)), "scale", self.scale)
+            if not s[0] > 0:
+                raise ValueError(f"`scale` must be positive. Found: {shorten(self.scale)}.")
+            object.__setattr__(self, "scale", s)
+        if self.shear is not None:
+            object.__setattr__(self, "shear", _angle_range(self.shear, "shear", (2, 4)))
+        object.__setattr__(self, "interpolation", check_interpolation(self.interpolation))
+        object.__setattr__(self, "_fills", setup_fill(self.fill))
+        object.__setattr__(self, "center", _check_center(self.center))
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> dict[str, Any]:
+        height, width = sample.size
+        angle = float(rng.uniform(self.degrees[0], self.degrees[1]))
+        translate = (0, 0)
+        if self.translate is not None:
+            dx, dy = float(self.translate[0] * width), float(self.translate[1] * height)
+            translate = (int(round(float(rng.uniform(-dx, dx)))), int(round(float(rng.uniform(-dy, dy)))))
+        scale = 1.0 if self.scale is None else float(rng.uniform(self.scale[0], self.scale[1]))
+        shear_x = shear_y = 0.0
+        if self.shear is not None:
+            shear_x = float(rng.uniform(self.shear[0], self.shear[1]))
+            if len(self.shear) == 4:
+                shear_y = float(rng.uniform(self.shear[2], self.shear[3]))
+        return {"angle": angle, "translate": translate, "scale": scale, "shear": (shear_x, shear_y)}
+
+    def apply(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        t = params["translate"]
+        geo = _Geometry(float(params["angle"]), (float(t[0]), float(t[1])), float(params["scale"]),
+                        (float(params["shear"][0]), float(params["shear"][1])), self.center)
+        return _warp_sample(sample, geo, self.interpolation, self._fills)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class RandomRotation(JointOp):
+    """torchvision v2's ``RandomRotation``: angle uniform in ``degrees`` (d: [-d, d]),
+    counter-clockwise about ``center`` ((x, y) px; None: the image centre); ``expand``: the
+    output holds the whole rotated image. ``fill`` as for :class:`RandomAffine`.
+    ``params``: {"angle": degrees}."""
+
+    degrees: Any = 0
+    interpolation: Any = "nearest"
+    expand: bool = False
+    center: Any = None
+    fill: Any = field(default=0, hash=False)
+    name = "RandomRotation"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "degrees", _angle_range(self.degrees, "degrees"))
+        object.__setattr__(self, "interpolation", check_interpolation(self.interpolation))
+        if not isinstance(self.expand, (bool, np.bool_)):
+            raise TypeError(f"`expand` must be True or False. Found: {shorten(self.expand)}.")
+        object.__setattr__(self, "expand", bool(self.expand))
+        object.__setattr__(self, "center", _check_center(self.center))
+        object.__setattr__(self, "_fills", setup_fill(self.fill))
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> dict[str, Any]:
+        return {"angle": float(rng.uniform(self.degrees[0], self.degrees[1]))}
+
+    def apply(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        # torchvision's rotate is affine by -angle; rotate_image takes the angle mod 360 first
+        angle = float(params["angle"])
+        geo = _Geometry(-angle, (0.0, 0.0), 1.0, (0.0, 0.0), self.center, self.expand,
+                        pixel_angle=-(angle % 360), rot90=True)
+        return _warp_sample(sample, geo, self.interpolation, self._fills)  # type: ignore[attr-defined]
