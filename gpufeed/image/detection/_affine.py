@@ -171,6 +171,11 @@ def _image_fill(fill: Fill) -> tuple[float, float, float]:
     return (float(fill),) * 3
 
 
+def _axis_aligned(matrix: Matrix) -> bool:
+    a, b, _, d, e, _ = matrix
+    return (abs(b) < 1e-9 and abs(d) < 1e-9) or (abs(a) < 1e-9 and abs(e) < 1e-9)
+
+
 def warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], interpolation: str,
                fill: Fill) -> np.ndarray:
     """The (H, W, 3) uint8 image through the centred inverse ``matrix`` (torchvision's
@@ -179,6 +184,12 @@ def warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], inter
 
     flags = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR,
              "bicubic": cv2.INTER_CUBIC}[interpolation] | cv2.WARP_INVERSE_MAP
+    if interpolation == "nearest" and _axis_aligned(matrix):
+        # quarter turns and plain scales put output pixels on exact half-pixel ties, which
+        # OpenCV and torch round apart: torchvision's own grid and rounding decide them
+        planes = warp_mask(np.ascontiguousarray(image.transpose(2, 0, 1)), matrix, out_hw,
+                           _image_fill(fill) if fill is not None else None)
+        return np.ascontiguousarray(planes.transpose(1, 2, 0))
     m = _cv2_matrix(matrix, image.shape[:2], out_hw)
     size = (out_hw[1], out_hw[0])
     src = np.ascontiguousarray(image)
