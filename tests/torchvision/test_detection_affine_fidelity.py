@@ -73,6 +73,7 @@ def make_sample(height: int, width: int, seed: int) -> Sample:
     planes = rng.integers(0, 4, (3, height, width)).astype(np.uint8)
     keypoints = rng.uniform(-3, [width + 3, height + 3], (n, 3, 2)).astype(np.float32).astype(np.float64)
     return Sample(image, {"xyxy": xyxy, "masks": Mask(planes), "plane": Mask(planes[0].astype(np.int64)),
+                          "bool": Mask(planes[1] > 1), "none": Mask(planes[:0]),
                           "keypoints": KeyPoints(keypoints, (height, width))})
 
 
@@ -92,11 +93,10 @@ def test_geometry_matches_torchvision(config: int, size: int, seed: int) -> None
     height, width = SIZES[size]
     base = make_sample(height, width, seed)
     params = ours.draw(sample_rng(seed, 0, config), base)
-    target: dict[str, Any] = {"masks": base.target["masks"], "plane": base.target["plane"],
-                              "keypoints": base.target["keypoints"]}
+    masks = ("masks", "plane", "bool", "none")
+    target: dict[str, Any] = {k: base.target[k] for k in (*masks, "keypoints")}
     tv_target: dict[str, Any] = {
-        "masks": tv_tensors.Mask(torch.from_numpy(base.target["masks"].dense().copy())),
-        "plane": tv_tensors.Mask(torch.from_numpy(base.target["plane"].dense().copy())),
+        **{k: tv_tensors.Mask(torch.from_numpy(base.target[k].dense().copy())) for k in masks},
         "keypoints": tv_tensors.KeyPoints(torch.from_numpy(base.target["keypoints"].data).float(),
                                           canvas_size=(height, width))}
     for fmt in BOX_FORMATS:
@@ -121,7 +121,7 @@ def test_geometry_matches_torchvision(config: int, size: int, seed: int) -> None
             np.testing.assert_allclose(got.data, value.numpy(), atol=1e-3)
         else:
             dense = got.dense()
-            assert dense.dtype == value.numpy().dtype
+            assert dense.dtype == value.numpy().dtype and dense.shape == value.shape, key
             np.testing.assert_array_equal(dense, value.numpy(), err_msg=key)
     assert out.image.shape == ref_image.shape
     if ours.interpolation == "nearest":
