@@ -74,6 +74,7 @@ def make_sample(height: int, width: int, seed: int) -> Sample:
     keypoints = rng.uniform(-3, [width + 3, height + 3], (n, 3, 2)).astype(np.float32).astype(np.float64)
     return Sample(image, {"xyxy": xyxy, "masks": Mask(planes), "plane": Mask(planes[0].astype(np.int64)),
                           "bool": Mask(planes[1] > 1), "none": Mask(planes[:0]),
+                          "float": Mask(planes[2].astype(np.float32) / 3), "int32": Mask(planes.astype(np.int32)),
                           "keypoints": KeyPoints(keypoints, (height, width))})
 
 
@@ -93,7 +94,7 @@ def test_geometry_matches_torchvision(config: int, size: int, seed: int) -> None
     height, width = SIZES[size]
     base = make_sample(height, width, seed)
     params = ours.draw(sample_rng(seed, 0, config), base)
-    masks = ("masks", "plane", "bool", "none")
+    masks = ("masks", "plane", "bool", "none", "float", "int32")
     target: dict[str, Any] = {k: base.target[k] for k in (*masks, "keypoints")}
     tv_target: dict[str, Any] = {
         **{k: tv_tensors.Mask(torch.from_numpy(base.target[k].dense().copy())) for k in masks},

@@ -206,23 +206,28 @@ def warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], inter
     return np.rint(out).clip(0, 255).astype(np.uint8)
 
 
-def _torch_grid(matrix: Matrix, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
-    """torchvision's ``_affine_grid`` (float32): normalised input positions of the output pixels."""
+def _torch_grid(matrix: Matrix, in_hw: tuple[int, int], out_hw: tuple[int, int], dtype: Any = None) -> Any:
+    """torchvision's ``_affine_grid``: normalised input positions of the output pixels, in
+    ``dtype`` (torchvision's: the image's if floating, else float32)."""
     import torch
 
+    dtype = torch.float32 if dtype is None else dtype
     (h, w), (oh, ow) = in_hw, out_hw
-    theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
-    base = torch.empty(1, oh, ow, 3, dtype=torch.float32)
+    theta = torch.tensor(matrix, dtype=dtype).reshape(1, 2, 3)
+    base = torch.empty(1, oh, ow, 3, dtype=dtype)
     base[..., 0].copy_(torch.linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, steps=ow))
     base[..., 1].copy_(torch.linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, steps=oh).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32))
+    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=dtype))
     return base.view(1, oh * ow, 3).bmm(rescaled).view(1, oh, ow, 2)
 
 
 def warp_mask(planes: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill: Fill) -> np.ndarray:
     """(N, H, W) planes resampled nearest on torchvision's grid, ``fill`` outside (None: 0), as
-    torchvision's ``_apply_grid_transform`` does it; (N, oh, ow) of the planes' dtype."""
+    torchvision's ``_apply_grid_transform`` does it (values through float32, as there); (N, oh,
+    ow) of the planes' dtype. Integer planes: ``grid_sample`` picks the source pixel of each
+    output pixel once (from an image of pixel numbers), then every plane is gathered, so N
+    planes cost one plane's resampling and no float copy of the planes."""
     import torch
     from torch.nn.functional import grid_sample
 
@@ -232,18 +237,47 @@ def warp_mask(planes: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill:
                          f"(torchvision refuses it too). Found: {shorten(fill)}.")
     if planes.size == 0:
         return np.zeros((n, *out_hw), planes.dtype)
-    src = torch.from_numpy(np.ascontiguousarray(planes))
+    if planes.dtype.kind == "f" or h * w >= 1 << 24:  # pixel numbers exact in float32 below 2^24
+        return _warp_planes(planes, matrix, out_hw, fill)
     grid = _torch_grid(matrix, (h, w), out_hw)
-    img = src.to(torch.float32)[None]
+    numbers = torch.arange(1, h * w + 1, dtype=torch.float32).view(1, 1, h, w)
+    picked = grid_sample(numbers, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    source = picked[0, 0].numpy().astype(np.int64)  # 0: outside, else 1 + the flat source index
+    out = planes.reshape(n, h * w)[:, np.maximum(source - 1, 0)]
+    if planes.dtype.kind in "iu" and planes.dtype.itemsize >= 4:
+        out = out.astype(np.float32).astype(planes.dtype)  # torchvision's trip through float32
+    outside = source == 0
+    if outside.any():
+        values = np.asarray(fill if isinstance(fill, tuple) else [0.0 if fill is None else fill], np.float32)
+        levels = np.rint(values).astype(planes.dtype)
+        if len(levels) == 1:
+            out[:, outside] = levels[0]
+        else:
+            out[:, outside] = levels[:, None]
+    return out
+
+
+def _warp_planes(planes: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill: Fill) -> np.ndarray:
+    """:func:`warp_mask` as torchvision computes it: all planes through ``grid_sample``."""
+    import torch
+    from torch.nn.functional import grid_sample
+
+    n, h, w = planes.shape
+    src = torch.from_numpy(np.ascontiguousarray(planes))
+    dtype = src.dtype if src.is_floating_point() else torch.float32
+    grid = _torch_grid(matrix, (h, w), out_hw, dtype)
+    img = src.to(dtype)[None]
     if fill is not None:
-        img = torch.cat((img, torch.ones(1, 1, h, w, dtype=torch.float32)), dim=1)
+        img = torch.cat((img, torch.ones(1, 1, h, w, dtype=dtype)), dim=1)
     out = grid_sample(img, grid, mode="nearest", padding_mode="zeros", align_corners=False)
     if fill is not None:
         out, inside = torch.tensor_split(out, indices=(-1,), dim=-3)
         values = list(fill) if isinstance(fill, tuple) else [float(fill)]
-        fill_img = torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
+        fill_img = torch.tensor(values, dtype=dtype).view(1, -1, 1, 1)
         out = torch.where(inside.expand_as(out) < 0.5, fill_img.expand_as(out), out)
-    return out.round_().to(src.dtype)[0].numpy()
+    if not src.is_floating_point():
+        out = out.round_().to(src.dtype)
+    return out[0].numpy()
 
 
 # --- the leaves -----------------------------------------------------------------------------
