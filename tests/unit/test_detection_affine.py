@@ -237,3 +237,13 @@ def test_image_only_runs_a_row_op() -> None:
     readonly = make_sample()
     readonly.image.flags.writeable = False
     assert ImageOnly(RandomGrayscale(p=1.0))(readonly, sample_rng(0, 0, 0)).image.shape == (H, W, 3)
+
+
+def test_half_turn_keeps_a_lazy_mask_lazy() -> None:
+    sample = make_sample(lazy=True)
+    planes = sample.target["masks"].lazy.data
+    out = RandomRotation((180, 180)).apply(sample, {"angle": 180.0})
+    mask = out.target["masks"]
+    assert mask.lazy is not None
+    np.testing.assert_array_equal(mask.dense(), np.rot90(planes, 2, axes=(1, 2)))
+    np.testing.assert_array_equal(out.image, np.rot90(make_sample().image, 2, axes=(0, 1)))

@@ -395,9 +395,15 @@ def _rot90_k(geo: _Geometry, hw: tuple[int, int]) -> int | None:
 
 
 def _warp_mask_leaf(mask: Mask, geo: _Geometry, fill: Fill) -> Mask:
+    k = _rot90_k(geo, mask.size)
+    if k == 0:
+        return mask
+    if k == 2:  # a half turn is a selection: the mask stays lazy
+        h, w = mask.size
+        mask.select(np.arange(h - 1, -1, -1), np.arange(w - 1, -1, -1))
+        return mask
     data = mask.materialize()
     planes = data if mask.planes else data[None]
-    k = _rot90_k(geo, planes.shape[-2:])
     if k is not None:
         out = np.ascontiguousarray(np.rot90(planes, k=k, axes=(-2, -1)))
     else:
