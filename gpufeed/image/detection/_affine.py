@@ -197,13 +197,20 @@ def warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], inter
         return cv2.warpAffine(src, m, size, flags=flags, borderMode=cv2.BORDER_CONSTANT,
                               borderValue=_image_fill(fill))
     # torchvision's tensor kernel: the image sampled with zeros outside (s), the share of the
-    # kernel inside (m) sampled alike, then s m + fill (1 - m): the edge pixels count m twice
-    s = cv2.warpAffine(src.astype(np.float32), m, size, flags=flags, borderMode=cv2.BORDER_CONSTANT,
-                       borderValue=(0.0, 0.0, 0.0))
+    # kernel inside (m) sampled alike, then (s - fill) m + fill: the pixels along the warped
+    # image's edge (0 < m < 1) count m twice, where OpenCV's border gives s + fill (1 - m).
+    # Only that band is redone, from OpenCV's rounded value (one level off in a few of them).
+    colour = _image_fill(fill)
+    out = cv2.warpAffine(src, m, size, flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=colour)
     inside = cv2.warpAffine(np.ones(src.shape[:2], np.float32), m, size, flags=flags,
-                            borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)[..., None]
-    out = (s - np.asarray(_image_fill(fill), np.float32)) * inside + np.asarray(_image_fill(fill), np.float32)
-    return np.rint(out).clip(0, 255).astype(np.uint8)
+                            borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+    band = (inside > 0) & (inside < 1)
+    if band.any():
+        c = np.asarray(colour, np.float32)
+        share = inside[band][:, None]
+        sampled = out[band].astype(np.float32) - c * (1 - share)  # s
+        out[band] = np.rint((sampled - c) * share + c).clip(0, 255).astype(np.uint8)
+    return out
 
 
 def _torch_grid(matrix: Matrix, in_hw: tuple[int, int], out_hw: tuple[int, int], dtype: Any = None) -> Any:
