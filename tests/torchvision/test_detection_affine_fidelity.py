@@ -54,13 +54,17 @@ OPS = [
 ]
 
 
+ATTRIBUTES = {"RandomAffine": ("degrees", "translate", "scale", "shear", "interpolation", "fill", "center"),
+              "RandomRotation": ("degrees", "interpolation", "expand", "center", "fill")}
+
+
 def make_ops(config: dict[str, Any]) -> tuple[Any, Any]:
-    args = {k: v for k, v in config.items() if k != "kind"}
-    tv_args = dict(args)
+    """The torchvision op, and ours built from its attributes (as a translation builds it)."""
+    tv_args = {k: v for k, v in config.items() if k != "kind"}
     if "interpolation" in tv_args:
         tv_args["interpolation"] = V.InterpolationMode(tv_args["interpolation"])
-    ours = getattr(_affine, config["kind"])(**args)
     theirs = getattr(V, config["kind"])(**tv_args)
+    ours = getattr(_affine, config["kind"])(**{k: getattr(theirs, k) for k in ATTRIBUTES[config["kind"]]})
     return ours, theirs
 
 
@@ -140,8 +144,9 @@ def test_geometry_matches_torchvision(config: int, size: int, seed: int) -> None
 
 
 def test_photometric_distort_matches_torchvision() -> None:
-    ours = _photometric.RandomPhotometricDistort(p=0.7)
     theirs = V.RandomPhotometricDistort(p=0.7)
+    ours = _photometric.RandomPhotometricDistort(**{k: getattr(theirs, k) for k in (
+        "brightness", "contrast", "saturation", "hue", "p")})
     checked = 0
     for seed in range(24):
         height, width = SIZES[seed % len(SIZES)]
