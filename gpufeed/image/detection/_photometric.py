@@ -1,0 +1,123 @@
+"""Image-only joint ops: ``RandomPhotometricDistort`` (torchvision v2's, SSD's colour
+distortion) and :class:`ImageOnly`, which runs any gpufeed uint8 row op
+(:mod:`gpufeed.image.augment`: ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur``, ...) on the
+image of a joint sample. Targets are left as they are.
+
+The pixels are gpufeed's uint8 colour functions (:mod:`gpufeed.image.augment._functional`),
+which compute what torchvision's ``adjust_*`` compute on PIL images.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import shorten
+from gpufeed.image.augment import _functional as fn
+from gpufeed.image.augment._base import RowOp
+from gpufeed.image.detection._sample import JointOp, Sample
+
+__all__ = ["ImageOnly", "RandomPhotometricDistort"]
+
+_FACTORS = ("brightness", "contrast", "saturation", "hue")
+
+
+def _range(value: Any, name: str, lo: float, hi: float) -> tuple[float, float]:
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+        and math.isfinite(float(v)) for v in value)
+    if not ok or not lo <= float(value[0]) <= float(value[1]) <= hi:
+        raise ValueError(f"`{name}` must be a (min, max) pair with {lo} <= min <= max <= {hi}. "
+                         f"Found: {shorten(value)}.")
+    return (float(value[0]), float(value[1]))
+
+
+def _writable(image: np.ndarray) -> np.ndarray:
+    """The image as the row functions need it: C-contiguous (H, W, 3) uint8 they may write."""
+    if image.flags.c_contiguous and image.flags.writeable:
+        return image
+    return np.array(image, order="C")
+
+
+@dataclass(frozen=True)
+class RandomPhotometricDistort(JointOp):
+    """torchvision v2's ``RandomPhotometricDistort``: each of brightness, contrast, saturation and
+    hue is applied with probability ``p``, its factor uniform in its (min, max) range; contrast
+    goes before saturation/hue or after them (even odds); then, with probability ``p``, the
+    channels are permuted (uniform permutation). ``params``: torchvision's ``make_params`` dict
+    (``*_factor`` None where not applied, ``contrast_before``, ``channel_permutation`` a tuple
+    or None); None when nothing applies."""
+
+    brightness: Any = (0.875, 1.125)
+    contrast: Any = (0.5, 1.5)
+    saturation: Any = (0.5, 1.5)
+    hue: Any = (-0.05, 0.05)
+    p: float = 0.5
+    name = "RandomPhotometricDistort"
+
+    def __post_init__(self) -> None:
+        for which in _FACTORS[:3]:
+            object.__setattr__(self, which, _range(getattr(self, which), which, 0.0, math.inf))
+        object.__setattr__(self, "hue", _range(self.hue, "hue", -0.5, 0.5))
+        p = self.p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"`p` must be a probability in [0, 1]. Found: {shorten(p)}.")
+        object.__setattr__(self, "p", float(p))
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> dict[str, Any] | None:
+        params: dict[str, Any] = {}
+        for which in _FACTORS:  # torchvision's order: the coin, then the factor if it came up
+            lo, hi = getattr(self, which)
+            params[f"{which}_factor"] = float(rng.uniform(lo, hi)) if rng.random() < self.p else None
+        params["contrast_before"] = bool(rng.random() < 0.5)
+        perm = tuple(int(i) for i in rng.permutation(3)) if rng.random() < self.p else None
+        params["channel_permutation"] = perm
+        if perm is None and all(params[f"{w}_factor"] is None for w in _FACTORS):
+            return None
+        return params
+
+    def apply(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        image = _writable(sample.image)
+        contrast = params["contrast_factor"]
+        if params["brightness_factor"] is not None:
+            image = fn.brightness(image, params["brightness_factor"])
+        if contrast is not None and params["contrast_before"]:
+            image = fn.contrast(image, contrast)
+        if params["saturation_factor"] is not None:
+            image = fn.color(image, params["saturation_factor"])
+        if params["hue_factor"] is not None:
+            image = fn.hue(image, params["hue_factor"])
+        if contrast is not None and not params["contrast_before"]:
+            image = fn.contrast(image, contrast)
+        perm = params["channel_permutation"]
+        if perm is not None and tuple(perm) != (0, 1, 2):
+            image = np.ascontiguousarray(image[..., list(perm)])
+        return Sample(image, sample.target)
+
+
+@dataclass(frozen=True)
+class ImageOnly(JointOp):
+    """A gpufeed uint8 row op (:class:`~gpufeed.image.augment.RowOp`) on the image of a joint
+    sample, drawing from the sample's generator; the target is left as it is. ``params``: a
+    1-tuple of the row op's own (so a row op's None is still applied)."""
+
+    row_op: RowOp
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.row_op, RowOp):
+            raise TypeError(f"`row_op` must be a gpufeed RowOp (gpufeed.image.augment). "
+                            f"Found: {type(self.row_op).__name__} {shorten(self.row_op)}.")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.row_op.name
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> tuple[Any]:
+        height, width = sample.size
+        return (self.row_op.draw(rng, height, width),)
+
+    def apply(self, sample: Sample, params: tuple[Any]) -> Sample:
+        return Sample(self.row_op.apply(_writable(sample.image), params[0]), sample.target)
