@@ -3,10 +3,12 @@ semantics (0.29), and the joint ops built on them: ``RandomHorizontalFlip``,
 ``RandomVerticalFlip``, ``Resize``, ``ScaleJitter``, ``RandomShortestSize``, ``RandomResize``.
 Crops and pads: ``_crops.py``.
 
-Images are (H, W, 3) uint8: bilinear (and bicubic) resizes use OpenCV, INTER_AREA for an
-antialiased shrink (nearer to torch's antialiased filter than INTER_LINEAR at any factor),
-INTER_LINEAR (INTER_CUBIC) otherwise; nearest resizes use torch's index rule exactly. Masks are resized by index maps (:meth:`Mask.select`), boxes and keypoints by the
-size ratios; none of them is clamped by a resize (torchvision does not either).
+Images are (H, W, 3) uint8. Bilinear and bicubic resizes use OpenCV: an antialiased shrink by
+whole factors is torch's triangle filter itself (``_shrink_whole``, within one level), another
+antialiased shrink INTER_AREA (nearer to torch's filter than INTER_LINEAR at any factor), the
+rest INTER_LINEAR (INTER_CUBIC); nearest resizes pick torch's source pixels exactly. Masks are
+resized by index maps (:meth:`Mask.select`), boxes and keypoints by the size ratios; a resize
+clamps none of them (torchvision does not either).
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def resize_image(img: np.ndarray, oh: int, ow: int, interpolation: str = "biline
         return img
     if interpolation in ("nearest", "nearest-exact"):
         return img[_index(interpolation, h, oh)][:, _index(interpolation, w, ow)]
+    if antialias and interpolation == "bilinear" and h % oh == 0 and w % ow == 0:
+        return _shrink_whole(img, h // oh, w // ow)
     if antialias and h >= oh and w >= ow:
         # torch's antialiased shrink is a widened filter: INTER_AREA is nearer to it than
         # INTER_LINEAR at any factor (on photo-like images, half the mean difference at 1.25x-1.6x).
@@ -135,6 +139,36 @@ def resize_image(img: np.ndarray, oh: int, ow: int, interpolation: str = "biline
     else:
         mode = cv2.INTER_CUBIC if interpolation == "bicubic" else cv2.INTER_LINEAR
     return cv2.resize(np.ascontiguousarray(img), (ow, oh), interpolation=mode)
+
+
+def _triangle(k: int) -> tuple[np.ndarray, int]:
+    """torch's antialiased bilinear filter for a shrink by the whole factor ``k``: weights of
+    source pixels k * i + j around output pixel i (a triangle of radius k source pixels centred
+    on the output pixel's centre), and the offset of the first one."""
+    j = np.arange(-k, 2 * k)
+    weights = 1.0 - np.abs(j + 0.5 - k / 2) / k
+    keep = weights > 0
+    return weights[keep].astype(np.float32), int(j[keep][0])
+
+
+def _shrink_whole(img: np.ndarray, ky: int, kx: int) -> np.ndarray:
+    """``img`` shrunk by whole factors (ky, kx) with torch's antialiased bilinear filter: the
+    filter at full size (zero outside), read at every k-th pixel and renormalised by the weight
+    inside the image, as torch truncates the filter at the borders."""
+    import cv2
+
+    h, w = img.shape[:2]
+    (wy, oy), (wx, ox) = _triangle(ky), _triangle(kx)
+    full = cv2.sepFilter2D(img.astype(np.float32), -1, wx, wy, anchor=(-ox, -oy),
+                           borderType=cv2.BORDER_CONSTANT)
+    out = full[::ky, ::kx]
+
+    def inside(k: int, weights: np.ndarray, offset: int, n: int) -> np.ndarray:
+        taps = k * np.arange(n // k)[:, None] + offset + np.arange(len(weights))[None, :]
+        return ((taps >= 0) & (taps < n)) @ weights
+
+    norm = np.outer(inside(ky, wy, oy, h), inside(kx, wx, ox, w))
+    return np.clip(np.rint(out / norm[:, :, None]), 0, 255).astype(np.uint8)
 
 
 def resize_sample(sample: Sample, size: Sequence[int] | int | None, max_size: int | None = None,
