@@ -8,6 +8,7 @@ Needs torchvision (.venv-tv)."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -236,3 +237,13 @@ def test_lazy_planes_match_dense_through_sanitize_and_crop():
             image, target = run_tv(theirs, tv_params(name, params, theirs), image, target)
         sample = mine.apply(sample, params)
     compare(sample, image, target, False, "lazy")
+
+
+def test_ops_given_torchvision_objects_pickle_without_them():
+    ops = [ours("Resize", [100], interpolation=V.InterpolationMode.BICUBIC),
+           ours("RandomZoomOut", fill={tv_tensors.Image: (1, 2, 3), tv_tensors.Mask: 255}),
+           ours("ConvertBoundingBoxFormat", tv_tensors.BoundingBoxFormat.CXCYWH),
+           ours("RandomResizedCrop", 32, interpolation=V.InterpolationMode.NEAREST_EXACT)]
+    for op in ops:
+        assert b"torchvision" not in pickle.dumps(op), op
+    assert ops[0].interpolation == "bicubic" and ops[1].fill == {"Image": (1, 2, 3), "Mask": 255}

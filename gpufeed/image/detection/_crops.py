@@ -47,12 +47,20 @@ PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
 _KIND_NAMES = {"image": "Image", "tensor": "Tensor", "mask": "Mask"}
 
 
-def _check_fill(fill: Any) -> None:
+def _key_name(key: Any) -> str:
+    return key if isinstance(key, str) else getattr(key, "__name__", str(key))
+
+
+def _check_fill(fill: Any) -> Any:
+    """``fill`` checked as torchvision checks it; a dict's type keys become their class names
+    (so that an op pickles without torchvision)."""
     if isinstance(fill, dict):
         for value in fill.values():
             _check_fill(value)
-    elif fill is not None and not isinstance(fill, (numbers.Number, tuple, list)):
+        return {_key_name(k): v for k, v in fill.items()}
+    if fill is not None and not isinstance(fill, (numbers.Number, tuple, list)):
         raise TypeError(f"`fill` must be a number, a tuple, a list, a dict of them or None. Found: {fill!r}.")
+    return fill
 
 
 def fill_for(fill: Any, kind: str) -> float | list[float] | None:
@@ -60,7 +68,7 @@ def fill_for(fill: Any, kind: str) -> float | list[float] | None:
     "mask") with, from a transform's ``fill``: a number, a sequence, None, or a dict keyed by
     types (matched by class name: ``Image``, ``Tensor``, ``Mask``) or "others"."""
     if isinstance(fill, dict):
-        names = {(k if isinstance(k, str) else getattr(k, "__name__", str(k))): v for k, v in fill.items()}
+        names = {_key_name(k): v for k, v in fill.items()}
         fill = names.get(_KIND_NAMES[kind], names.get("others"))
     if fill is None or isinstance(fill, (int, float)):
         return fill
@@ -249,7 +257,7 @@ class Pad(JointOp):
     def __post_init__(self) -> None:
         parse_padding(self.padding)
         _check_padding_mode(self.padding_mode)
-        _check_fill(self.fill)
+        object.__setattr__(self, "fill", _check_fill(self.fill))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}
@@ -261,7 +269,11 @@ class Pad(JointOp):
 @dataclass(frozen=True)
 class RandomCrop(JointOp):
     """torchvision's ``RandomCrop``: pads by ``padding`` (and, with ``pad_if_needed``, on both
-    sides of an edge shorter than the crop), then crops (h, w) at a uniform position."""
+    sides of an edge shorter than the crop), then crops (h, w) at a uniform position.
+
+    ``padding`` is the constructor's argument (int, [all], [left/right, top/bottom] or [left,
+    top, right, bottom]); torchvision's op keeps it parsed as [left, right, top, bottom] in its
+    ``padding`` attribute, which is not the same 4-list."""
 
     size: Any
     padding: Any = None
@@ -275,7 +287,7 @@ class RandomCrop(JointOp):
         if self.padding is not None:
             parse_padding(self.padding)
         _check_padding_mode(self.padding_mode)
-        _check_fill(self.fill)
+        object.__setattr__(self, "fill", _check_fill(self.fill))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         ph, pw = sample.size
@@ -326,7 +338,7 @@ class RandomResizedCrop(JointOp):
             raise TypeError(f"`ratio` must be a sequence of two floats. Found: {self.ratio!r}.")
         if self.scale[0] > self.scale[1] or self.ratio[0] > self.ratio[1]:
             warnings.warn("Scale and ratio should be of kind (min, max)", stacklevel=2)
-        interpolation_name(self.interpolation)
+        object.__setattr__(self, "interpolation", interpolation_name(self.interpolation))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         height, width = sample.size
@@ -351,7 +363,7 @@ class RandomResizedCrop(JointOp):
 
     def apply(self, sample: Sample, params: Any) -> Sample:
         sample = window_sample(sample, params["top"], params["left"], params["height"], params["width"], 0)
-        return resize_sample(sample, list(self.size), None, interpolation_name(self.interpolation),
+        return resize_sample(sample, list(self.size), None, self.interpolation,
                              self.antialias)
 
 
@@ -367,7 +379,7 @@ class RandomZoomOut(JointOp):
     name = "RandomZoomOut"
 
     def __post_init__(self) -> None:
-        _check_fill(self.fill)
+        object.__setattr__(self, "fill", _check_fill(self.fill))
         if not isinstance(self.side_range, Sequence) or len(self.side_range) != 2:
             raise TypeError(f"`side_range` must be a sequence of two floats. Found: {self.side_range!r}.")
         if self.side_range[0] < 1.0 or self.side_range[0] > self.side_range[1]:

@@ -269,6 +269,8 @@ class RandomVerticalFlip(JointOp):
 
 
 def _check_resize(interpolation: Any, antialias: Any) -> str:
+    """The interpolation's name (kept instead of a torchvision enum, so that an op pickles
+    without torchvision)."""
     name = interpolation_name(interpolation)
     if antialias not in (True, False, None):
         raise ValueError(f"`antialias` must be True, False or None. Found: {antialias!r}.")
@@ -303,13 +305,13 @@ class Resize(JointOp):
         if size is not None and len(size) == 1 and self.max_size is not None and self.max_size <= size[0]:
             raise ValueError(f"`max_size` must be greater than `size` {size[0]}. Found: {self.max_size}.")
         object.__setattr__(self, "size", size)
-        _check_resize(self.interpolation, self.antialias)
+        object.__setattr__(self, "interpolation", _check_resize(self.interpolation, self.antialias))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}
 
     def apply(self, sample: Sample, params: Any) -> Sample:
-        return resize_sample(sample, self.size, self.max_size, interpolation_name(self.interpolation),
+        return resize_sample(sample, self.size, self.max_size, self.interpolation,
                              self.antialias)
 
 
@@ -329,7 +331,7 @@ class ScaleJitter(JointOp):
             raise ValueError(f"`target_size` must be two sizes > 0. Found: {self.target_size!r}.")
         if len(self.scale_range) != 2 or not 0 < self.scale_range[0] <= self.scale_range[1]:
             raise ValueError(f"`scale_range` must be (min, max) with 0 < min <= max. Found: {self.scale_range!r}.")
-        _check_resize(self.interpolation, self.antialias)
+        object.__setattr__(self, "interpolation", _check_resize(self.interpolation, self.antialias))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         h, w = sample.size
@@ -339,7 +341,7 @@ class ScaleJitter(JointOp):
         return {"size": (int(h * r), int(w * r))}
 
     def apply(self, sample: Sample, params: Any) -> Sample:
-        return resize_sample(sample, list(params["size"]), None, interpolation_name(self.interpolation),
+        return resize_sample(sample, list(params["size"]), None, self.interpolation,
                              self.antialias)
 
 
@@ -361,7 +363,7 @@ class RandomShortestSize(JointOp):
         object.__setattr__(self, "min_size", sizes)
         if self.max_size is not None and self.max_size <= 0:
             raise ValueError(f"`max_size` must be > 0 or None. Found: {self.max_size!r}.")
-        _check_resize(self.interpolation, self.antialias)
+        object.__setattr__(self, "interpolation", _check_resize(self.interpolation, self.antialias))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         h, w = sample.size
@@ -372,7 +374,7 @@ class RandomShortestSize(JointOp):
         return {"size": (int(h * r), int(w * r))}
 
     def apply(self, sample: Sample, params: Any) -> Sample:
-        return resize_sample(sample, list(params["size"]), None, interpolation_name(self.interpolation),
+        return resize_sample(sample, list(params["size"]), None, self.interpolation,
                              self.antialias)
 
 
@@ -391,11 +393,11 @@ class RandomResize(JointOp):
         if not 0 < self.min_size < self.max_size:
             raise ValueError("`min_size` and `max_size` must be 0 < min_size < max_size. "
                              f"Found: {self.min_size}, {self.max_size}.")
-        _check_resize(self.interpolation, self.antialias)
+        object.__setattr__(self, "interpolation", _check_resize(self.interpolation, self.antialias))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {"size": [int(rng.integers(self.min_size, self.max_size))]}
 
     def apply(self, sample: Sample, params: Any) -> Sample:
-        return resize_sample(sample, params["size"], None, interpolation_name(self.interpolation),
+        return resize_sample(sample, params["size"], None, self.interpolation,
                              self.antialias)
