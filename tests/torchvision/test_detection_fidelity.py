@@ -137,6 +137,7 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("Resize", ([150],), {}),
     ("Resize", ((120, 200),), {}),
     ("Resize", ((500, 700),), {}),
+    ("Resize", ((80, 160),), {}),
     ("Resize", (100,), {"max_size": 130}),
     ("Resize", (None,), {"max_size": 170}),
     ("Resize", ([90],), {"interpolation": V.InterpolationMode.NEAREST}),

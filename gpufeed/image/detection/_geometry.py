@@ -4,7 +4,7 @@ semantics (0.29), and the joint ops built on them: ``RandomHorizontalFlip``,
 Crops and pads: ``_crops.py``.
 
 Images are (H, W, 3) uint8. Bilinear and bicubic resizes use OpenCV: an antialiased shrink by
-whole factors is torch's triangle filter itself (``_shrink_whole``, within one level), another
+whole factors is torch's triangle filter (``_shrink_whole``: a prefilter, then INTER_AREA), another
 antialiased shrink INTER_AREA (nearer to torch's filter than INTER_LINEAR at any factor), the
 rest INTER_LINEAR (INTER_CUBIC); nearest resizes pick torch's source pixels exactly. Masks are
 resized by index maps (:meth:`Mask.select`), boxes and keypoints by the size ratios; a resize
@@ -14,6 +14,7 @@ clamps none of them (torchvision does not either).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,34 +142,26 @@ def resize_image(img: np.ndarray, oh: int, ow: int, interpolation: str = "biline
     return cv2.resize(np.ascontiguousarray(img), (ow, oh), interpolation=mode)
 
 
-def _triangle(k: int) -> tuple[np.ndarray, int]:
-    """torch's antialiased bilinear filter for a shrink by the whole factor ``k``: weights of
-    source pixels k * i + j around output pixel i (a triangle of radius k source pixels centred
-    on the output pixel's centre), and the offset of the first one."""
-    j = np.arange(-k, 2 * k)
-    weights = 1.0 - np.abs(j + 0.5 - k / 2) / k
-    keep = weights > 0
-    return weights[keep].astype(np.float32), int(j[keep][0])
+def _prefilter(k: int) -> np.ndarray:
+    """The kernel that, followed by INTER_AREA's k-pixel box, makes torch's antialiased bilinear
+    filter for a shrink by the whole factor k: a triangle of radius k source pixels, which is
+    box(k) * box(k) for odd k and box(k) * box(k) * [1, 1] for even k (centred on the output
+    pixel's centre)."""
+    g = np.ones(k)
+    if k % 2 == 0:
+        g = np.convolve(g, [1.0, 1.0])
+    return (g / g.sum()).astype(np.float32)
 
 
 def _shrink_whole(img: np.ndarray, ky: int, kx: int) -> np.ndarray:
-    """``img`` shrunk by whole factors (ky, kx) with torch's antialiased bilinear filter: the
-    filter at full size (zero outside), read at every k-th pixel and renormalised by the weight
-    inside the image, as torch truncates the filter at the borders."""
+    """``img`` shrunk by whole factors (ky, kx) with torch's antialiased bilinear filter (within
+    a level: the prefilter rounds to uint8, and the borders reflect where torch truncates)."""
     import cv2
 
     h, w = img.shape[:2]
-    (wy, oy), (wx, ox) = _triangle(ky), _triangle(kx)
-    full = cv2.sepFilter2D(img.astype(np.float32), -1, wx, wy, anchor=(-ox, -oy),
-                           borderType=cv2.BORDER_CONSTANT)
-    out = full[::ky, ::kx]
-
-    def inside(k: int, weights: np.ndarray, offset: int, n: int) -> np.ndarray:
-        taps = k * np.arange(n // k)[:, None] + offset + np.arange(len(weights))[None, :]
-        return ((taps >= 0) & (taps < n)) @ weights
-
-    norm = np.outer(inside(ky, wy, oy, h), inside(kx, wx, ox, w))
-    return np.clip(np.rint(out / norm[:, :, None]), 0, 255).astype(np.uint8)
+    blurred = cv2.sepFilter2D(np.ascontiguousarray(img), -1, _prefilter(kx), _prefilter(ky),
+                              borderType=cv2.BORDER_REFLECT)
+    return cv2.resize(blurred, (w // kx, h // ky), interpolation=cv2.INTER_AREA)
 
 
 def resize_sample(sample: Sample, size: Sequence[int] | int | None, max_size: int | None = None,
@@ -290,10 +283,11 @@ class Resize(JointOp):
 
     def __post_init__(self) -> None:
         size = self.size
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = [size]
-        elif isinstance(size, Sequence) and len(size) in (1, 2) and all(isinstance(s, int) for s in size):
-            size = list(size)
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            size = [int(size)]
+        elif isinstance(size, Sequence) and len(size) in (1, 2) and all(
+                isinstance(s, numbers.Integral) for s in size):
+            size = [int(s) for s in size]
         elif size is None:
             if not isinstance(self.max_size, int):
                 raise ValueError(f"`max_size` must be an int when `size` is None. Found: {self.max_size!r}.")
