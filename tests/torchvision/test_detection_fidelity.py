@@ -3,7 +3,7 @@ draws its parameters (``draw``), applies them (``apply``), and the same paramete
 torchvision op's ``transform`` (its functional kernels) on ``tv_tensors`` built from the same
 sample. Boxes (in every format, under each clamping mode) and keypoints within 1e-3 px with the
 same canvas, masks (N planes and one plane) pixel for pixel, images exact except after resizes
-(mean absolute difference <= 1.5 levels: OpenCV against torch's antialiased bilinear).
+(mean absolute difference <= 0.5 levels: OpenCV enlarges, rounding differently).
 Needs torchvision (.venv-tv)."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def compare(got: Sample, image: Any, target: dict[str, Any], resized: bool, what
     assert got.image.shape == want_img.shape, what
     diff = np.abs(got.image.astype(np.int16) - want_img.astype(np.int16))
     if resized:
-        assert diff.mean() <= 1.5, f"{what}: image mean abs diff {diff.mean():.3f}"
+        assert diff.mean() <= 0.5, f"{what}: image mean abs diff {diff.mean():.3f}"
     else:
         assert diff.max() == 0, f"{what}: image differs by up to {diff.max()}"
     for key, want in target.items():
@@ -138,6 +138,8 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("Resize", ((120, 200),), {}),
     ("Resize", ((500, 700),), {}),
     ("Resize", ((80, 160),), {}),
+    ("Resize", ((300, 150),), {"interpolation": "bicubic"}),
+    ("Resize", ((300, 400),), {"interpolation": "bicubic", "antialias": False}),
     ("Resize", (100,), {"max_size": 130}),
     ("Resize", (None,), {"max_size": 170}),
     ("Resize", ([90],), {"interpolation": V.InterpolationMode.NEAREST}),
