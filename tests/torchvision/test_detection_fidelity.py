@@ -155,6 +155,7 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("RandomResizedCrop", ((80, 120),), {"scale": (0.5, 1.0), "interpolation": "bicubic"}),
     ("Pad", ([3, 4, 5, 6],), {"fill": {tv_tensors.Image: (1, 2, 3), tv_tensors.Mask: 9}}),
     ("Pad", ([2, 7],), {"fill": 127.5}),
+    ("Pad", ([-3, 2, 4, -5],), {"fill": {tv_tensors.Mask: 3, "others": 50}}),
     ("RandomZoomOut", (), {"fill": {tv_tensors.Image: (123, 117, 104), tv_tensors.Mask: 0}, "p": 1.0}),
     ("RandomIoUCrop", (), {}),
     ("ScaleJitter", ((300, 200),), {}),

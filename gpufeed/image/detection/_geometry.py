@@ -142,7 +142,8 @@ def _torch_resize(img: np.ndarray, oh: int, ow: int, mode: str) -> np.ndarray:
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0)
-    # A 1xCxHxW channels-last input gives a contiguous output unless restrided (torch #68430).
+    # A 1xCxHxW channels-last input gives a contiguous (NCHW) output unless its batch stride is
+    # restrided, as torchvision does; channels-last out, the HWC view below is contiguous.
     t = t.as_strided(t.shape, (t.numel(),) + t.stride()[1:])
     out = torch.nn.functional.interpolate(t, size=(oh, ow), mode=mode, align_corners=False, antialias=True)
     return np.ascontiguousarray(out[0].permute(1, 2, 0).numpy())
