@@ -284,3 +284,20 @@ def test_iou_crop_zeroes_boxes_whose_centres_leave():
     assert (out.target["boxes"].data[~params["inside"]] == 0).all()
     assert out.target["boxes"].canvas == (params["height"], params["width"])
     assert params["inside"].any()
+
+
+@pytest.mark.parametrize("second_fill", [False, True])
+def test_chains_of_ops_keep_lazy_masks_lazy_and_equal_to_dense(second_fill):
+    chain = [RandomZoomOut(fill={"Image": (1, 2, 3), "Mask": 255}, p=1.0), RandomIoUCrop(),
+             RandomHorizontalFlip(p=1.0), Resize((50, 50)), CenterCrop(40),
+             RandomCrop(30, padding=2 if second_fill else None), SanitizeBoundingBoxes()]
+    for seed in range(5):
+        dense, lazy = make_sample(seed=seed), make_sample(seed=seed, lazy=True)
+        for op in chain:
+            params = op.draw(sample_rng(1, 0, seed), dense)
+            if params is not None:
+                dense, lazy = op.apply(dense, params), op.apply(lazy, params)
+        if not second_fill:  # only a second fill value (0 after 255) may materialise it
+            assert lazy.target["masks"].lazy is not None
+        assert np.array_equal(lazy.target["masks"].dense(), dense.target["masks"].dense())
+        assert np.array_equal(lazy.image, dense.image)

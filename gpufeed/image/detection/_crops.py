@@ -137,7 +137,10 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
         if isinstance(x, Mask):
             mh, mw = x.size
             out = dataclasses.replace(x)
-            out.select(_window_index(itop, h, mh), _window_index(ileft, w, mw), fill=mfill)
+            rows, cols = _window_index(itop, h, mh), _window_index(ileft, w, mw)
+            # A window inside the mask adds no fill (and keeps a pending one of another value).
+            inside = rows.min(initial=0) >= 0 and cols.min(initial=0) >= 0
+            out.select(rows, cols, fill=None if inside else mfill)
             return out
         return x
 
