@@ -95,6 +95,7 @@ def compare(got: Sample, image: Any, target: dict[str, Any], resized: bool, what
         if isinstance(want, tv_tensors.BoundingBoxes):
             assert leaf.canvas == tuple(want.canvas_size), f"{what}: {key} canvas"
             assert leaf.format == want.format.name, f"{what}: {key} format"
+            assert leaf.clamping_mode == want.clamping_mode, f"{what}: {key} clamping mode"
             np.testing.assert_allclose(leaf.data, want.numpy().reshape(-1, 4), atol=1e-3, rtol=0,
                                        err_msg=f"{what}: {key}")
         elif isinstance(want, tv_tensors.KeyPoints):
@@ -205,7 +206,9 @@ def test_box_ops_match_torchvision(fmt, clamping):
         cases = [("ConvertBoundingBoxFormat", (new,), {}) for new in FORMATS]
         cases += [("ClampBoundingBoxes", (mode,), {}) for mode in ("auto", "soft", None)]
         cases += [("ClampKeyPoints", (), {}), ("SanitizeBoundingBoxes", (), {}),
-                  ("SanitizeBoundingBoxes", (), {"min_size": 20, "min_area": 500})]
+                  ("SanitizeBoundingBoxes", (), {"min_size": 20, "min_area": 500}),
+                  ("SanitizeKeyPoints", (), {}), ("SanitizeKeyPoints", (), {"labels_getter": "default"}),
+                  ("SetClampingMode", ("hard",), {}), ("SetClampingMode", (None,), {})]
         for name, args, kwargs in cases:
             mine, theirs = ours(name, *args, **kwargs), getattr(V, name)(*args, **kwargs)
             want_image, want_target = theirs(image, target)

@@ -16,6 +16,8 @@ from gpufeed.image.detection._boxes import (
     ClampBoundingBoxes,
     ConvertBoundingBoxFormat,
     SanitizeBoundingBoxes,
+    SanitizeKeyPoints,
+    SetClampingMode,
     convert_format,
 )
 from gpufeed.image.detection._crops import (
@@ -301,3 +303,25 @@ def test_chains_of_ops_keep_lazy_masks_lazy_and_equal_to_dense(second_fill):
             assert lazy.target["masks"].lazy is not None
         assert np.array_equal(lazy.target["masks"].dense(), dense.target["masks"].dense())
         assert np.array_equal(lazy.image, dense.image)
+
+
+def test_sanitize_keypoints_drops_groups_with_a_point_outside():
+    sample = make_sample(n=4)
+    sample.target["keypoints"].data[1, 0] = [W, 3]  # x == W is outside
+    sample.target["keypoints"].data[3, 1] = [2, -0.1]
+    out = SanitizeKeyPoints(labels_getter="default")(sample, np.random.default_rng(0))
+    np.testing.assert_array_equal(out.target["keypoints"].data, sample.target["keypoints"].data[[0, 2]])
+    assert list(out.target["labels"]) == [1, 3]
+    assert len(out.target["boxes"]) == 4
+    out = SanitizeKeyPoints()(sample, np.random.default_rng(0))
+    assert list(out.target["labels"]) == [1, 2, 3, 4]
+
+
+def test_set_clamping_mode_changes_what_a_crop_does():
+    sample = make_sample()
+    loose = SetClampingMode(None)(sample, np.random.default_rng(0))
+    assert loose.target["boxes"].clamping_mode is None
+    out = window_sample(loose, 20, 30, 10, 10)
+    assert (out.target["boxes"].data < 0).any()
+    with pytest.raises(ValueError, match="clamping_mode"):
+        SetClampingMode("auto")

@@ -1,6 +1,6 @@
 """Box formats, clamping and sanitizing, with torchvision v2's semantics (0.29): the helpers the
 geometric ops use, and the joint ops ``ConvertBoundingBoxFormat``, ``ClampBoundingBoxes``,
-``ClampKeyPoints`` and ``SanitizeBoundingBoxes``.
+``ClampKeyPoints``, ``SanitizeBoundingBoxes``, ``SanitizeKeyPoints`` and ``SetClampingMode``.
 
 Coordinates are float64 pixels (edges of pixels at integers, as torchvision's boxes); a box leaf
 keeps its ``dtype`` name and is cast only at the output stage.
@@ -30,6 +30,8 @@ __all__ = [
     "ClampKeyPoints",
     "ConvertBoundingBoxFormat",
     "SanitizeBoundingBoxes",
+    "SanitizeKeyPoints",
+    "SetClampingMode",
     "box_format",
     "clamp_boxes",
     "convert_format",
@@ -296,45 +298,55 @@ class SanitizeBoundingBoxes(JointOp):
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}
 
-    def _labels(self, sample: Sample) -> list[Any]:
-        if self.labels_getter is None:
-            return []
-        getter = _default_labels if self.labels_getter == "default" else self.labels_getter
-        assert callable(getter)
-        labels = getter((sample.image, sample.target))
-        if labels is None:
-            return []
-        labels = list(labels) if isinstance(labels, tuple) else [labels]
-        for entry in labels:
-            if not (_is_array(entry) or isinstance(entry, list)):
-                raise ValueError("The labels must be arrays, tensors or lists. "
-                                 f"Found: {type(entry).__name__}.")
-        return labels
-
     def apply(self, sample: Sample, params: Any) -> Sample:
         boxes = first_boxes(sample.target)
         if boxes is None:
             raise ValueError("No bounding boxes were found in the sample")
-        labels = self._labels(sample)
-        for entry in labels:
-            if _length(entry) != len(boxes):
-                raise ValueError(f"Number of boxes ({len(boxes)}) must match the number of labels. "
-                                 f"Found labels of length {_length(entry)}.")
+        labels = _labels_of(self.labels_getter, sample, len(boxes), "boxes")
         valid = sanitize_valid(boxes, self.min_size, self.min_area)
 
-        def walk(x: Any) -> Any:
-            # Labels first: a list of labels is a subtree to map_leaves, one leaf here.
-            if any(x is entry for entry in labels):
-                return _keep(x, valid)
-            if isinstance(x, (dict, list, tuple)):
-                return map_leaves(x, walk) if not _holds(x, labels) else _map_children(x, walk)
+        def leaf(x: Any) -> Any:
             if isinstance(x, Boxes):
                 return with_boxes(x, x.data[valid]) if len(x) == len(valid) else x
             if isinstance(x, Mask):
                 return _keep_planes(x, valid)
             return x
 
-        return Sample(sample.image, walk(sample.target))
+        return Sample(sample.image, _filter(sample.target, labels, valid, leaf))
+
+
+def _labels_of(getter: Any, sample: Sample, n: int, what: str) -> list[Any]:
+    """The leaves ``getter`` ("default", None or a callable given (image, target)) names as
+    labels, each checked to have ``n`` entries (one per box or keypoint group)."""
+    if getter is None:
+        return []
+    fn = _default_labels if getter == "default" else getter
+    found = fn((sample.image, sample.target))
+    if found is None:
+        return []
+    labels = list(found) if isinstance(found, tuple) else [found]
+    for entry in labels:
+        if not (_is_array(entry) or isinstance(entry, list)):
+            raise ValueError(f"The labels must be arrays, tensors or lists. Found: {type(entry).__name__}.")
+        if _length(entry) != n:
+            raise ValueError(f"Number of {what} ({n}) must match the number of labels. "
+                             f"Found labels of length {_length(entry)}.")
+    return labels
+
+
+def _filter(target: Any, labels: list[Any], valid: np.ndarray, leaf: Callable[[Any], Any]) -> Any:
+    """``target`` with the ``labels`` (found by identity) at ``valid`` and every other leaf
+    through ``leaf``."""
+
+    def walk(x: Any) -> Any:
+        # Labels first: a list of labels is a subtree to map_leaves, one leaf here.
+        if any(x is entry for entry in labels):
+            return _keep(x, valid)
+        if isinstance(x, (dict, list, tuple)):
+            return map_leaves(x, walk) if not _holds(x, labels) else _map_children(x, walk)
+        return leaf(x)
+
+    return walk(target)
 
 
 def _holds(tree: Any, entries: list[Any]) -> bool:
@@ -354,3 +366,65 @@ def _map_children(tree: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(tree, list):
         return items
     return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+
+
+@dataclass(frozen=True)
+class SanitizeKeyPoints(JointOp):
+    """torchvision's ``SanitizeKeyPoints``: drops the keypoints (or groups: the first axis of an
+    (N, K, 2) leaf) with a point outside [0, W) x [0, H) of the target's first keypoints leaf,
+    from every keypoints leaf and the labels (``labels_getter`` as for
+    :class:`SanitizeBoundingBoxes`, None by default)."""
+
+    labels_getter: Callable[[Any], Any] | str | None = None
+    name = "SanitizeKeyPoints"
+
+    def __post_init__(self) -> None:
+        if not (self.labels_getter in ("default", None) or callable(self.labels_getter)):
+            raise ValueError("`labels_getter` must be 'default', a callable or None. "
+                             f"Found: {self.labels_getter!r}.")
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
+        return {}
+
+    def apply(self, sample: Sample, params: Any) -> Sample:
+        found: list[KeyPoints] = []
+        map_leaves(sample.target, lambda x: found.append(x) if isinstance(x, KeyPoints) else None)
+        if not found:
+            raise ValueError("No keypoints were found in the sample")
+        points = found[0]
+        h, w = points.canvas
+        x, y = points.data[..., 0], points.data[..., 1]
+        inside = np.asarray((x >= 0) & (x < w) & (y >= 0) & (y < h))
+        valid = np.asarray(inside.reshape(len(inside), -1).all(axis=1) if inside.ndim > 1 else inside)
+        labels = _labels_of(self.labels_getter, sample, len(valid), "keypoints")
+
+        def leaf(x: Any) -> Any:
+            if isinstance(x, KeyPoints):
+                if len(x.data) != len(valid):
+                    raise IndexError(f"keypoints of length {len(x.data)} cannot be filtered by {len(valid)} flags")
+                return dataclasses.replace(x, data=x.data[valid])
+            return x
+
+        return Sample(sample.image, _filter(sample.target, labels, valid, leaf))
+
+
+@dataclass(frozen=True)
+class SetClampingMode(JointOp):
+    """torchvision's ``SetClampingMode``: every box leaf's ``clamping_mode`` for the ops after
+    ("soft", "hard" or None)."""
+
+    clamping_mode: str | None
+    name = "SetClampingMode"
+
+    def __post_init__(self) -> None:
+        if self.clamping_mode not in CLAMPING_MODES:
+            raise ValueError(f"`clamping_mode` must be 'soft', 'hard' or None. Found: {self.clamping_mode!r}.")
+
+    def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
+        return {}
+
+    def apply(self, sample: Sample, params: Any) -> Sample:
+        def leaf(x: Any) -> Any:
+            return dataclasses.replace(x, clamping_mode=self.clamping_mode) if isinstance(x, Boxes) else x
+
+        return Sample(sample.image, map_leaves(sample.target, leaf))
