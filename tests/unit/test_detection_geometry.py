@@ -325,3 +325,11 @@ def test_set_clamping_mode_changes_what_a_crop_does():
     assert (out.target["boxes"].data < 0).any()
     with pytest.raises(ValueError, match="clamping_mode"):
         SetClampingMode("auto")
+
+
+def test_iou_crop_without_boxes_ends():
+    sample = Sample(np.zeros((H, W, 3), np.uint8), {"boxes": Boxes(np.zeros((0, 4)), "XYXY", (H, W))})
+    assert RandomIoUCrop(sampler_options=[0.5]).draw(np.random.default_rng(0), sample) is None
+    assert RandomIoUCrop().draw(np.random.default_rng(0), sample) is None
+    with pytest.raises(TypeError, match="bounding boxes"):
+        RandomIoUCrop().draw(np.random.default_rng(0), Sample(sample.image, {}))

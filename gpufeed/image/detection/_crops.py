@@ -450,6 +450,8 @@ class RandomIoUCrop(JointOp):
         cx, cy = 0.5 * (xyxy[:, 0] + xyxy[:, 2]), 0.5 * (xyxy[:, 1] + xyxy[:, 3])
         options = self.sampler_options
         assert options is not None
+        if len(xyxy) == 0 and max(options) < 1.0:
+            return None  # no box can be inside a crop: torchvision would draw forever
         while True:
             min_iou = options[int(rng.integers(len(options)))]
             if min_iou >= 1.0:
