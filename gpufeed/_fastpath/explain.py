@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufeed._fastpath.feed import GENERIC_PATH, explain_batch_op, fast_path_blocker
-from gpufeed._fastpath.samples import SAMPLE_PATH, explain_samples
+from gpufeed._fastpath.feed import explain_batch_op, fast_path_blocker
+from gpufeed._fastpath.samples import GENERIC_PATH, SAMPLE_PATH, explain_samples
 from gpufeed.image import explain_transform
 from gpufeed.image.detection import DetectionPipeline
 from gpufeed.sources import ImageSource

@@ -17,7 +17,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
-from gpufeed._fastpath.samples import sample_path_blocker
+from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
 from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
@@ -87,22 +87,6 @@ def fast_path_blocker(loader: Any) -> str | None:
                 f"for the fast path, whose batches are (images [N, 3, H, W], labels int64 [N]), "
                 f"and do its work on those batches")
     return None
-
-
-#: What the generic path is, in the warning and in ``gpufeed.explain(loader)``.
-GENERIC_PATH = "the generic path (per-sample __getitem__ + collate in the workers, slower)"
-
-
-def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
-    """Warn (``GpufeedWarning``) that ``loader``, over a gpufeed image dataset, takes the generic
-    path: why, and the fix (``blocker``). A loader over any other dataset is not warned about:
-    the generic path is the only one it has."""
-    if not isinstance(loader.dataset, (ImageSource, DetectionSource)):
-        return
-    warnings.warn(GpufeedWarning(
-        f"gpufeed: this loader of {type(loader.dataset).__name__} takes {GENERIC_PATH}, not "
-        f"the image fast path: {blocker}. gpufeed.explain(loader) says more."),
-        stacklevel=stacklevel + 1)
 
 
 def make_image_feed(

@@ -14,15 +14,17 @@ workers; the image path's batch options (``channels_last``, ``normalize``, ``dty
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from gpufeed._engine.plugin import FillPlugin, PassTag
-from gpufeed.errors import describe_callable
+from gpufeed.errors import GpufeedWarning, describe_callable
 from gpufeed.image._sample_fill import SampleFiller, SamplePlan, SampleReport, SampleTask
 from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,22 @@ SAMPLE_PATH = "the image path (per sample: variable sizes, collate_fn in the wor
 _IMAGE_ONLY = (("channels_last", "channels_last", False), ("normalize", "normalize", None),
                ("dtype", "dtype", None), ("batch_transform", "batch_transform", None),
                ("cache_bytes", "cache_budget", 0))
+
+
+#: What the generic path is, in the warning and in ``gpufeed.explain(loader)``.
+GENERIC_PATH = "the generic path (per-sample __getitem__ + collate in the workers, slower)"
+
+
+def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
+    """Warn (``GpufeedWarning``) that ``loader``, over a gpufeed image dataset, takes the generic
+    path: why, and the fix (``blocker``). A loader over any other dataset is not warned about:
+    the generic path is the only one it has."""
+    if not isinstance(loader.dataset, (ImageSource, DetectionSource)):
+        return
+    warnings.warn(GpufeedWarning(
+        f"gpufeed: this loader of {type(loader.dataset).__name__} takes {GENERIC_PATH}, not "
+        f"the image fast path: {blocker}. gpufeed.explain(loader) says more."),
+        stacklevel=stacklevel + 1)
 
 
 def sample_path_blocker(loader: Any) -> str | None:
@@ -74,8 +92,6 @@ def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, **options:
     """The loader's ``SampleFeed``, or None for the generic path (then ``seed``/``on_error``
     are errors, and with ``announce`` the generic path is warned about once). ``options``: the
     image path's other keywords (``make_image_feed``'s): the batch options are refused."""
-    from gpufeed._fastpath.feed import warn_generic_path  # (feed imports this module)
-
     check_sample_options(options)
     blocker = sample_path_blocker(loader)
     if blocker is not None:

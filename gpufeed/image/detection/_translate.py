@@ -20,7 +20,6 @@ image, torchvision v1 ops (they take the image only), ops after ``ToPureTensor``
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.image.detection import _affine, _boxes, _crops, _geometry, _photometric, _refs
 from gpufeed.image.detection._as_given import AsGiven
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import JointOp, Sample
@@ -41,9 +41,10 @@ _CONVERSIONS = frozenset({"ToImage", "PILToTensor", "ToTensor"})
 #: joint ops that touch the target only: they may follow the dtype conversion natively
 _TARGET_ONLY = frozenset({"ConvertBoundingBoxFormat", "SanitizeBoundingBoxes",
                           "ClampBoundingBoxes", "ClampKeyPoints"})
-_DET = "gpufeed.image.detection."
 
 Args = Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]]
+#: a joint op class and the constructor's arguments from a torchvision op
+Entry = tuple[type[JointOp], Args]
 
 
 def _attrs(*names: str) -> Args:
@@ -84,54 +85,50 @@ _PHOTOMETRIC = ("ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "
                 "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness",
                 "RandomAutocontrast", "RandomEqualize")
 
-#: torchvision op name -> (gpufeed module, class, the constructor's arguments from the op's
-#: attributes: torchvision's public names and values). The class is imported when a pipeline
-#: is translated; a module or class not there (or arguments it refuses) runs the op as given.
-JOINT_OPS: dict[str, tuple[str, str, Args]] = {
-    "RandomHorizontalFlip": (_DET + "_geometry", "RandomHorizontalFlip", _attrs("p")),
-    "RandomVerticalFlip": (_DET + "_geometry", "RandomVerticalFlip", _attrs("p")),
-    "Resize": (_DET + "_geometry", "Resize", _interp("size", "max_size")),
-    "RandomResizedCrop": (_DET + "_crops", "RandomResizedCrop", _interp("size", "scale", "ratio")),
-    "CenterCrop": (_DET + "_crops", "CenterCrop", _attrs("size")),
-    "RandomCrop": (_DET + "_crops", "RandomCrop", _random_crop),
-    "Pad": (_DET + "_crops", "Pad", _attrs("padding", "fill", "padding_mode")),
-    "RandomZoomOut": (_DET + "_crops", "RandomZoomOut", _attrs("fill", "side_range", "p")),
-    "RandomIoUCrop": (_DET + "_crops", "RandomIoUCrop", _iou_crop),
-    "ScaleJitter": (_DET + "_geometry", "ScaleJitter", _interp("target_size", "scale_range")),
-    "RandomShortestSize": (_DET + "_geometry", "RandomShortestSize", _interp("min_size", "max_size")),
-    "RandomResize": (_DET + "_geometry", "RandomResize", _interp("min_size", "max_size")),
-    "ConvertBoundingBoxFormat": (_DET + "_boxes", "ConvertBoundingBoxFormat", _attrs("format")),
-    "ClampBoundingBoxes": (_DET + "_boxes", "ClampBoundingBoxes", _attrs("clamping_mode")),
-    "ClampKeyPoints": (_DET + "_boxes", "ClampKeyPoints", _attrs()),
-    "SanitizeBoundingBoxes": (_DET + "_boxes", "SanitizeBoundingBoxes",
+#: torchvision op name -> (gpufeed's joint op class, the constructor's arguments from the op's
+#: attributes: torchvision's public names and values). Arguments the class refuses (ValueError,
+#: TypeError) run the op as given.
+JOINT_OPS: dict[str, Entry] = {
+    "RandomHorizontalFlip": (_geometry.RandomHorizontalFlip, _attrs("p")),
+    "RandomVerticalFlip": (_geometry.RandomVerticalFlip, _attrs("p")),
+    "Resize": (_geometry.Resize, _interp("size", "max_size")),
+    "RandomResizedCrop": (_crops.RandomResizedCrop, _interp("size", "scale", "ratio")),
+    "CenterCrop": (_crops.CenterCrop, _attrs("size")),
+    "RandomCrop": (_crops.RandomCrop, _random_crop),
+    "Pad": (_crops.Pad, _attrs("padding", "fill", "padding_mode")),
+    "RandomZoomOut": (_crops.RandomZoomOut, _attrs("fill", "side_range", "p")),
+    "RandomIoUCrop": (_crops.RandomIoUCrop, _iou_crop),
+    "ScaleJitter": (_geometry.ScaleJitter, _interp("target_size", "scale_range")),
+    "RandomShortestSize": (_geometry.RandomShortestSize, _interp("min_size", "max_size")),
+    "RandomResize": (_geometry.RandomResize, _interp("min_size", "max_size")),
+    "ConvertBoundingBoxFormat": (_boxes.ConvertBoundingBoxFormat, _attrs("format")),
+    "ClampBoundingBoxes": (_boxes.ClampBoundingBoxes, _attrs("clamping_mode")),
+    "ClampKeyPoints": (_boxes.ClampKeyPoints, _attrs()),
+    "SanitizeBoundingBoxes": (_boxes.SanitizeBoundingBoxes,
                               _attrs("min_size", "min_area", "labels_getter")),
-    "RandomAffine": (_DET + "_affine", "RandomAffine",
-                     _attrs("degrees", "translate", "scale", "shear", "interpolation", "fill", "center")),
-    "RandomRotation": (_DET + "_affine", "RandomRotation",
+    "RandomAffine": (_affine.RandomAffine, _attrs("degrees", "translate", "scale", "shear",
+                                                  "interpolation", "fill", "center")),
+    "RandomRotation": (_affine.RandomRotation,
                        _attrs("degrees", "interpolation", "expand", "center", "fill")),
-    "RandomPhotometricDistort": (_DET + "_photometric", "RandomPhotometricDistort",
+    "RandomPhotometricDistort": (_photometric.RandomPhotometricDistort,
                                  _attrs("brightness", "contrast", "saturation", "hue", "p")),
-    **{name: (_DET + "_photometric", "ImageOnly", _row_op) for name in _PHOTOMETRIC},
+    **{name: (_photometric.ImageOnly, _row_op) for name in _PHOTOMETRIC},
     # the references' segmentation helper (not torchvision's: recognised by name and shape)
-    "PadIfSmaller": (_DET + "_refs", "PadIfSmaller", _attrs("size", "fill")),
+    "PadIfSmaller": (_refs.PadIfSmaller, _attrs("size", "fill")),
 }
 
 
-def build_joint(name: str, op: Any, table: Mapping[str, tuple[str, str, Args]]) -> tuple[JointOp | None, str]:
+def build_joint(name: str, op: Any, table: Mapping[str, Entry]) -> tuple[JointOp | None, str]:
     """(gpufeed's joint op for ``op`` from ``table``, "") or (None, why not)."""
     entry = table.get(name)
     if entry is None:
         return None, "no gpufeed joint op"
-    module, cls_name, args = entry
-    try:
-        cls = getattr(importlib.import_module(module), cls_name)
-    except (ImportError, AttributeError):
-        return None, f"{module}.{cls_name} is not there"
+    cls, args = entry
     try:
         pos, kw = args(op)
         return cls(*pos, **kw), ""
     except (TypeError, ValueError, AttributeError) as exc:
-        return None, f"gpufeed's {cls_name} cannot take these arguments ({exc})"
+        return None, f"gpufeed's {cls.__name__} cannot take these arguments ({exc})"
 
 
 def _is_tv(op: Any) -> bool:
@@ -190,7 +187,7 @@ def _dtypes(op: Any) -> tuple[torch.dtype, torch.dtype | None] | None:
 class _Walk:
     """What the ops said so far (one pass in order)."""
 
-    table: Mapping[str, tuple[str, str, Args]]
+    table: Mapping[str, Entry]
     ops: list[JointOp] = field(default_factory=list)
     fallback: list[JointOp] = field(default_factory=list)
     routes: list[tuple[str, str]] = field(default_factory=list)  # (op name, where/why)
@@ -344,7 +341,7 @@ def _joint(walk: _Walk, op: Any, name: str) -> None:
     walk.routes.append((name, f"{getattr(joint, 'where', 'fast')}: gpufeed joint op"))
 
 
-def translate_detection(pipeline: Any, *, table: Mapping[str, tuple[str, str, Args]] | None = None
+def translate_detection(pipeline: Any, *, table: Mapping[str, Entry] | None = None
                         ) -> tuple[DetectionPipeline | None, str]:
     """(the translation, or None when the pipeline must run as given on PIL images; a one-line
     report of where each op runs). ``table``: the joint ops to use (default :data:`JOINT_OPS`;
