@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpufeed.image.augment import ColorJitter, RandomGrayscale
-from gpufeed.image.detection._affine import RandomAffine, RandomRotation, get_fill, setup_fill
+from gpufeed.image.detection._affine import RandomAffine, RandomRotation
 from gpufeed.image.detection._photometric import ImageOnly, RandomPhotometricDistort
 from gpufeed.image.detection._sample import BOX_FORMATS, Boxes, KeyPoints, Mask, Sample, sample_rng
 
@@ -186,16 +186,7 @@ def test_arguments_are_checked(make, match) -> None:
         make()
 
 
-def test_fill_resolves_by_type_name() -> None:
-    class Mask:  # a stand-in for tv_tensors.Mask: resolved by its name
-        pass
-
-    fills = setup_fill({Mask: 255, "Image": (1, 2, 3), "others": 4})
-    assert get_fill(fills, "Mask") == 255 and get_fill(fills, "Image") == (1.0, 2.0, 3.0)
-    assert get_fill(fills, "KeyPoints") == 4
-    assert get_fill(setup_fill(None), "Image") is None
-    with pytest.raises(TypeError, match="fill"):
-        setup_fill("white")
+def test_interpolation_takes_pil_ints() -> None:
     assert RandomAffine(0, interpolation=2).interpolation == "bilinear"
 
 

@@ -27,7 +27,6 @@ from gpufeed.image.detection._crops import (
     RandomIoUCrop,
     RandomResizedCrop,
     RandomZoomOut,
-    fill_for,
     window_sample,
 )
 from gpufeed.image.detection._geometry import (
@@ -233,22 +232,6 @@ def test_draws_repeat_from_the_same_generator(op):
     first = [op.draw(sample_rng(3, 1, i), sample) for i in range(20)]
     again = [op.draw(sample_rng(3, 1, i), sample) for i in range(20)]
     assert repr(first) == repr(again)
-
-
-def test_fill_for_resolves_by_class_name():
-    class Mask:  # stands for tv_tensors.Mask
-        pass
-
-    class Image:
-        pass
-
-    fill = {Mask: 255, Image: (1, 2, 3), "others": 7}
-    assert fill_for(fill, "mask") == 255
-    assert fill_for(fill, "image") == [1.0, 2.0, 3.0]
-    assert fill_for(fill, "tensor") == 7
-    assert fill_for({Mask: 1}, "image") is None
-    assert fill_for((4, 5, 6), "image") == [4.0, 5.0, 6.0]
-    assert fill_for(3, "mask") == 3
 
 
 def test_pad_fills_image_and_masks():

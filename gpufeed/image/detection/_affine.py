@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import shorten
-from gpufeed.image.detection._affine_warp import Fill, Matrix, affine_matrix, expanded_size, warp_image, warp_mask
+from gpufeed.image.detection._affine_warp import Matrix, affine_matrix, expanded_size, warp_image, warp_mask
+from gpufeed.image.detection._fills import Fill, fill_for, setup_fill
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
-__all__ = ["RandomAffine", "RandomRotation", "check_interpolation", "get_fill", "setup_fill"]
+__all__ = ["RandomAffine", "RandomRotation", "check_interpolation"]
 
 #: torchvision's ``InterpolationMode`` ints (PIL's constants) -> name
 _INTERP_INTS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
@@ -80,35 +81,6 @@ def check_interpolation(value: Any) -> str:
         raise ValueError(f"`interpolation` must be one of {', '.join(_INTERPS)} (an "
                          f"InterpolationMode or its name). Found: {shorten(value)}.")
     return text
-
-
-def _fill_value(value: Any) -> Fill:
-    """torchvision's ``_convert_fill_arg``: None, a number, or a tuple of floats."""
-    if value is None:
-        return None
-    if _is_number(value):
-        return value if isinstance(value, (int, float)) else float(value)
-    if isinstance(value, (tuple, list)) and len(value) > 0 and all(_is_number(v) for v in value):
-        return tuple(float(v) for v in value)
-    raise TypeError(f"`fill` must be None, a number, a sequence of numbers or a dict of them. "
-                    f"Found: {shorten(value)}.")
-
-
-def setup_fill(fill: Any) -> dict[str, Fill]:
-    """``fill`` as a dict keyed by type NAME (``"Image"``, ``"Mask"``, ...; a type key is taken
-    by its ``__name__``) or ``"others"`` (torchvision's ``_setup_fill_arg``)."""
-    if isinstance(fill, dict):
-        return {(k if isinstance(k, str) else getattr(k, "__name__", str(k))): _fill_value(v)
-                for k, v in fill.items()}
-    return {"others": _fill_value(fill)}
-
-
-def get_fill(fills: dict[str, Fill], kind: str) -> Fill:
-    """The fill of an input of type name ``kind`` (torchvision's ``_get_fill``): its own entry,
-    else ``"others"``, else None."""
-    if kind in fills:
-        return fills[kind]
-    return fills.get("others")
 
 
 # --- the leaves -----------------------------------------------------------------------------
@@ -249,8 +221,8 @@ def _warp_sample(sample: Sample, geo: _Geometry, interpolation: str, fills: dict
         image = np.ascontiguousarray(np.rot90(sample.image, k=k, axes=(0, 1)))
     else:
         inv, out_hw = geo.inverse(sample.size)
-        image = warp_image(sample.image, inv, out_hw, interpolation, get_fill(fills, "Image"))
-    mask_fill = get_fill(fills, "Mask")
+        image = warp_image(sample.image, inv, out_hw, interpolation, fill_for(fills, "Image"))
+    mask_fill = fill_for(fills, "Mask")
 
     def leaf(value: Any) -> Any:
         if isinstance(value, Boxes):

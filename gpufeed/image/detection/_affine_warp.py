@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import shorten
+from gpufeed.image.detection._fills import Fill
 
-__all__ = ["Fill", "Matrix", "affine_matrix", "expanded_size", "warp_image", "warp_mask"]
+__all__ = ["Matrix", "affine_matrix", "expanded_size", "warp_image", "warp_mask"]
 
 #: a resolved fill: None (zeros, no fill channel), a number, or one number per channel
-Fill = float | tuple[float, ...] | None
 #: (a, b, c, d, e, f): x' = a x + b y + c, y' = d x + e y + f
 Matrix = list[float]
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.image.detection._boxes import clamp_boxes, first_boxes, to_xyxy
+from gpufeed.image.detection._fills import Fill, check_fill, fill_for
 from gpufeed.image.detection._geometry import (
     check_p,
     interpolation_name,
@@ -35,47 +36,12 @@ __all__ = [
     "RandomIoUCrop",
     "RandomResizedCrop",
     "RandomZoomOut",
-    "fill_for",
     "pad_sample",
     "window_sample",
 ]
 
 PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
-#: The class names a fill dict's keys are matched by, per kind of leaf (torchvision matches the
-#: exact type; "others" is the fallback): a tv_tensors.Image or PIL image image, a plain tensor
-#: image, a tv_tensors.Mask.
-_KIND_NAMES = {"image": "Image", "tensor": "Tensor", "mask": "Mask"}
-
-
-def _key_name(key: Any) -> str:
-    return key if isinstance(key, str) else getattr(key, "__name__", str(key))
-
-
-def _check_fill(fill: Any) -> Any:
-    """``fill`` checked as torchvision checks it; a dict's type keys become their class names
-    (so that an op pickles without torchvision)."""
-    if isinstance(fill, dict):
-        for value in fill.values():
-            _check_fill(value)
-        return {_key_name(k): v for k, v in fill.items()}
-    if fill is not None and not isinstance(fill, (numbers.Number, tuple, list)):
-        raise TypeError(f"`fill` must be a number, a tuple, a list, a dict of them or None. Found: {fill!r}.")
-    return fill
-
-
-def fill_for(fill: Any, kind: str) -> float | list[float] | None:
-    """The fill torchvision pads a ``kind`` ("image", "tensor": a plain tensor image, or
-    "mask") with, from a transform's ``fill``: a number, a sequence, None, or a dict keyed by
-    types (matched by class name: ``Image``, ``Tensor``, ``Mask``) or "others"."""
-    if isinstance(fill, dict):
-        names = {_key_name(k): v for k, v in fill.items()}
-        fill = names.get(_KIND_NAMES[kind], names.get("others"))
-    if fill is None or isinstance(fill, (int, float)):
-        return fill
-    return [float(v) for v in fill]
-
-
-def _image_fill(fill: float | list[float] | None) -> tuple[int, int, int]:
+def _image_fill(fill: Fill) -> tuple[int, int, int]:
     """An image fill as uint8 per channel (truncated, as torch converts it)."""
     values = [0.0] if fill is None else [fill] if isinstance(fill, (int, float)) else list(fill)
     if len(values) == 1:
@@ -85,10 +51,10 @@ def _image_fill(fill: float | list[float] | None) -> tuple[int, int, int]:
     return tuple(int(min(max(math.trunc(v), 0), 255)) for v in values)  # type: ignore[return-value]
 
 
-def _mask_fill(fill: float | list[float] | None) -> float:
+def _mask_fill(fill: Fill) -> float:
     if fill is None:
         return 0
-    if isinstance(fill, list):
+    if isinstance(fill, tuple):
         raise ValueError("A mask `fill` must be a number (torchvision does not pad masks with a "
                          f"sequence). Found: {fill!r}.")
     return fill
@@ -117,16 +83,17 @@ def _window_index(start: int, length: int, extent: int) -> np.ndarray:
 
 
 def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any = 0,
-                  mask_fill: Any = None, image_kind: str = "image",
+                  mask_fill: Any = None, image_kind: str = "Image",
                   image_window: tuple[int, int] | None = None) -> Sample:
     """The window (top, left, h, w) of the image and every leaf (``F.crop``; a constant
     ``F.pad`` is the window (-top_pad, -left_pad, H + pads, W + pads)). ``fill``: the
-    transform's fill, resolved per kind by :func:`fill_for` (``mask_fill``, if given, is the
-    masks'). ``image_window``: another (top, left) for the image and masks than for boxes and
-    keypoints (``F.center_crop``, which computes them differently when it pads)."""
+    transform's fill, resolved by type name by ``_fills.fill_for`` (the image's: ``image_kind``,
+    "Image" or "Tensor"; ``mask_fill``, if given, is the masks'). ``image_window``: another
+    (top, left) for the image and masks than for boxes and keypoints (``F.center_crop``, which
+    computes them differently when it pads)."""
     itop, ileft = (top, left) if image_window is None else image_window
     image = _window_image(sample.image, itop, ileft, h, w, _image_fill(fill_for(fill, image_kind)))
-    mfill = _mask_fill(fill_for(fill, "mask") if mask_fill is None else mask_fill)
+    mfill = _mask_fill(fill_for(fill, "Mask") if mask_fill is None else mask_fill)
 
     def leaf(x: Any) -> Any:
         if isinstance(x, Boxes):
@@ -178,7 +145,7 @@ def _mode_index(start: int, length: int, extent: int, mode: str) -> np.ndarray:
 
 
 def pad_sample(sample: Sample, padding: Sequence[int], fill: Any = 0, padding_mode: str = "constant",
-               image_kind: str = "image") -> Sample:
+               image_kind: str = "Image") -> Sample:
     """``F.pad`` of the image and every leaf; ``padding`` is [left, top, right, bottom]. Boxes
     and keypoints take only the "constant" mode (as in torchvision)."""
     left, top, right, bottom = padding
@@ -250,7 +217,7 @@ class CenterCrop(JointOp):
 @dataclass(frozen=True)
 class Pad(JointOp):
     """torchvision's ``Pad``: ``padding`` (int, [all], [left/right, top/bottom] or [left, top,
-    right, bottom]) with ``fill`` (see :func:`fill_for`) in ``padding_mode``."""
+    right, bottom]) with ``fill`` (see ``_fills.fill_for``) in ``padding_mode``."""
 
     padding: Any
     fill: Any = 0
@@ -260,7 +227,7 @@ class Pad(JointOp):
     def __post_init__(self) -> None:
         parse_padding(self.padding)
         _check_padding_mode(self.padding_mode)
-        object.__setattr__(self, "fill", _check_fill(self.fill))
+        object.__setattr__(self, "fill", check_fill(self.fill))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}
@@ -290,7 +257,7 @@ class RandomCrop(JointOp):
         if self.padding is not None:
             parse_padding(self.padding)
         _check_padding_mode(self.padding_mode)
-        object.__setattr__(self, "fill", _check_fill(self.fill))
+        object.__setattr__(self, "fill", check_fill(self.fill))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         ph, pw = sample.size
@@ -382,7 +349,7 @@ class RandomZoomOut(JointOp):
     name = "RandomZoomOut"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fill", _check_fill(self.fill))
+        object.__setattr__(self, "fill", check_fill(self.fill))
         if not isinstance(self.side_range, Sequence) or len(self.side_range) != 2:
             raise TypeError(f"`side_range` must be a sequence of two floats. Found: {self.side_range!r}.")
         if self.side_range[0] < 1.0 or self.side_range[0] > self.side_range[1]:

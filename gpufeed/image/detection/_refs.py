@@ -5,28 +5,15 @@ translation recognises them by class name and attributes): ``PadIfSmaller`` of
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from gpufeed.errors import is_int
+from gpufeed.image.detection._fills import check_fill, fill_for
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
-__all__ = ["PadIfSmaller", "fill_for"]
-
-
-def fill_for(fill: Any, type_name: str) -> Any:
-    """torchvision v2's fill for inputs of type ``type_name`` ("Image", "Tensor", "Mask"): a
-    dict's entry whose key is that type (or its name), else its "others" entry, else None (a
-    ``defaultdict``'s default is not used: torchvision's ``_get_fill`` tests ``in``); a value
-    that is not a dict is the fill of every type. None pads with 0."""
-    if isinstance(fill, Mapping):
-        for key, value in fill.items():
-            if (key if isinstance(key, str) else getattr(key, "__name__", "")) == type_name:
-                return value
-        return fill["others"] if "others" in fill else None
-    return fill
+__all__ = ["PadIfSmaller"]
 
 
 def _image_fill(fill: Any) -> np.ndarray:
@@ -51,7 +38,7 @@ class PadIfSmaller(JointOp):
     def __init__(self, size: int, fill: Any = 0) -> None:
         if not is_int(size) or size < 0:
             raise ValueError(f"`size` must be a non-negative int. Found: {size!r}.")
-        self.size, self.fill = int(size), fill
+        self.size, self.fill = int(size), check_fill(fill)
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         h, w = sample.size

@@ -29,6 +29,7 @@ import torch
 
 from gpufeed.image.detection import _affine, _boxes, _crops, _geometry, _photometric, _refs
 from gpufeed.image.detection._as_given import AsGiven
+from gpufeed.image.detection._fills import type_name
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import JointOp, Sample
 
@@ -161,17 +162,13 @@ def _is_ref(op: Any, name: str, *attrs: str) -> bool:
     return type(op).__name__ == name and not _is_tv(op) and all(hasattr(op, a) for a in attrs)
 
 
-def _key_name(key: Any) -> str:
-    return key if isinstance(key, str) else getattr(key, "__name__", str(key))
-
-
 def _dtypes(op: Any) -> tuple[torch.dtype, torch.dtype | None] | None:
     """(image dtype, mask dtype or None) of a ``ToDtype``/``ConvertImageDtype`` the output stage
     can apply (uint8 or float images; a dict may name Image/Tensor, Mask and "others": None)."""
     dtype = op.dtype
     mask = None
     if isinstance(dtype, Mapping):
-        by_name = {_key_name(k): v for k, v in dtype.items()}
+        by_name = {type_name(k): v for k, v in dtype.items()}
         images = [by_name[k] for k in ("Image", "Tensor") if k in by_name]
         if len(images) != 1 or set(by_name) - {"Image", "Tensor", "Mask", "others"}:
             return None
