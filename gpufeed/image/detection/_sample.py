@@ -135,10 +135,10 @@ class Mask:
         if self.data is not None:
             self.planes = self.data.ndim == 3
             self.dtype = str(self.data.dtype)
-            self._source_hw = tuple(self.data.shape[-2:])  # type: ignore[assignment]
+            self._source_hw = (int(self.data.shape[-2]), int(self.data.shape[-1]))
         else:
             assert self.lazy is not None
-            self._source_hw = tuple(self.lazy.shape[1:])  # type: ignore[assignment]
+            self._source_hw = (int(self.lazy.shape[1]), int(self.lazy.shape[2]))
 
     @property
     def count(self) -> int:
@@ -180,29 +180,54 @@ class Mask:
 
     def dense(self) -> np.ndarray:
         """The output planes as an array ((N, H, W), or (H, W) for one plane), in ``dtype``."""
-        rows, cols = self._maps()
         if self.rows is None and self.cols is None and self.data is not None:
             return self.data
+        rows, cols = self._maps()
         r_ok, c_ok = rows >= 0, cols >= 0
-        n = self.count
-        out = np.full((n, len(rows), len(cols)), self.fill, dtype=self.dtype)
+        if self.data is not None and r_ok.all() and c_ok.all():  # nothing padded: two gathers
+            out = _take(self.data if self.planes else self.data[None], self.rows, self.cols)
+            return out if self.planes else out[0]
+        out = np.full((self.count, len(rows), len(cols)), self.fill, dtype=self.dtype)
         if r_ok.any() and c_ok.any():
             rr, cc = rows[r_ok], cols[c_ok]
             if self.data is not None:
-                src = self.data if self.planes else self.data[None]
-                got = src[:, rr[:, None], cc[None, :]]
+                got = _take(self.data if self.planes else self.data[None], rr, cc)
             else:
                 assert self.lazy is not None
                 got = self.lazy.pixels(rr, cc)
-            out[:, np.flatnonzero(r_ok)[:, None], np.flatnonzero(c_ok)[None, :]] = got
+            at_r, at_c = _span(r_ok), _span(c_ok)
+            if isinstance(at_r, np.ndarray) and isinstance(at_c, np.ndarray):
+                at_r = at_r[:, None]  # (a grid)
+            out[:, at_r, at_c] = got
         return out if self.planes else out[0]
 
     def materialize(self) -> np.ndarray:
         """Read the output into ``data`` (dropping the maps and the lazy source); returns it."""
         data = self.dense()
         self.data, self.lazy, self.rows, self.cols = data, None, None, None
-        self._source_hw = tuple(data.shape[-2:])  # type: ignore[assignment]
+        self._source_hw = (int(data.shape[-2]), int(data.shape[-1]))
         return data
+
+
+def _take(src: np.ndarray, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
+    """``src[:, rows][:, :, cols]`` (None: the whole axis; every index in range), the axis that
+    shrinks most gathered first."""
+    h, w = src.shape[-2:]
+    if rows is not None and (cols is None or len(rows) * w <= h * len(cols)):
+        src = np.take(src, rows, axis=-2)
+        rows = None
+    if cols is not None:
+        src = np.take(src, cols, axis=-1)
+    return src if rows is None else np.take(src, rows, axis=-2)
+
+
+def _span(ok: np.ndarray) -> slice | np.ndarray:
+    """The output positions where ``ok``: a slice when they are one run (padding on the
+    sides), else their indices (on a grid with the other axis's)."""
+    at = np.flatnonzero(ok)
+    if at[-1] - at[0] + 1 == len(at):
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
 
 
 @dataclass
@@ -220,7 +245,12 @@ class Sample:
     def leaves(self) -> list[Any]:
         """The target's leaves, depth first (dict values in order)."""
         out: list[Any] = []
-        map_leaves(self.target, lambda leaf: out.append(leaf) or leaf)
+
+        def keep(leaf: Any) -> Any:
+            out.append(leaf)
+            return leaf
+
+        map_leaves(self.target, keep)
         return out
 
 
