@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import operator
 import os
 import sys
 from typing import Any
@@ -21,16 +20,13 @@ import numpy as np
 import torch
 
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import add_note
-from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import Boxes, Mask
 from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, rle_string, segmentation_rle
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.sources._detection_items import (
     check_transform_args,
-    finish_item,
     open_pil,
-    pipeline_item,
+    source_item,
     to_torchvision,
 )
 from gpufeed.sources._paths import PathTable
@@ -416,29 +412,13 @@ class CocoDetection(DetectionSource):
 
     # -- torch Dataset ------------------------------------------------------------------------
 
-    def _index(self, index: int) -> int:
-        n, i = len(self), operator.index(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample index {index} is out of range for {type(self).__name__} "
-                             f"of length {n}.")
-        return i
-
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """(image, target) of sample ``index``: see the class docstring."""
-        i = self._index(index)
-        pipeline = self.transforms if isinstance(self.transforms, DetectionPipeline) else None
-        try:
-            if pipeline is not None:
-                data, record = self.read_item(i)
-                return pipeline_item(self, i, data, record, pipeline)
-            image = open_pil(self._paths[i])
-        except OSError as exc:
-            add_note(exc, f"gpufeed: while reading {self.describe(i)} (sample index {i})")
-            raise
-        target = to_torchvision(self.target_of(i, self.record(i), (image.height, image.width)))
-        return finish_item(self, image, target)
+        return source_item(self, index, self._plain_item)
+
+    def _plain_item(self, i: int) -> tuple[Any, Any]:
+        image = open_pil(self._paths[i])
+        return image, to_torchvision(self.target_of(i, self.record(i), (image.height, image.width)))
 
     @property
     def nbytes(self) -> int:

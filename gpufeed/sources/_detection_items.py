@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import importlib
 import io
+import operator
 import os
+from collections.abc import Callable
 from typing import Any
-
-import numpy as np
-import torch
 
 from gpufeed.decoders import decode, read_header
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import DecodeError
+from gpufeed.errors import DecodeError, add_note
 from gpufeed.image._transforms import stored_orientation
+from gpufeed.image.detection._as_given import torch_leaf
 from gpufeed.image.detection._pipeline import DetectionPipeline
-from gpufeed.image.detection._sample import Boxes, KeyPoints, Mask, Sample, map_leaves, sample_rng
+from gpufeed.image.detection._sample import Sample, map_leaves, sample_rng
 
-__all__ = ["check_transform_args", "finish_item", "open_pil", "pipeline_item", "to_torchvision"]
+__all__ = ["check_transform_args", "finish_item", "open_pil", "pipeline_item", "source_item",
+           "to_torchvision"]
 
 
 def check_transform_args(transform: Any, target_transform: Any, transforms: Any) -> None:
@@ -44,28 +45,14 @@ def open_pil(source: str | os.PathLike | Buffer, *, rgb: bool = True) -> Any:
     return image.convert("RGB") if rgb else image
 
 
-def _torchvision_leaf(leaf: Any) -> Any:
-    try:
-        tv_tensors: Any = importlib.import_module("torchvision.tv_tensors")
-    except ImportError:
-        tv_tensors = None
-    if isinstance(leaf, Boxes):
-        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
-        return t if tv_tensors is None else tv_tensors.BoundingBoxes(
-            t, format=leaf.format, canvas_size=leaf.canvas, clamping_mode=leaf.clamping_mode)
-    if isinstance(leaf, Mask):
-        t = torch.from_numpy(np.ascontiguousarray(leaf.dense()))
-        return t if tv_tensors is None else tv_tensors.Mask(t)
-    if isinstance(leaf, KeyPoints):
-        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
-        return t if tv_tensors is None else tv_tensors.KeyPoints(t, canvas_size=leaf.canvas)
-    return leaf
-
-
 def to_torchvision(target: Any) -> Any:
     """``target`` with its leaves as ``tv_tensors`` (``BoundingBoxes``, ``Mask``,
     ``KeyPoints``), or as plain tensors where torchvision is not installed."""
-    return map_leaves(target, _torchvision_leaf)
+    try:
+        tv: Any = importlib.import_module("torchvision.tv_tensors")
+    except ImportError:
+        tv = None
+    return map_leaves(target, lambda leaf: torch_leaf(leaf, tv))
 
 
 def pipeline_item(source: Any, index: int, data: Buffer, record: Any,
@@ -81,6 +68,28 @@ def pipeline_item(source: Any, index: int, data: Buffer, record: Any,
     sample = Sample(image, source.target_of(index, record, image.shape[:2]))
     sample = pipeline.run(sample, sample_rng(pipeline.seed or 0, source.epoch, index))
     return pipeline.output(sample)
+
+
+def source_item(source: Any, index: int, plain: Callable[[int], tuple[Any, Any]]) -> tuple[Any, Any]:
+    """A detection source's ``__getitem__``: sample ``index`` (negative: from the end) through
+    its gpufeed pipeline (:func:`pipeline_item`), or ``plain(i)``'s (PIL image, target of
+    ``tv_tensors``) through its callables (:func:`finish_item`). An OSError says the file."""
+    n, i = len(source), operator.index(index)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"sample index {index} is out of range for {type(source).__name__} "
+                         f"of length {n}.")
+    pipeline = source.transforms if isinstance(source.transforms, DetectionPipeline) else None
+    try:
+        if pipeline is not None:
+            data, record = source.read_item(i)
+            return pipeline_item(source, i, data, record, pipeline)
+        image, target = plain(i)
+    except OSError as exc:
+        add_note(exc, f"gpufeed: while reading {source.describe(i)} (sample index {i})")
+        raise
+    return finish_item(source, image, target)
 
 
 def finish_item(source: Any, image: Any, target: Any) -> tuple[Any, Any]:

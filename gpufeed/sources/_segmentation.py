@@ -4,7 +4,6 @@ detection path, returning what torchvision's ``VOCSegmentation`` wrapped by
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,15 +12,13 @@ from typing import Any
 import numpy as np
 
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import add_note, shorten
-from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.errors import shorten
 from gpufeed.image.detection._sample import Mask
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.sources._detection_items import (
     check_transform_args,
-    finish_item,
     open_pil,
-    pipeline_item,
+    source_item,
     to_torchvision,
 )
 from gpufeed.sources._folder import IMG_EXTENSIONS
@@ -141,23 +138,12 @@ class SegmentationDataset(DetectionSource):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """(image, mask) of sample ``index``: see the class docstring."""
-        n, i = len(self), operator.index(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample index {index} is out of range for {type(self).__name__} "
-                             f"of length {n}.")
-        pipeline = self.transforms if isinstance(self.transforms, DetectionPipeline) else None
-        try:
-            if pipeline is not None:
-                data, record = self.read_item(i)
-                return pipeline_item(self, i, data, record, pipeline)
-            image = open_pil(self._images[i])
-            mask = open_pil(self._masks[i], rgb=False)
-        except OSError as exc:
-            add_note(exc, f"gpufeed: while reading {self.describe(i)} (sample index {i})")
-            raise
-        return finish_item(self, image, to_torchvision(Mask(data=mask_array(mask))))
+        return source_item(self, index, self._plain_item)
+
+    def _plain_item(self, i: int) -> tuple[Any, Any]:
+        image = open_pil(self._images[i])
+        mask = open_pil(self._masks[i], rgb=False)
+        return image, to_torchvision(Mask(data=mask_array(mask)))
 
     def __repr__(self) -> str:
         return f"SegmentationDataset({len(self)} pairs)"

@@ -184,7 +184,7 @@ def test_explain_and_stats_name_the_per_sample_path(records):
     text = gpufeed.explain(fast)
     first, *rest = text.splitlines()
     assert first == "FastLoader: the image path (per sample: variable sizes, collate_fn in the workers)."
-    assert "  FlipH(p=0.5)" in rest
+    assert "  fast: FlipH(p=0.5)" in rest
     assert "No host cache" in text
     assert fast.stats()["path"] == "image"
     torch_text = gpufeed.explain(DataLoader(fast.dataset, batch_size=2, collate_fn=tuple_collate))

@@ -31,6 +31,7 @@ import numpy as np
 
 from gpufeed.errors import shorten
 from gpufeed.image.detection._affine_warp import Matrix, affine_matrix, expanded_size, warp_image, warp_mask
+from gpufeed.image.detection._boxes import from_xyxy, to_xyxy
 from gpufeed.image.detection._fills import Fill, fill_for, setup_fill
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
@@ -93,26 +94,6 @@ def _cast_like(values: np.ndarray, dtype: str) -> np.ndarray:
     return values if dtype in _FLOAT_DTYPES else np.trunc(values)
 
 
-def _to_xyxy(data: np.ndarray, fmt: str) -> np.ndarray:
-    out = data.copy()
-    if fmt == "XYWH":
-        out[:, 2:] += out[:, :2]
-    elif fmt == "CXCYWH":
-        out[:, :2] = data[:, :2] - data[:, 2:] / 2
-        out[:, 2:] = data[:, :2] + data[:, 2:] / 2
-    return out
-
-
-def _from_xyxy(xyxy: np.ndarray, fmt: str) -> np.ndarray:
-    out = xyxy.copy()
-    if fmt == "XYWH":
-        out[:, 2:] -= out[:, :2]
-    elif fmt == "CXCYWH":
-        out[:, :2] = (xyxy[:, :2] + xyxy[:, 2:]) / 2
-        out[:, 2:] = xyxy[:, 2:] - xyxy[:, :2]
-    return out
-
-
 @dataclass(frozen=True)
 class _Geometry:
     """One draw's warp: torchvision's ``affine`` arguments, plus ``expand`` for ``rotate``."""
@@ -164,7 +145,7 @@ def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
     if boxes.data.size == 0:
         return boxes
     fwd, canvas, shift = geo.forward(boxes.canvas)
-    xyxy = _to_xyxy(boxes.data, boxes.format)
+    xyxy = to_xyxy(boxes.data, boxes.format)
     corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]  # (N, 4 corners, 2)
     moved = _apply(corners, fwd)
     out = np.concatenate([moved.min(axis=1), moved.max(axis=1)], axis=1)
@@ -172,7 +153,7 @@ def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
     if boxes.clamping_mode is not None:  # soft and hard are the same for axis-aligned boxes
         out[:, 0::2] = out[:, 0::2].clip(0, canvas[1])
         out[:, 1::2] = out[:, 1::2].clip(0, canvas[0])
-    data = _cast_like(_from_xyxy(out, boxes.format), boxes.dtype)
+    data = _cast_like(from_xyxy(out, boxes.format), boxes.dtype)
     return Boxes(data, boxes.format, canvas, boxes.clamping_mode, boxes.dtype)
 
 

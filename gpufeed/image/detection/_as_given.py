@@ -23,7 +23,7 @@ import torch
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
 __all__ = ["IMAGE_KINDS", "ROTATED_FORMATS", "AsGiven", "from_torchvision", "has_rotated",
-           "seeded", "to_torchvision", "tv_module"]
+           "seeded", "to_torchvision", "torch_leaf", "tv_module"]
 
 #: What an op as given receives as the image: "image" a ``tv_tensors.Image`` (after ``ToImage``),
 #: "tensor" a plain CHW tensor (after ``PILToTensor``), "pil" a PIL image (before the conversion).
@@ -57,6 +57,25 @@ def seeded(seed: int) -> Iterator[None]:
             random.setstate(py_state)
 
 
+def torch_leaf(leaf: Any, tv: Any = None, mask_dtype: torch.dtype | None = None) -> Any:
+    """A ``Boxes``/``Mask``/``KeyPoints`` leaf as a tensor in its dtype (a mask's output pixels,
+    in ``mask_dtype`` if given): ``tv``'s (``torchvision.tv_tensors``) ``BoundingBoxes``/``Mask``/
+    ``KeyPoints``, or a plain tensor where ``tv`` is None; other leaves as they are."""
+    if isinstance(leaf, Boxes):
+        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
+        return t if tv is None else tv.BoundingBoxes(t, format=leaf.format, canvas_size=tuple(leaf.canvas),
+                                                     clamping_mode=leaf.clamping_mode)
+    if isinstance(leaf, Mask):
+        t = torch.from_numpy(np.ascontiguousarray(leaf.dense()))
+        if mask_dtype is not None:
+            t = t.to(mask_dtype)
+        return t if tv is None else tv.Mask(t)
+    if isinstance(leaf, KeyPoints):
+        t = torch.from_numpy(leaf.data.astype(leaf.dtype))
+        return t if tv is None else tv.KeyPoints(t, canvas_size=tuple(leaf.canvas))
+    return leaf
+
+
 def to_torchvision(sample: Sample, kind: str = "image") -> tuple[Any, Any]:
     """(image, target) in torchvision's types: the image as ``kind`` says (``IMAGE_KINDS``; a
     float image stays float), ``Boxes`` -> ``BoundingBoxes``, ``Mask`` -> ``Mask`` (its output
@@ -73,17 +92,7 @@ def to_torchvision(sample: Sample, kind: str = "image") -> tuple[Any, Any]:
         chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).contiguous()
         image = tv.Image(chw) if kind == "image" else chw
 
-    def leaf(x: Any) -> Any:
-        if isinstance(x, Boxes):
-            return tv.BoundingBoxes(torch.from_numpy(x.data.astype(x.dtype)), format=x.format,
-                                    canvas_size=tuple(x.canvas), clamping_mode=x.clamping_mode)
-        if isinstance(x, Mask):
-            return tv.Mask(torch.from_numpy(np.ascontiguousarray(x.dense())))
-        if isinstance(x, KeyPoints):
-            return tv.KeyPoints(torch.from_numpy(x.data.astype(x.dtype)), canvas_size=tuple(x.canvas))
-        return x
-
-    return image, map_leaves(sample.target, leaf)
+    return image, map_leaves(sample.target, lambda x: torch_leaf(x, tv))
 
 
 def _dtype_name(t: torch.Tensor) -> str:

@@ -271,6 +271,11 @@ def _keep_planes(mask: Mask, valid: np.ndarray) -> Mask:
     return out
 
 
+def _check_labels_getter(getter: Any) -> None:
+    if not (getter in ("default", None) or callable(getter)):
+        raise ValueError(f"`labels_getter` must be 'default', a callable or None. Found: {getter!r}.")
+
+
 @dataclass(frozen=True)
 class SanitizeBoundingBoxes(JointOp):
     """torchvision's ``SanitizeBoundingBoxes``: drops the boxes ``sanitize_valid`` rejects (by
@@ -291,9 +296,7 @@ class SanitizeBoundingBoxes(JointOp):
             raise ValueError(f"`min_size` must be >= 1. Found: {self.min_size}.")
         if self.min_area < 1:
             raise ValueError(f"`min_area` must be >= 1. Found: {self.min_area}.")
-        if not (self.labels_getter in ("default", None) or callable(self.labels_getter)):
-            raise ValueError("`labels_getter` must be 'default', a callable or None. "
-                             f"Found: {self.labels_getter!r}.")
+        _check_labels_getter(self.labels_getter)
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}
@@ -379,9 +382,7 @@ class SanitizeKeyPoints(JointOp):
     name = "SanitizeKeyPoints"
 
     def __post_init__(self) -> None:
-        if not (self.labels_getter in ("default", None) or callable(self.labels_getter)):
-            raise ValueError("`labels_getter` must be 'default', a callable or None. "
-                             f"Found: {self.labels_getter!r}.")
+        _check_labels_getter(self.labels_getter)
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return {}

@@ -18,7 +18,7 @@ import dataclasses
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -213,11 +213,11 @@ def flip_sample(sample: Sample, horizontal: bool) -> Sample:
 
 
 @dataclass(frozen=True)
-class RandomHorizontalFlip(JointOp):
-    """torchvision's ``RandomHorizontalFlip``: flips with probability ``p``."""
+class _RandomFlip(JointOp):
+    """Flips with probability ``p`` (horizontally when the class says so)."""
 
     p: float = 0.5
-    name = "RandomHorizontalFlip"
+    horizontal: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_p(self.p)
@@ -226,24 +226,22 @@ class RandomHorizontalFlip(JointOp):
         return None if rng.random() >= self.p else {}
 
     def apply(self, sample: Sample, params: Any) -> Sample:
-        return flip_sample(sample, horizontal=True)
+        return flip_sample(sample, horizontal=self.horizontal)
 
 
 @dataclass(frozen=True)
-class RandomVerticalFlip(JointOp):
+class RandomHorizontalFlip(_RandomFlip):
+    """torchvision's ``RandomHorizontalFlip``: flips with probability ``p``."""
+
+    name = "RandomHorizontalFlip"
+
+
+@dataclass(frozen=True)
+class RandomVerticalFlip(_RandomFlip):
     """torchvision's ``RandomVerticalFlip``: flips with probability ``p``."""
 
-    p: float = 0.5
     name = "RandomVerticalFlip"
-
-    def __post_init__(self) -> None:
-        check_p(self.p)
-
-    def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
-        return None if rng.random() >= self.p else {}
-
-    def apply(self, sample: Sample, params: Any) -> Sample:
-        return flip_sample(sample, horizontal=False)
+    horizontal: ClassVar[bool] = False
 
 
 def _check_resize(interpolation: Any, antialias: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.image.detection._as_given import has_rotated, tv_module
+from gpufeed.image.detection._as_given import has_rotated, torch_leaf, tv_module
 from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
 
 __all__ = ["Alloc", "DetectionPipeline"]
@@ -103,27 +103,8 @@ class DetectionPipeline:
         return tv_tensors.Image(out), target
 
     def _leaf(self, leaf: Any) -> Any:
-        if isinstance(leaf, Boxes):
-            t = torch.from_numpy(leaf.data.astype(leaf.dtype))
-            if self.pure:
-                return t
-            tv_tensors = tv_module()
-            return tv_tensors.BoundingBoxes(t, format=leaf.format, canvas_size=leaf.canvas,
-                                            clamping_mode=leaf.clamping_mode)
-        if isinstance(leaf, Mask):
-            t = torch.from_numpy(np.ascontiguousarray(leaf.dense()))
-            if self.mask_dtype is not None:
-                t = t.to(self.mask_dtype)
-            if self.pure:
-                return t
-            tv_tensors = tv_module()
-            return tv_tensors.Mask(t)
-        if isinstance(leaf, KeyPoints):
-            t = torch.from_numpy(leaf.data.astype(leaf.dtype))
-            if self.pure:
-                return t
-            tv_tensors = tv_module()
-            return tv_tensors.KeyPoints(t, canvas_size=leaf.canvas)
+        if isinstance(leaf, (Boxes, Mask, KeyPoints)):
+            return torch_leaf(leaf, None if self.pure else tv_module(), self.mask_dtype)
         if self.pure and isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
             return leaf.as_subclass(torch.Tensor)  # a tv_tensor left by an op as given
         return leaf
