@@ -69,10 +69,12 @@ def make_sample(fmt: str = "XYXY", seed: int = 0, n: int = 5, lazy: bool = False
     xyxy = np.concatenate([xy, xy + rng.uniform(2, 20, size=(n, 2))], axis=1)
     planes = rng.integers(0, 2, size=(n, H, W), dtype=np.uint8)
     return Sample(photo_like(H, W, seed=seed), {
-        "boxes": Boxes(convert_format(xyxy, "XYXY", fmt), fmt, (H, W), clamping_mode=clamping),
+        # float64 leaves: the properties hold exactly (float32 ones round as torchvision's do)
+        "boxes": Boxes(convert_format(xyxy, "XYXY", fmt), fmt, (H, W), clamping_mode=clamping,
+                       dtype="float64"),
         "masks": Mask(lazy=Lazy(planes)) if lazy else Mask(data=planes),
         "semantic": Mask(data=rng.integers(0, 5, size=(H, W), dtype=np.uint8)),
-        "keypoints": KeyPoints(rng.uniform(0, [W - 1, H - 1], size=(n, 2, 2)), (H, W)),
+        "keypoints": KeyPoints(rng.uniform(0, [W - 1, H - 1], size=(n, 2, 2)), (H, W), dtype="float64"),
         "labels": np.arange(n) + 1,
     })
 
@@ -316,3 +318,19 @@ def test_iou_crop_without_boxes_ends():
     assert RandomIoUCrop().draw(np.random.default_rng(0), sample) is None
     with pytest.raises(TypeError, match="bounding boxes"):
         RandomIoUCrop().draw(np.random.default_rng(0), Sample(sample.image, {}))
+
+
+def test_float32_leaves_round_after_each_op_as_torchvision_computes_them():
+    rng = np.random.default_rng(5)
+    xyxy = np.sort(rng.uniform(0, W, (50, 4)), axis=1).astype(np.float32)
+    points = rng.uniform(0, W - 1, (50, 2)).astype(np.float32)
+    sample = Sample(photo_like(H, W, seed=5), {"boxes": Boxes(xyxy, "XYXY", (H, W), clamping_mode=None),
+                                               "points": KeyPoints(points, (H, W))})
+    out = Resize((37, 53))(RandomHorizontalFlip(1.0)(sample, rng), rng)
+    # torchvision in float32: W - x (each op's result in float32), then * float32(new / old)
+    flipped = np.stack([np.float32(W) - xyxy[:, 2], xyxy[:, 1], np.float32(W) - xyxy[:, 0], xyxy[:, 3]], 1)
+    want = flipped * np.array([53 / W, 37 / H, 53 / W, 37 / H], np.float32)
+    assert out.target["boxes"].data.astype(np.float32).tolist() == want.tolist()
+    px = np.stack([np.float32(W - 1) - points[:, 0], points[:, 1]], 1)
+    want_points = px * np.array([53 / W, 37 / H], np.float32)
+    assert out.target["points"].data.astype(np.float32).tolist() == want_points.tolist()

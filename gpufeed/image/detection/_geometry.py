@@ -165,8 +165,9 @@ def resize_sample(sample: Sample, size: Sequence[int] | int | None, max_size: in
             if (nh, nw) == (h, w):
                 return x
             rw, rh = nw / w, nh / h
-            ratios = np.array([rw, rh, rw, rh] if isinstance(x, Boxes) else [rw, rh])
-            return dataclasses.replace(x, data=x.data * ratios, canvas=(nh, nw))
+            # torchvision's ratios are a float32 tensor
+            ratios = np.array([rw, rh, rw, rh] if isinstance(x, Boxes) else [rw, rh], np.float32)
+            return dataclasses.replace(x, data=x.data * ratios.astype(np.float64), canvas=(nh, nw))
         if isinstance(x, Mask):
             h, w = x.size
             nh, nw = resized_size((h, w), size, max_size)

@@ -62,6 +62,15 @@ def torch_nearest_index(in_size: int, out_size: int) -> np.ndarray:
     return np.minimum(src, in_size - 1)
 
 
+def _rounded(data: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 ``data`` rounded to the values of ``dtype`` where it is float32 or float16: each
+    op's result then equals torchvision's, which computes in the leaf's dtype (a float64 sum or
+    product of float32 values rounds once to the float32 one)."""
+    if dtype in ("float32", "float16"):
+        return data.astype(dtype).astype(np.float64)
+    return data
+
+
 @dataclass
 class Boxes:
     """``tv_tensors.BoundingBoxes`` in numpy: ``data`` (N, 4) float64 in ``format``, on a
@@ -78,7 +87,7 @@ class Boxes:
         if self.format not in BOX_FORMATS:
             raise ValueError(f"box format must be one of {', '.join(BOX_FORMATS)} (rotated formats "
                              f"run their ops as given). Found: {self.format!r}.")
-        self.data = np.asarray(self.data, dtype=np.float64).reshape(-1, 4)
+        self.data = _rounded(np.asarray(self.data, dtype=np.float64).reshape(-1, 4), self.dtype)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -94,7 +103,7 @@ class KeyPoints:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        self.data = np.asarray(self.data, dtype=np.float64)
+        self.data = _rounded(np.asarray(self.data, dtype=np.float64), self.dtype)
 
 
 class LazyPlanes(Protocol):
