@@ -377,3 +377,15 @@ def test_translations_pickle(policy):  # fill is a defaultdict of a lambda (it d
     sample = _detection_sample(0, masks=False)[0]
     if policy != "lsj":
         _assert_same(_ours(again, sample, 1)[0], _ours(translated, _detection_sample(0, masks=False)[0], 1)[0])
+
+
+def test_keypoint_sanitizing_and_the_clamping_mode_translate_as_gpufeed_ops():
+    from gpufeed.image.detection import translate_detection
+
+    pipeline = T.Compose([T.ToImage(), T.SetClampingMode("hard"), T.RandomHorizontalFlip(),
+                          T.SanitizeKeyPoints(), T.ToPureTensor()])
+    translated, report = translate_detection(pipeline)
+    assert translated is not None, report
+    assert [type(op).__name__ for op in translated.ops] == [
+        "SetClampingMode", "RandomHorizontalFlip", "SanitizeKeyPoints"]
+    assert "as given" not in report

@@ -41,7 +41,8 @@ _PRESETS = frozenset({"DetectionPresetTrain", "DetectionPresetEval", "Segmentati
 _CONVERSIONS = frozenset({"ToImage", "PILToTensor", "ToTensor"})
 #: joint ops that touch the target only: they may follow the dtype conversion natively
 _TARGET_ONLY = frozenset({"ConvertBoundingBoxFormat", "SanitizeBoundingBoxes",
-                          "ClampBoundingBoxes", "ClampKeyPoints"})
+                          "ClampBoundingBoxes", "ClampKeyPoints", "SanitizeKeyPoints",
+                          "SetClampingMode"})
 
 Args = Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]]
 #: a joint op class and the constructor's arguments from a torchvision op
@@ -107,6 +108,8 @@ JOINT_OPS: dict[str, Entry] = {
     "ClampKeyPoints": (_boxes.ClampKeyPoints, _attrs()),
     "SanitizeBoundingBoxes": (_boxes.SanitizeBoundingBoxes,
                               _attrs("min_size", "min_area", "labels_getter")),
+    "SanitizeKeyPoints": (_boxes.SanitizeKeyPoints, _attrs("labels_getter")),
+    "SetClampingMode": (_boxes.SetClampingMode, _attrs("clamping_mode")),
     "RandomAffine": (_affine.RandomAffine, _attrs("degrees", "translate", "scale", "shear",
                                                   "interpolation", "fill", "center")),
     "RandomRotation": (_affine.RandomRotation,
