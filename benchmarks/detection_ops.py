@@ -70,7 +70,7 @@ def load_items(coco: CocoData, count: int) -> list[Item]:
     items = []
     for image_id in sorted(api.imgs)[:count]:
         anns = api.loadAnns(api.getAnnIds(imgIds=image_id))
-        image = np.asarray(Image.open(coco.root / api.imgs[image_id]["file_name"]).convert("RGB"))
+        image = np.array(Image.open(coco.root / api.imgs[image_id]["file_name"]).convert("RGB"))
         boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)], np.float64)
         items.append(Item(image, boxes, np.stack([api.annToMask(a) for a in anns]),
                           np.array([a["category_id"] for a in anns], np.int64)))
