@@ -1,6 +1,7 @@
 """Per-op cost of the detection ops (issue 36): torchvision v2 on ``tv_tensors`` (an Image of
 uint8, BoundingBoxes XYXY, a Mask of the objects' planes, labels) against gpufeed's joint op of
-the same name and arguments (``gpufeed.image.detection``) on a ``Sample`` (HWC uint8, ``Boxes``,
+the same name and arguments (``gpufeed.image.detection``, or its private modules for an op
+not exported yet: :func:`joint_op`) on a ``Sample`` (HWC uint8, ``Boxes``,
 a dense ``Mask``, labels) with the masks read out (``Mask.dense``, as the output stage does);
 and COCO mask decoding: pycocotools' full decode of every object (torchvision's v2 wrapper)
 against gpufeed's lazy decode of the rows and columns a RandomResizedCrop(256) keeps. One
@@ -93,9 +94,11 @@ def torchvision_call(op: Any, items: list[Item]) -> Callable[[int], Any]:
     return lambda i: op(*inputs[i % len(inputs)])
 
 
-def gpufeed_call(op: Any, items: list[Item]) -> Callable[[int], Any]:
+def gpufeed_call(op: Any, items: list[Item], masks: bool = True) -> Callable[[int], Any]:
     """``op`` on a fresh ``Sample`` of item ``i % len(items)`` (the arrays shared, the leaves
-    new: ops may change them), then every mask read out."""
+    new: ops may change them), then the image made contiguous (a flip or crop may be a view:
+    the output stage copies it) and, with ``masks``, every mask read out (``Mask.dense``: the
+    output stage reads them once per pipeline; here each op pays it)."""
     from gpufeed.image.detection import Boxes, Mask, Sample
 
     rng = np.random.default_rng(0)
@@ -105,7 +108,8 @@ def gpufeed_call(op: Any, items: list[Item]) -> Callable[[int], Any]:
         target = {"boxes": Boxes(it.boxes.copy(), "XYXY", it.image.shape[:2]), "masks": Mask(data=it.masks),
                   "labels": it.labels}
         out = op(Sample(it.image, target), rng)
-        return [leaf.dense() for leaf in out.leaves() if isinstance(leaf, Mask)]
+        image = np.ascontiguousarray(out.image)
+        return image, [leaf.dense() for leaf in out.leaves() if isinstance(leaf, Mask)] if masks else None
 
     return call
 
@@ -185,54 +189,76 @@ def _time(fn: Callable[[int], Any], reps: int, start: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def measure(pairs: list[tuple[str, Callable[[int], Any], Callable[[int], Any] | str]], rounds: int,
-            reps: int) -> list[str]:
-    """Lines of the table: each pair (name, torchvision's call, gpufeed's call or why not)
-    timed alternating, ``rounds`` rounds of ``reps`` calls each; ms per image, medians."""
+Call = Callable[[int], Any]
+#: (name, torchvision's call, gpufeed's call or why not, gpufeed's call without the masks' read-out)
+Pair = tuple[str, Call, "Call | str", "Call | None"]
+
+
+def measure(pairs: list[Pair], rounds: int, reps: int) -> list[str]:
+    """Lines of the table: each pair's calls timed alternating, ``rounds`` rounds of ``reps``
+    calls each; ms per image, medians."""
     w = max(len("op"), *(len(p[0]) for p in pairs))
-    lines = [f"{'op':{w}s} {'torchvision ms':>14s} {'gpufeed ms':>11s} {'tv/gpufeed':>11s}"]
-    for name, theirs, ours in pairs:
-        a, b = [], []
+    lines = [f"{'op':{w}s} {'torchvision ms':>14s} {'gpufeed ms':>11s} {'tv/gpufeed':>11s} {'w/o masks':>10s}"]
+    for name, theirs, ours, lite in pairs:
+        times: list[list[float]] = [[], [], []]
         for r in range(rounds):
-            b.append(_time(theirs, reps, r * reps))
-            if not isinstance(ours, str):
-                a.append(_time(ours, reps, r * reps))
-        mb = statistics.median(b) * 1e3
+            for k, fn in enumerate((theirs, ours, lite)):
+                if callable(fn):
+                    times[k].append(_time(fn, reps, r * reps))
+        mb = statistics.median(times[0]) * 1e3
         if isinstance(ours, str):
-            lines.append(f"{name:{w}s} {mb:14.2f} {'-':>11s} {'-':>11s}  ({ours})")
-        else:
-            ma = statistics.median(a) * 1e3
-            lines.append(f"{name:{w}s} {mb:14.2f} {ma:11.2f} {mb / ma:10.2f}x")
+            lines.append(f"{name:{w}s} {mb:14.2f} {'-':>11s} {'-':>11s} {'-':>10s}  ({ours})")
+            continue
+        ma = statistics.median(times[1]) * 1e3
+        ml = f"{statistics.median(times[2]) * 1e3:10.2f}" if times[2] else f"{'-':>10s}"
+        lines.append(f"{name:{w}s} {mb:14.2f} {ma:11.2f} {mb / ma:10.2f}x {ml}")
     return lines
 
 
-def build_pairs(coco: CocoData, images: int, ops: list[str] | None = None
-                ) -> list[tuple[str, Callable[[int], Any], Callable[[int], Any] | str]]:
-    """(name, torchvision's call, gpufeed's call or why not) for every case (``ops``: a subset
-    of the op names; "decode" for the COCO mask row)."""
-    import torchvision.transforms.v2 as V
+def joint_op(name: str) -> type | None:
+    """gpufeed's joint op ``name``: ``gpufeed.image.detection.<name>``, else the ``JointOp``
+    subclass of that name in one of the package's private modules (ops not exported yet)."""
+    import importlib
+    import pkgutil
 
     import gpufeed.image.detection as D
 
+    found = getattr(D, name, None)
+    if found is not None:
+        return found
+    for info in pkgutil.iter_modules(D.__path__):
+        module = importlib.import_module(f"{D.__name__}.{info.name}")
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, D.JointOp):
+            return cls
+    return None
+
+
+def build_pairs(coco: CocoData, images: int, ops: list[str] | None = None) -> list[Pair]:
+    """A :data:`Pair` for every case (``ops``: a subset of the op names; "decode" for the COCO
+    mask row)."""
+    import torchvision.transforms.v2 as V
+
     items = load_items(coco, images)
-    pairs: list[tuple[str, Callable[[int], Any], Callable[[int], Any] | str]] = []
+    pairs: list[Pair] = []
     for name, kwargs in op_cases():
         if ops is not None and name not in ops:
             continue
         label = f"{name}({', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'fill')})"
         theirs = torchvision_call(getattr(V, name)(**kwargs), items)
-        cls = getattr(D, name, None)
+        cls = joint_op(name)
         if cls is None:
-            pairs.append((label, theirs, f"gpufeed.image.detection.{name}: not in this checkout"))
+            pairs.append((label, theirs, f"gpufeed.image.detection.{name}: not in this checkout", None))
             continue
         try:
-            ours: Callable[[int], Any] | str = gpufeed_call(cls(**kwargs), items)
+            op = cls(**kwargs)
         except (TypeError, ValueError) as exc:
-            ours = f"gpufeed.image.detection.{name}({kwargs}) refused: {exc}"
-        pairs.append((label, theirs, ours))
+            pairs.append((label, theirs, f"gpufeed.image.detection.{name}({kwargs}) refused: {exc}", None))
+            continue
+        pairs.append((label, theirs, gpufeed_call(op, items), gpufeed_call(op, items, masks=False)))
     if ops is None or "decode" in ops:
         pairs.append(("COCO masks: full vs lazy crop decode", pycocotools_decode(coco, images),
-                      gpufeed_lazy_decode(coco, images)))
+                      gpufeed_lazy_decode(coco, images), None))
     return pairs
 
 
@@ -255,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in measure(build_pairs(coco, args.images, ops), args.rounds, args.reps):
         print(line)
     print(f"({args.images} images of 480-640 px, {args.rounds} rounds x {args.reps} calls, one thread; "
-          f"gpufeed's figures include reading its masks out)")
+          f"gpufeed ms: the op, its image made contiguous and its masks read out (once per pipeline "
+          f"in a loader, here once per op); w/o masks: without that read-out)")
     return 0
 
 
