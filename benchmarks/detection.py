@@ -16,7 +16,9 @@ generators seeded alike, and the same ``collate_fn`` for every loader of a recip
 
 - ``det_ssd``: torchvision's detection references, ``DetectionPresetTrain(data_augmentation=
   "ssd", use_v2=True)`` (backend PIL): RandomPhotometricDistort() (the references' default,
-  p=0.5 per sub-op), RandomZoomOut(fill=defaultdict(lambda: mean, {Mask: 0})), RandomIoUCrop(),
+  p=0.5 per sub-op), RandomZoomOut(fill=defaultdict(lambda: mean, {Mask: 0})) (which fills the
+  image with 0, not the mean: v2's ``_get_fill`` tests ``in``, so the default is never used),
+  RandomIoUCrop(),
   RandomHorizontalFlip(0.5), then Resize((320, 320)) (added for the benchmark, on the PIL image
   after the flip: the cheaper place for the peer), ToImage, ToDtype(float, scale=True),
   ConvertBoundingBoxFormat(XYXY), SanitizeBoundingBoxes, ToPureTensor; ``target_keys`` boxes,
@@ -67,7 +69,7 @@ from benchmarks.tasks import Factories, Row, Task, format_rows, row_report
 
 SSD_SIZE = (320, 320)
 CROP = 256
-MEAN = (123.0, 117.0, 104.0)  # the references' fill for the zoom-out canvas (0-255)
+MEAN = (123.0, 117.0, 104.0)  # the references' zoom-out fill (0-255; v2 fills the image with 0)
 SSD_KEYS = ("boxes", "labels", "image_id")
 INST_KEYS = ("boxes", "labels", "masks")
 NOT_AVAILABLE = "gpufeed side: not available in this checkout"
@@ -123,9 +125,9 @@ def _bbox_params() -> Any:
 
 def albu_ssd() -> Any:
     """SSD, equivalent not identical: ColorJitter with RandomPhotometricDistort's ranges (all four
-    at once, p=0.5) and ChannelShuffle(0.5); CropAndPad(percent 0-150% a side, the mean as fill,
-    p=0.5) for the zoom-out (canvas 1-4x); BBoxSafeRandomCrop for the IoU crop (keeps every
-    box); HorizontalFlip; Resize(320, 320); ToFloat; ToTensorV2."""
+    at once, p=0.5) and ChannelShuffle(0.5); CropAndPad(percent 0-150% a side, fill 0 as
+    torchvision's zoom-out gives, p=0.5) for the zoom-out (canvas 1-4x); BBoxSafeRandomCrop for
+    the IoU crop (keeps every box); HorizontalFlip; Resize(320, 320); ToFloat; ToTensorV2."""
     import albumentations as A
     from albumentations.pytorch import ToTensorV2
 
@@ -133,7 +135,7 @@ def albu_ssd() -> Any:
         A.ColorJitter(brightness=(0.875, 1.125), contrast=(0.5, 1.5), saturation=(0.5, 1.5),
                       hue=(-0.05, 0.05), p=0.5),
         A.ChannelShuffle(p=0.5),
-        A.CropAndPad(percent=(0.0, 1.5), keep_size=False, sample_independently=True, fill=MEAN,
+        A.CropAndPad(percent=(0.0, 1.5), keep_size=False, sample_independently=True, fill=0,
                      fill_mask=0, p=0.5),
         A.BBoxSafeRandomCrop(),
         A.HorizontalFlip(p=0.5), A.Resize(*SSD_SIZE), A.ToFloat(max_value=255.0), ToTensorV2(),
