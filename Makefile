@@ -16,6 +16,10 @@ STAMP  := $(VENV)/.gpufeed-installed
 # runs on the CPU; about 75 s to install here from local files). See docs/getting-started.md, "The two commands of a clone".
 TV_VENV  ?= .venv-tv
 TV_TORCH ?= torch==2.14.1 torchvision==0.29.1
+# The detection benchmarks' peers (benchmarks/detection.py, tests/torchvision/test_bench_detection.py):
+# pycocotools (torchvision's COCO masks) and Albumentations 2.0.8 (MIT; a peer only, never a gpufeed
+# dependency). Neither changes the torch, torchvision or numpy pinned above.
+TV_PEERS ?= pycocotools albumentations==2.0.8
 TV_STAMP := $(TV_VENV)/.gpufeed-installed
 
 .PHONY: demo test lint docs bench sysdeps clean gpu-check gpu-wheels package-check
@@ -30,7 +34,7 @@ $(STAMP): pyproject.toml
 $(TV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_VENV)/bin/python -m pip install -q $(TV_TORCH)
-	$(TV_VENV)/bin/python -m pip install -q -e ".[tvtest]"
+	$(TV_VENV)/bin/python -m pip install -q -e ".[tvtest]" $(TV_PEERS)
 	touch $@
 
 # libturbojpeg is a system library; without it gpufeed decodes with OpenCV (and says so once).

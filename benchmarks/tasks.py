@@ -34,6 +34,10 @@ flip, ToImage, ToDtype(float32), Normalize; one torchvision v2 object per loader
   batch_transform=...)`` against the same FastLoader without it and against DataLoader with
   ``collate_fn=lambda b: op(*default_collate(b))``.
 
+Detection and segmentation (COCO boxes / masks, image + mask pairs; torchvision v2 and
+Albumentations peers) have data of their own: ``benchmarks/detection.py`` (same table and rules,
+its rows' goals in ``_goals.DETECTION_GOALS``), per-op costs in ``benchmarks/detection_ops.py``.
+
 FastLoaders and map-style DataLoaders shuffle (generators seeded alike); webdataset's pipeline
 reads its shards in order (no ``.shuffle``), its two workers a shard at a time each. A row's
 status follows ``benchmarks/_goals.py``: "met", "NOT met", or "inconclusive" when the ratio of

@@ -1,0 +1,413 @@
+"""Detection and segmentation (issue 36): FastLoader against torch's DataLoader with the same
+torchvision v2 pipeline, data and collate, and against an Albumentations 2.0.8 pipeline that is
+*equivalent, not identical* (its own ops and draws), every loader in one run, alternating
+rounds (``compare(..., rotate=True)``); one table of rows, each a ratio against its goal.
+
+    PYTHONPATH=$PWD .venv-tv/bin/python -m benchmarks.detection [OUT] [--images 384] [--workers 2]
+        [--batch-size 32] [--batches 0] [--rounds 3] [--recipes det_ssd,inst_seg,sem_seg]
+        [--peers-only] [--json OUT.json]
+
+OUT (default ./demo-detection) holds the data, written once (``benchmarks/_coco_data.py``):
+photo-like JPEGs of 480-640 px a side with a COCO instances JSON (2-8 polygon objects each), and
+as many JPEG + palette PNG mask pairs. ``--batches 0``: one epoch per round.
+
+Recipes (:data:`RECIPES`; the same ``batch_size``, ``num_workers``, ``shuffle=True`` with
+generators seeded alike, and the same ``collate_fn`` for every loader of a recipe):
+
+- ``det_ssd``: torchvision's detection references, ``DetectionPresetTrain(data_augmentation=
+  "ssd", use_v2=True)`` (backend PIL): RandomPhotometricDistort() (the references' default,
+  p=0.5 per sub-op), RandomZoomOut(fill=defaultdict(lambda: mean, {Mask: 0})) (which fills the
+  image with 0, not the mean: v2's ``_get_fill`` tests ``in``, so the default is never used),
+  RandomIoUCrop(),
+  RandomHorizontalFlip(0.5), then Resize((320, 320)) (added for the benchmark, on the PIL image
+  after the flip: the cheaper place for the peer), ToImage, ToDtype(float, scale=True),
+  ConvertBoundingBoxFormat(XYXY), SanitizeBoundingBoxes, ToPureTensor; ``target_keys`` boxes,
+  labels, image_id (the references'); ``collate_fn`` :func:`zip_collate` (``tuple(zip(*b))``,
+  the references' ``utils.collate_fn``). DataLoader: ``wrap_dataset_for_transforms_v2(
+  torchvision.datasets.CocoDetection(root, ann, transforms=preset), target_keys)`` as the
+  references' ``get_coco`` (the wrapper takes the dataset's ``transforms`` and applies them
+  after wrapping); FastLoader: ``gpufeed.CocoDetection(root, ann, transforms=preset,
+  target_keys=...)``;
+- ``inst_seg``: ``target_keys`` boxes, labels, masks; RandomResizedCrop(256),
+  RandomHorizontalFlip, ToImage, ToDtype(float32, scale=True), ToPureTensor; the same two
+  loaders, :func:`zip_collate`;
+- ``sem_seg``: image + palette PNG mask pairs; RandomResizedCrop(256), RandomHorizontalFlip,
+  ToImage, ToDtype(float32, scale=True), ToPureTensor on (image, ``tv_tensors.Mask``);
+  DataLoader over :class:`SegmentationPairs` (PIL image and mask, the mask wrapped as
+  torchvision's VOCSegmentation wrapper does); FastLoader over ``gpufeed.SegmentationDataset(
+  images, masks, transforms=...)``; ``default_collate`` (fixed 256 x 256 outputs).
+
+The Albumentations loaders (:class:`AlbuCoco`, :class:`AlbuSegmentation`: cv2 reads, masks of
+COCO objects from pycocotools, cv2 single-threaded in each DataLoader worker as Albumentations
+advises) run :func:`albu_ssd` / :func:`albu_inst_seg` / :func:`albu_sem_seg`: their ops'
+nearest equivalents (each function's docstring), bilinear resampling without antialiasing.
+
+Goals (``benchmarks/_goals.py``, :data:`DETECTION_GOALS`): FastLoader >= 2.0x DataLoader and
+>= 1.5x Albumentations images/s, for every recipe; the Albumentations-vs-DataLoader row has no
+goal (context). Until ``gpufeed.CocoDetection`` / ``gpufeed.SegmentationDataset`` exist in the
+checkout (or with ``--peers-only``) the gpufeed rows print "gpufeed side: not available in this
+checkout" and the peers still run. Needs ``.venv-tv`` (torchvision, pycocotools,
+albumentations==2.0.8: ``make`` installs them there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks._coco_data import CocoData, SegmentationData, prepare
+from benchmarks._common import uptime
+from benchmarks._goals import DETECTION_GOALS
+from benchmarks.tasks import Factories, Row, Task, format_rows, row_report
+
+SSD_SIZE = (320, 320)
+CROP = 256
+MEAN = (123.0, 117.0, 104.0)  # the references' zoom-out fill (0-255; v2 fills the image with 0)
+SSD_KEYS = ("boxes", "labels", "image_id")
+INST_KEYS = ("boxes", "labels", "masks")
+NOT_AVAILABLE = "gpufeed side: not available in this checkout"
+
+
+def zip_collate(batch: Sequence[Any]) -> tuple[Any, ...]:
+    """``tuple(zip(*batch))``: the detection references' ``utils.collate_fn`` (a module
+    function, so that workers of any start method can take it)."""
+    return tuple(zip(*batch))
+
+
+def _default_collate(batch: list[Any]) -> Any:
+    return torch.utils.data.default_collate(batch)
+
+
+# -- torchvision v2 pipelines ---------------------------------------------------------------
+
+def ssd_preset() -> Any:
+    """The references' SSD preset (module docstring) with Resize(SSD_SIZE) after the flip."""
+    from collections import defaultdict
+
+    import torchvision.transforms.v2 as V
+    from torchvision import tv_tensors
+
+    fill = defaultdict(lambda: MEAN, {tv_tensors.Mask: 0})
+    return V.Compose([
+        V.RandomPhotometricDistort(), V.RandomZoomOut(fill=fill), V.RandomIoUCrop(),
+        V.RandomHorizontalFlip(p=0.5), V.Resize(SSD_SIZE),
+        V.ToImage(), V.ToDtype(torch.float, scale=True),
+        V.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY), V.SanitizeBoundingBoxes(),
+        V.ToPureTensor(),
+    ])
+
+
+def crop_flip() -> Any:
+    """RandomResizedCrop(CROP), RandomHorizontalFlip, ToImage, ToDtype(float32), ToPureTensor:
+    ``inst_seg``'s and ``sem_seg``'s pipeline."""
+    import torchvision.transforms.v2 as V
+
+    return V.Compose([V.RandomResizedCrop(CROP), V.RandomHorizontalFlip(p=0.5), V.ToImage(),
+                      V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
+
+
+# -- Albumentations equivalents -------------------------------------------------------------
+
+def _bbox_params() -> Any:
+    import albumentations as A
+
+    # min 1 px a side: SanitizeBoundingBoxes' default min_size
+    return A.BboxParams(format="pascal_voc", label_fields=["labels", "ids"], min_width=1, min_height=1,
+                        clip=True)
+
+
+def albu_ssd() -> Any:
+    """SSD, equivalent not identical: ColorJitter with RandomPhotometricDistort's ranges (all four
+    at once, p=0.5) and ChannelShuffle(0.5); CropAndPad(percent 0-150% a side, fill 0 as
+    torchvision's zoom-out gives, p=0.5) for the zoom-out (canvas 1-4x); BBoxSafeRandomCrop for
+    the IoU crop (keeps every box); HorizontalFlip; Resize(320, 320); ToFloat; ToTensorV2."""
+    import albumentations as A
+    from albumentations.pytorch import ToTensorV2
+
+    return A.Compose([
+        A.ColorJitter(brightness=(0.875, 1.125), contrast=(0.5, 1.5), saturation=(0.5, 1.5),
+                      hue=(-0.05, 0.05), p=0.5),
+        A.ChannelShuffle(p=0.5),
+        A.CropAndPad(percent=(0.0, 1.5), keep_size=False, sample_independently=True, fill=0,
+                     fill_mask=0, p=0.5),
+        A.BBoxSafeRandomCrop(),
+        A.HorizontalFlip(p=0.5), A.Resize(*SSD_SIZE), A.ToFloat(max_value=255.0), ToTensorV2(),
+    ], bbox_params=_bbox_params())
+
+
+def albu_inst_seg() -> Any:
+    """RandomResizedCrop((256, 256)), HorizontalFlip, ToFloat, ToTensorV2, boxes and masks."""
+    import albumentations as A
+    from albumentations.pytorch import ToTensorV2
+
+    return A.Compose([A.RandomResizedCrop((CROP, CROP)), A.HorizontalFlip(p=0.5),
+                      A.ToFloat(max_value=255.0), ToTensorV2()], bbox_params=_bbox_params())
+
+
+def albu_sem_seg() -> Any:
+    """RandomResizedCrop((256, 256)), HorizontalFlip, ToFloat, ToTensorV2, one mask."""
+    import albumentations as A
+    from albumentations.pytorch import ToTensorV2
+
+    return A.Compose([A.RandomResizedCrop((CROP, CROP)), A.HorizontalFlip(p=0.5),
+                      A.ToFloat(max_value=255.0), ToTensorV2()])
+
+
+def _cv2_one_thread(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn`` of the Albumentations loaders: cv2 single-threaded."""
+    import cv2
+
+    cv2.setNumThreads(0)
+
+
+def _read_rgb(path: str) -> np.ndarray:
+    import cv2
+
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise OSError(f"cv2 could not read {path}")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+class AlbuCoco(torch.utils.data.Dataset):
+    """COCO images read with cv2, their objects (XYXY boxes, category ids, and with ``masks``
+    the objects' masks from pycocotools' ``annToMask``) through an Albumentations pipeline;
+    returns (image, {"boxes", "labels", and "masks" with ``masks``, else "image_id"})."""
+
+    def __init__(self, data: CocoData, transform: Any, masks: bool) -> None:
+        from pycocotools.coco import COCO
+
+        self.coco = COCO(str(data.ann_file))
+        self.ids = sorted(self.coco.imgs)
+        self.root, self.transform, self.masks = data.root, transform, masks
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
+        image_id = self.ids[index]
+        anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=image_id))
+        image = _read_rgb(str(self.root / self.coco.imgs[image_id]["file_name"]))
+        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)]
+        args: dict[str, Any] = dict(image=image, bboxes=np.asarray(boxes, np.float32).reshape(-1, 4),
+                                    labels=[a["category_id"] for a in anns], ids=list(range(len(anns))))
+        if self.masks:
+            args["masks"] = [self.coco.annToMask(a) for a in anns]
+        out = self.transform(**args)
+        target = {"boxes": torch.as_tensor(np.asarray(out["bboxes"], np.float32).reshape(-1, 4)),
+                  "labels": torch.as_tensor(out["labels"], dtype=torch.int64)}
+        if not self.masks:  # det_ssd's target keys: boxes, labels, image_id
+            target["image_id"] = image_id
+        else:  # the masks of the boxes kept
+            kept = [int(i) for i in out["ids"]]
+            target["masks"] = (torch.stack([torch.as_tensor(out["masks"][i]) for i in kept]) if kept
+                               else torch.zeros((0, CROP, CROP), dtype=torch.uint8))
+        return out["image"], target
+
+
+class SegmentationPairs(torch.utils.data.Dataset):
+    """(image, mask) file pairs read with PIL, the mask as ``tv_tensors.Mask`` (1, H, W) of
+    class indices (torchvision's VOCSegmentation and its v2 wrapper), through ``transforms``."""
+
+    def __init__(self, data: SegmentationData, transforms: Any) -> None:
+        self.images, self.masks, self.transforms = data.images, data.masks, transforms
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        from PIL import Image
+        from torchvision import tv_tensors
+
+        image = Image.open(self.images[index]).convert("RGB")
+        return self.transforms(image, tv_tensors.Mask(Image.open(self.masks[index])))
+
+
+class AlbuSegmentation(torch.utils.data.Dataset):
+    """(image, mask) pairs: the image read with cv2, the palette mask's indices with PIL,
+    through an Albumentations pipeline; returns (image, mask (1, H, W) uint8)."""
+
+    def __init__(self, data: SegmentationData, transform: Any) -> None:
+        self.images, self.masks, self.transform = data.images, data.masks, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        from PIL import Image
+
+        mask = np.asarray(Image.open(self.masks[index]))
+        out = self.transform(image=_read_rgb(self.images[index]), mask=mask)
+        return out["image"], out["mask"][None]  # (1, H, W), as the Mask of SegmentationPairs
+
+
+# -- loaders, rows ------------------------------------------------------------------------
+
+class Counted:
+    """A loader whose batches count their images right: ``batch_size_of`` would take the
+    channel count of ``zip_collate``'s first image; here a batch is a :class:`Batch`."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.loader:
+            yield Batch(batch)
+
+
+class Batch:
+    """One batch and its image count: ``len`` is the length of its first element."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch[0])
+
+
+def consume(batch: Batch) -> int:
+    """``compare``'s default consumer (one byte per page) on the batch inside."""
+    from gpufeed.compare._compare import touch_pages
+
+    return touch_pages(batch.batch)
+
+
+def gpufeed_available(recipe: str) -> bool:
+    """Whether this checkout's gpufeed has the dataset class ``recipe`` needs."""
+    import gpufeed
+
+    return hasattr(gpufeed, "SegmentationDataset" if recipe == "sem_seg" else "CocoDetection")
+
+
+def _loader_kw(batch_size: int, num_workers: int, seed: int, collate: Callable[..., Any]) -> dict[str, Any]:
+    return dict(batch_size=batch_size, num_workers=num_workers, shuffle=True, collate_fn=collate,
+                generator=torch.Generator().manual_seed(seed))
+
+
+def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size: int, num_workers: int,
+                seed: int = 0, peers_only: bool = False) -> Task:
+    """The loaders (DataLoader, Albumentations, and FastLoader unless unavailable or
+    ``peers_only``) and rows of recipe ``name``."""
+    import torchvision
+    from torch.utils.data import DataLoader
+
+    if name not in RECIPES:
+        raise ValueError(f"`recipes` must name recipes of {sorted(RECIPES)}. Found: {name!r}.")
+    collate = _default_collate if name == "sem_seg" else zip_collate
+    kw = lambda: _loader_kw(batch_size, num_workers, seed, collate)  # noqa: E731 - a fresh generator per loader
+    if name == "sem_seg":
+        transforms = crop_flip()
+        theirs: Any = SegmentationPairs(seg, transforms)
+        albu: Any = AlbuSegmentation(seg, albu_sem_seg())
+    else:
+        transforms = ssd_preset() if name == "det_ssd" else crop_flip()
+        keys = list(SSD_KEYS if name == "det_ssd" else INST_KEYS)
+        theirs = torchvision.datasets.wrap_dataset_for_transforms_v2(
+            torchvision.datasets.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms),
+            target_keys=keys)
+        albu = AlbuCoco(coco, albu_ssd() if name == "det_ssd" else albu_inst_seg(), masks=name == "inst_seg")
+    loaders: Factories = {
+        f"{name} DataLoader": lambda: Counted(DataLoader(theirs, **kw())),
+        f"{name} Albumentations": lambda: Counted(DataLoader(albu, **kw(), worker_init_fn=_cv2_one_thread)),
+    }
+    if not peers_only and gpufeed_available(name):
+        import gpufeed
+
+        if name == "sem_seg":
+            ours = gpufeed.SegmentationDataset(list(seg.images), list(seg.masks), transforms=transforms)
+        else:
+            ours = gpufeed.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms,
+                                         target_keys=keys)
+        loaders[f"{name} gpufeed"] = lambda: Counted(gpufeed.FastLoader(ours, **kw(), seed=seed))
+    goals = DETECTION_GOALS
+    return Task(loaders, (
+        Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader", goals["vs DataLoader"]),
+        Row(f"{name} vs Albumentations (equivalent)", f"{name} gpufeed", f"{name} Albumentations",
+            goals["vs Albumentations"]),
+        Row(f"{name} Albumentations vs DataLoader", f"{name} Albumentations", f"{name} DataLoader"),
+    ))
+
+
+#: recipe name -> what it measures (the module docstring has the pipelines)
+RECIPES = {
+    "det_ssd": "COCO boxes, the references' SSD preset + Resize((320, 320))",
+    "inst_seg": "COCO boxes + masks, RandomResizedCrop(256) + flip",
+    "sem_seg": "image + palette mask pairs, RandomResizedCrop(256) + flip",
+}
+
+
+def reports(result: Any, rows: Sequence[Row], loaders: Factories) -> list[dict[str, Any]]:
+    """``tasks.row_report`` for each row whose loaders ran; the others say why not."""
+    out = []
+    for row in rows:
+        if row.ours in loaders and row.peer in loaders:
+            out.append(row_report(result, row))
+        else:
+            peer = result.summary(row.peer).median_samples_per_s if row.peer in loaders else float("nan")
+            out.append({"ours_images_per_s": float("nan"), "peer_images_per_s": peer, "ratio": float("nan"),
+                        "paired": [], "target": row.target, "status": "not run", "detail": NOT_AVAILABLE})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="demo-detection")
+    parser.add_argument("--images", type=int, default=384)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=0, help="per round; 0: one epoch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--peers-only", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    from gpufeed.cli.bench import write
+    from gpufeed.compare._compare import compare
+    from gpufeed.compare._environment import describe_environment
+
+    coco, seg = prepare(args.out, args.images)
+    env = describe_environment(args.workers)
+    env["uptime_before"] = uptime()
+    for module in ("torchvision", "albumentations", "pycocotools"):
+        env[module] = getattr(__import__(module), "__version__", "?")
+    loaders: Factories = {}
+    rows: list[Row] = []
+    for name in (r for r in args.recipes.split(",") if r):
+        task = recipe_task(name, coco, seg, batch_size=args.batch_size, num_workers=args.workers,
+                           peers_only=args.peers_only)
+        loaders.update(task.loaders)
+        rows.extend(task.rows)
+    result = compare(loaders, num_batches=args.batches or None, num_rounds=args.rounds,
+                     num_warmup_rounds=args.warmup, environment=env, rotate=True, consume=consume)
+    env["uptime_after"] = uptime()
+    write(result.format_table())
+    reps = reports(result, rows, loaders)
+    write("")
+    for line in format_rows(rows, reps):
+        write(line)
+    for row, rep in zip(rows, reps):
+        if rep["status"] not in ("met", "no target"):
+            write(f"  {row.name}: {rep['status']} ({rep['detail']})")
+    write(f"data: {coco.num_images} COCO images ({coco.num_objects} objects), {len(seg.images)} mask pairs, "
+          f"in {args.out}")
+    write(f"uptime before: {env['uptime_before']}\nuptime after:  {env['uptime_after']}")
+    if args.json:
+        out = {"compare": result.to_dict(), "uptime_after": env["uptime_after"],
+               "rows": {row.name: rep for row, rep in zip(rows, reps)}}
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
