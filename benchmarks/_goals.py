@@ -23,7 +23,7 @@ GOAL_LAYOUT = 0.95  # every (layout, dtype) of FastLoader's output over NCHW flo
 # FastLoader images/s over each pipeline's, eval transform (benchmarks/README.md, "Large photos")
 LARGE_PHOTO_GOALS = {PIL_NAME: 3.0, PIL_DRAFT_NAME: 1.1, CV_REDUCED_NAME: 1.1}
 # FastLoader images/s over each peer, per detection/segmentation recipe (benchmarks/detection.py:
-# det_ssd, inst_seg, sem_seg; issue 36): torch's DataLoader with the same torchvision v2 pipeline,
+# det_ssd, inst_seg, sem_seg): torch's DataLoader with the same torchvision v2 pipeline,
 # and an equivalent Albumentations 2.0.8 pipeline in DataLoader
 DETECTION_GOALS = {"vs DataLoader": 2.0, "vs Albumentations": 1.5}
 NOISY = "too noisy to call: raise --rounds, on a quieter machine"

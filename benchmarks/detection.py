@@ -1,4 +1,4 @@
-"""Detection and segmentation (issue 36): FastLoader against torch's DataLoader with the same
+"""Detection and segmentation: FastLoader against torch's DataLoader with the same
 torchvision v2 pipeline, data and collate, and against an Albumentations 2.0.8 pipeline that is
 *equivalent, not identical* (its own ops and draws), every loader in one run, alternating
 rounds (``compare(..., rotate=True)``); one table of rows, each a ratio against its goal.

@@ -1,4 +1,4 @@
-"""Per-op cost of the detection ops (issue 36): torchvision v2 on ``tv_tensors`` (an Image of
+"""Per-op cost of the detection ops: torchvision v2 on ``tv_tensors`` (an Image of
 uint8, BoundingBoxes XYXY, a Mask of the objects' planes, labels) against gpufeed's joint op of
 the same name and arguments (``gpufeed.image.detection``, or its private modules for an op
 not exported yet: :func:`joint_op`) on a ``Sample`` (HWC uint8, ``Boxes``,
