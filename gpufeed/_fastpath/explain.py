@@ -8,7 +8,7 @@ from typing import Any
 from gpufeed._fastpath.feed import explain_batch_op, fast_path_blocker
 from gpufeed._fastpath.samples import GENERIC_PATH, SAMPLE_PATH, explain_samples
 from gpufeed.image import explain_transform
-from gpufeed.image.detection import DetectionPipeline
+from gpufeed.image.detection import DetectionPipeline, translate_detection
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 
@@ -45,7 +45,10 @@ def explain_dataset(dataset: ImageSource | DetectionSource) -> str:
     if isinstance(dataset, DetectionSource):
         if isinstance(dataset.transforms, DetectionPipeline):
             return f"{type(dataset).__name__}: " + "\n".join(explain_samples(dataset))
-        text = explain_transform(dataset.transforms)
-        return f"{type(dataset).__name__}'s transforms: " + text.replace("\n", "\n  ")
+        if dataset.transforms is None:
+            return (f"{type(dataset).__name__}: no transforms: __getitem__ returns PIL images "
+                    "(the generic path)")
+        _, report = translate_detection(dataset.transforms)
+        return f"{type(dataset).__name__}'s transforms: {report}"
     text = explain_transform(dataset.transform)
     return f"{type(dataset).__name__}'s transform: " + text.replace("\n", "\n  ")

@@ -23,7 +23,7 @@ import torch
 from gpufeed._engine.plugin import FillPlugin, PassTag
 from gpufeed.errors import GpufeedWarning, describe_callable
 from gpufeed.image._sample_fill import SampleFiller, SamplePlan, SampleReport, SampleTask
-from gpufeed.image.detection._pipeline import DetectionPipeline
+from gpufeed.image.detection import DetectionPipeline, translate_detection
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 
@@ -64,10 +64,11 @@ def sample_path_blocker(loader: Any) -> str | None:
                 "through __getitem__; give it a torchvision v2 pipeline gpufeed translates (at "
                 "least ToImage()) for the fast path")
     if not isinstance(pipeline, DetectionPipeline):
+        _, report = translate_detection(pipeline)
         return (f"the dataset's transforms ({describe_callable(pipeline)}) is not a pipeline gpufeed "
-                "translates, so it runs as given in workers on PIL images and tv_tensors; use the "
-                "torchvision v2 ops gpufeed translates (gpufeed.explain(dataset.transforms) says "
-                "which do not)")
+                f"translates ({report}), so it runs as given in workers on PIL images and "
+                "tv_tensors; use the torchvision v2 ops gpufeed translates, or move a PIL-only op "
+                "after ToImage() as a tensor op (gpufeed.explain(dataset) shows the pipeline)")
     if loader.batch_sampler is None:
         return ("batch_size=None disables batching; give a batch_size (or a batch_sampler) for "
                 "the fast path")

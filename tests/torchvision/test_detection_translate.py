@@ -389,3 +389,20 @@ def test_keypoint_sanitizing_and_the_clamping_mode_translate_as_gpufeed_ops():
     assert [type(op).__name__ for op in translated.ops] == [
         "SetClampingMode", "RandomHorizontalFlip", "SanitizeKeyPoints"]
     assert "as given" not in report
+
+
+def test_a_pil_only_detection_pipeline_is_named_in_the_warning_and_in_explain(tmp_path):
+    import warnings
+
+    import gpufeed
+    from gpufeed._synth_coco import make_coco
+
+    coco = make_coco(tmp_path, 4, seed=1)
+    pipeline = T.Compose([T.ToPILImage(), T.RandomHorizontalFlip(), T.ToImage()])
+    dataset = gpufeed.CocoDetection(coco.root, coco.ann_file, transforms=pipeline)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpufeed.FastLoader(dataset, batch_size=2, collate_fn=lambda b: tuple(zip(*b)))
+    messages = [str(w.message) for w in caught if issubclass(w.category, gpufeed.GpufeedWarning)]
+    assert len(messages) == 1 and "ToPILImage" in messages[0], messages
+    assert "ToPILImage" in gpufeed.explain(dataset)
