@@ -23,6 +23,7 @@ from gpufeed.sources._detection_items import (
 )
 from gpufeed.sources._folder import IMG_EXTENSIONS
 from gpufeed.sources._paths import PathTable
+from gpufeed.sources._png import png_indices
 
 __all__ = ["SegmentationDataset"]
 
@@ -125,9 +126,12 @@ class SegmentationDataset(DetectionSource):
     def target_of(self, index: int, record: Any, canvas: tuple[int, int]) -> Mask:
         """The mask (a dense (C, H, W) :class:`Mask`, C = 1 for palette or grayscale PNGs)
         decoded from ``record`` (its file's bytes); its size must be the image's ``canvas``."""
+        encoded = bytes(record)
+        indices = png_indices(encoded)
         try:
-            data = mask_array(open_pil(bytes(record), rgb=False))
-        except OSError as exc:
+            data = (indices[None] if indices is not None
+                    else mask_array(open_pil(encoded, rgb=False)))
+        except (OSError, SyntaxError, ValueError) as exc:
             raise ValueError(f"cannot decode the mask {self._masks[index]} of sample {index}: "
                              f"{exc}.") from exc
         if tuple(data.shape[1:]) != tuple(canvas):
