@@ -185,7 +185,7 @@ def flip_sample(sample: Sample, horizontal: bool) -> Sample:
     """``F.horizontal_flip`` (or ``vertical_flip``) of the image and every leaf."""
     import cv2
 
-    image = cv2.flip(np.ascontiguousarray(sample.image), 1 if horizontal else 0)
+    image = cv2.flip(sample.image, 1 if horizontal else 0)  # reads a cropped view in place
 
     def leaf(x: Any) -> Any:
         if isinstance(x, Boxes):
