@@ -20,14 +20,11 @@ from gpufeed.image._sample_fill import fill_samples
 from gpufeed.stats import Stats
 
 
-class LocalImageIter(_BaseDataLoaderIter):
-    """Fills each batch in a fresh buffer; the cache is used directly (no staging).
+class _LocalIter(_BaseDataLoaderIter):
+    """A fast path's batches made in the main process (``num_workers=0``): ``_fill_next`` makes
+    one; the wait for it is counted in the loader's stats."""
 
-    ``loader`` is read for torch's own attributes only; ``aug_epoch`` is this pass's
-    augmentation epoch (a loader makes a new iterator for every pass at ``num_workers=0``).
-    """
-
-    def __init__(self, loader: Any, feed: ImageFeed, stats: Stats, aug_epoch: int) -> None:
+    def __init__(self, loader: Any, feed: Any, stats: Stats, aug_epoch: int) -> None:
         super().__init__(loader)
         self._feed = feed
         self._stats = stats
@@ -40,6 +37,19 @@ class LocalImageIter(_BaseDataLoaderIter):
             return self._fill_next()
         finally:
             self._stats.add_wait(time.perf_counter() - t0, 0)
+
+    def _fill_next(self) -> Any:
+        raise NotImplementedError
+
+
+class LocalImageIter(_LocalIter):
+    """Fills each batch in a fresh buffer; the cache is used directly (no staging).
+
+    ``loader`` is read for torch's own attributes only; ``aug_epoch`` is this pass's
+    augmentation epoch (a loader makes a new iterator for every pass at ``num_workers=0``).
+    """
+
+    _feed: ImageFeed
 
     def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch
@@ -70,24 +80,12 @@ class LocalImageIter(_BaseDataLoaderIter):
         return batch
 
 
-class LocalSampleIter(_BaseDataLoaderIter):
+class LocalSampleIter(_LocalIter):
     """The per-sample path in the main process: each sample read, decoded and transformed in
     turn (images in torch's memory), then the loader's ``collate_fn``; the same batches as with
     workers (the draws are keyed by seed, epoch and index)."""
 
-    def __init__(self, loader: Any, feed: SampleFeed, stats: Stats, aug_epoch: int) -> None:
-        super().__init__(loader)
-        self._feed = feed
-        self._stats = stats
-        self._aug_epoch = aug_epoch
-        self._pulls = 0  # batches taken from the index stream
-
-    def _next_data(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self._fill_next()
-        finally:
-            self._stats.add_wait(time.perf_counter() - t0, 0)
+    _feed: SampleFeed
 
     def _fill_next(self) -> Any:
         indices = self._next_index()  # StopIteration ends the epoch

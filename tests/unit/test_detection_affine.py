@@ -13,23 +13,12 @@ from gpufeed.image.augment import ColorJitter, RandomGrayscale
 from gpufeed.image.detection._affine import RandomAffine, RandomRotation
 from gpufeed.image.detection._photometric import ImageOnly, RandomPhotometricDistort
 from gpufeed.image.detection._sample import BOX_FORMATS, Boxes, KeyPoints, Mask, Sample, sample_rng
+from tests.unit._planes import ArrayPlanes
 
 H, W = 30, 44
 IDENTITY = {"angle": 0.0, "translate": (0, 0), "scale": 1.0, "shear": (0.0, 0.0)}
 
 
-class ArrayPlanes:
-    """A lazy mask source over an array (what a COCO decoder does, without COCO)."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.data.shape  # type: ignore[return-value]
-
-    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        return self.data[:, rows[:, None], cols[None, :]]
 
 
 def xyxy_to(fmt: str, xyxy: np.ndarray) -> np.ndarray:

@@ -40,26 +40,13 @@ from gpufeed.image.detection._geometry import (
 )
 from gpufeed.image.detection._sample import Boxes, KeyPoints, Mask, Sample, sample_rng
 from gpufeed.synth import photo_like
+from tests.unit._planes import ArrayPlanes as Lazy
 
 pytestmark = pytest.mark.timeout(120)
 H, W = 60, 80
 FORMATS = ("XYXY", "XYWH", "CXCYWH")
 
 
-class Lazy:
-    """A lazy mask source over an array (as a COCO RLE decoder would be)."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.data.shape  # type: ignore[return-value]
-
-    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        assert rows.min() >= 0 and rows.max() < self.data.shape[1]
-        assert cols.min() >= 0 and cols.max() < self.data.shape[2]
-        return self.data[:, rows[:, None], cols[None, :]]
 
 
 def make_sample(fmt: str = "XYXY", seed: int = 0, n: int = 5, lazy: bool = False,

@@ -7,22 +7,7 @@ import numpy as np
 import pytest
 
 from gpufeed.image.detection import Mask
-
-
-class _Lazy:
-    """Lazy planes over an array (what a COCO source's planes do, without decoding)."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        n, h, w = self.data.shape
-        return n, h, w
-
-    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        assert (rows >= 0).all() and (cols >= 0).all()
-        return self.data[:, rows[:, None], cols[None, :]]
+from tests.unit._planes import ArrayPlanes as _Lazy
 
 
 def _reference(src: np.ndarray, rows: np.ndarray, cols: np.ndarray, fill: int) -> np.ndarray:
