@@ -21,10 +21,11 @@ from torch.utils.data import Dataset
 
 from gpufeed.decoders import decode, read_header
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import DecodeError, add_note, check_int, describe_callable
+from gpufeed.errors import DecodeError, add_note, describe_callable
 from gpufeed.image._torchvision import is_torchvision, translate_or_none, warn_fallback
 from gpufeed.image._transforms import ImageTransform, stored_orientation
 from gpufeed.image._views import MultiView
+from gpufeed.sources._read_options import ReadOptions
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ PIL_HINT = "pip install gpufeed[pil] (or pip install pillow)"
 #: alternating runs: 2059-2361 against 2317-2626 with one read at a time), so auto stays at one
 #: there; a network file system mounted as a local path switches by itself.
 DEFAULT_READ_CONCURRENCY: int | None = None
-DEFAULT_READ_BUDGET_BYTES = 64 << 20
 
 
 def pil_image_module() -> Any:
@@ -50,7 +50,7 @@ def pil_image_module() -> Any:
     return Image
 
 
-class ImageSource(Dataset):
+class ImageSource(ReadOptions, Dataset):
     """A map-style dataset of encoded images and their targets (integer labels, or any object).
 
     Subclasses implement ``__len__``, :meth:`read`, :meth:`label` and :meth:`describe`; a source
@@ -89,10 +89,6 @@ class ImageSource(Dataset):
     thread-safe.
     """
 
-    read_concurrency: int = 1
-    read_auto: bool = False
-    read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES
-
     epoch: int = 0
     #: Every target is the int label ``label(i)`` (batched as int64 labels); False: targets of
     #: any type, :meth:`target`, collated by ``default_collate``.
@@ -130,18 +126,6 @@ class ImageSource(Dataset):
             if self.loader is None:
                 pil_image_module()  # fail here, before any worker starts
         self._transform = value
-
-    def set_read_options(self, read_concurrency: int | None, read_budget_bytes: int) -> None:
-        """Check and set :attr:`read_concurrency` and :attr:`read_budget_bytes`; a
-        ``read_concurrency`` of None sets :attr:`read_auto` (reads ahead once reads stall)."""
-        for name, value in (("read_concurrency", read_concurrency),
-                            ("read_budget_bytes", read_budget_bytes)):
-            if name == "read_concurrency" and value is None:
-                continue
-            check_int(name, value, 1)
-        self.read_auto = read_concurrency is None
-        self.read_concurrency = 1 if read_concurrency is None else read_concurrency
-        self.read_budget_bytes = read_budget_bytes
 
     @property
     def calls_transform(self) -> bool:

@@ -30,6 +30,7 @@ from gpufeed.sources._detection_items import (
     to_torchvision,
 )
 from gpufeed.sources._paths import PathTable
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 from gpufeed.sources._shared import share
 
 __all__ = ["CocoDetection"]
@@ -219,13 +220,19 @@ class CocoDetection(DetectionSource):
     (PIL image, target). ``transform``/``target_transform``: callables on the image / the target
     (not with ``transforms``). Without a pipeline the image is ``PIL.Image.open(path)
     .convert("RGB")`` (EXIF orientation ignored, as torchvision) and the target's leaves are
-    ``tv_tensors``; without torchvision installed they are plain tensors.
+    ``tv_tensors``; without torchvision installed they are plain tensors. A torchvision v2
+    pipeline given as ``transforms`` is translated (``translate_detection``) to the fast path.
+
+    ``read_concurrency`` / ``read_budget_bytes``: reads in flight per worker and their byte
+    budget, as for :class:`~gpufeed.sources.ImageSource` (None: read ahead once reads stall).
     """
 
     def __init__(self, root: str | os.PathLike, annFile: str | os.PathLike,  # noqa: N803 - torchvision's name
                  transform: Any = None, target_transform: Any = None, transforms: Any = None,
-                 target_keys: Any = None) -> None:
+                 target_keys: Any = None, *, read_concurrency: int | None = None,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
         check_transform_args(transform, target_transform, transforms)
+        self.set_read_options(read_concurrency, read_budget_bytes)
         self.root = os.fspath(root)
         self.ann_file = os.fspath(annFile)
         self.transform = transform

@@ -12,13 +12,14 @@ from torch.utils.data import Dataset
 from gpufeed.decoders._header import Buffer
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._translate import translate_detection
+from gpufeed.sources._read_options import ReadOptions
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DetectionSource"]
 
 
-class DetectionSource(Dataset):
+class DetectionSource(ReadOptions, Dataset):
     """Subclasses implement ``__len__``, :meth:`read_item`, :meth:`target_of` and
     :meth:`describe`, and hold ``transforms``: None, a translated
     :class:`~gpufeed.image.detection.DetectionPipeline` (the fast path), or a callable taking
@@ -28,6 +29,9 @@ class DetectionSource(Dataset):
     build the target (an annotation slice); it must be thread-safe (workers read ahead).
     ``target_of(i, record, canvas)`` builds the target pytree, whose boxes, masks and keypoints
     are :mod:`gpufeed.image.detection` leaves on a canvas of (H, W) = the decoded image's size.
+    Read-ahead in the workers (``read_concurrency``, ``read_auto``, ``read_budget_bytes``) as
+    for the image sources (:class:`~gpufeed.sources.ImageSource`); a subclass's constructor sets
+    them with ``set_read_options``.
     """
 
     epoch: int = 0

@@ -6,14 +6,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed.sources._base import (
-    DEFAULT_READ_BUDGET_BYTES,
-    DEFAULT_READ_CONCURRENCY,
-    ImageSource,
-    LabelArray,
-)
+from gpufeed.sources._base import DEFAULT_READ_CONCURRENCY, ImageSource, LabelArray
 from gpufeed.sources._index_cache import build_index
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 from gpufeed.sources._remote import RemoteOptions, RemoteReader, read_concurrency_for, remote_root
 from gpufeed.sources._scan import empty_classes_error
 

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
+from gpufeed.sources._base import DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import labels_array
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 
 logger = logging.getLogger(__name__)
 

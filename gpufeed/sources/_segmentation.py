@@ -24,6 +24,7 @@ from gpufeed.sources._detection_items import (
 from gpufeed.sources._folder import IMG_EXTENSIONS
 from gpufeed.sources._paths import PathTable
 from gpufeed.sources._png import png_indices
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 
 __all__ = ["SegmentationDataset"]
 
@@ -71,13 +72,17 @@ class SegmentationDataset(DetectionSource):
     torchvision. With a :class:`~gpufeed.image.detection.DetectionPipeline` in ``transforms``
     the image is decoded by gpufeed and the mask (the same values) moves with it; any other
     callable takes (PIL image, mask). ``transform``/``target_transform``: callables on the image
-    / the mask (not with ``transforms``).
+    / the mask (not with ``transforms``). ``read_concurrency`` / ``read_budget_bytes``: reads in
+    flight per worker, as for :class:`~gpufeed.sources.ImageSource`.
     """
 
     def __init__(self, images: str | os.PathLike | Sequence[str | os.PathLike],
                  masks: str | os.PathLike | Sequence[str | os.PathLike], transforms: Any = None,
-                 *, transform: Any = None, target_transform: Any = None) -> None:
+                 *, transform: Any = None, target_transform: Any = None,
+                 read_concurrency: int | None = None,
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
         check_transform_args(transform, target_transform, transforms)
+        self.set_read_options(read_concurrency, read_budget_bytes)
         if isinstance(images, (str, os.PathLike)) != isinstance(masks, (str, os.PathLike)):
             raise TypeError(f"`images` and `masks` must both be directories or both lists of "
                             f"paths. Found: {shorten(images)} and {shorten(masks)}.")

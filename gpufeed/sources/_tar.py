@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import ReadError, check_int
-from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource, LabelArray
+from gpufeed.sources._base import DEFAULT_READ_CONCURRENCY, ImageSource, LabelArray
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 from gpufeed.sources._remote import RemoteOptions, RemoteReader, is_url, read_concurrency_for
 from gpufeed.sources._shared import share
 from gpufeed.sources._tar_cache import (

@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 from gpufeed.errors import shorten
-from gpufeed.sources._base import DEFAULT_READ_BUDGET_BYTES, DEFAULT_READ_CONCURRENCY, ImageSource
+from gpufeed.sources._base import DEFAULT_READ_CONCURRENCY, ImageSource
 from gpufeed.sources._paths import PathTable, labels_array
+from gpufeed.sources._read_options import DEFAULT_READ_BUDGET_BYTES
 from gpufeed.sources._remote import RemoteOptions, RemoteReader, is_url, read_concurrency_for
 
 _BYTES = (bytes, bytearray, memoryview)

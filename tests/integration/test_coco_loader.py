@@ -72,3 +72,19 @@ def test_mid_epoch_resume_is_exact(coco, before, after):
     resumed = loader(coco, after)
     resumed.load_state_dict(state)
     assert_same(list(resumed), full[2:])
+
+
+def test_reads_ahead_give_the_same_batches(coco):
+    def with_reads(read_concurrency):
+        dataset = gpufeed.CocoDetection(coco.root, coco.ann_file, transforms=ssd(),
+                                        target_keys=["boxes", "labels", "masks", "image_id"],
+                                        read_concurrency=read_concurrency)
+        return gpufeed.FastLoader(dataset, batch_size=4, shuffle=True, seed=11, num_workers=2,
+                                  collate_fn=zip_collate, generator=torch.Generator().manual_seed(2))
+
+    ahead = with_reads(4)
+    got = list(ahead)
+    assert ahead.stats()["read_concurrency_max"] == 4
+    assert_same(got, list(with_reads(1)))
+    with pytest.raises(ValueError, match="read_concurrency"):
+        gpufeed.CocoDetection(coco.root, coco.ann_file, read_concurrency=0)
