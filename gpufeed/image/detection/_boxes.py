@@ -152,7 +152,7 @@ class ConvertBoundingBoxFormat(JointOp):
             return dataclasses.replace(x, data=convert_format(x.data, x.format, self.format),
                                        format=self.format)
 
-        return Sample(sample.image, map_leaves(sample.target, leaf))
+        return sample.with_target(map_leaves(sample.target, leaf))
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class ClampBoundingBoxes(JointOp):
         def leaf(x: Any) -> Any:
             return clamp_boxes(x, self.clamping_mode) if isinstance(x, Boxes) else x
 
-        return Sample(sample.image, map_leaves(sample.target, leaf))
+        return sample.with_target(map_leaves(sample.target, leaf))
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class ClampKeyPoints(JointOp):
         def leaf(x: Any) -> Any:
             return clamp_keypoints(x) if isinstance(x, KeyPoints) else x
 
-        return Sample(sample.image, map_leaves(sample.target, leaf))
+        return sample.with_target(map_leaves(sample.target, leaf))
 
 
 def _default_labels(inputs: Any) -> Any:
@@ -315,7 +315,7 @@ class SanitizeBoundingBoxes(JointOp):
                 return _keep_planes(x, valid)
             return x
 
-        return Sample(sample.image, _filter(sample.target, labels, valid, leaf))
+        return sample.with_target(_filter(sample.target, labels, valid, leaf))
 
 
 def _labels_of(getter: Any, sample: Sample, n: int, what: str) -> list[Any]:
@@ -406,7 +406,7 @@ class SanitizeKeyPoints(JointOp):
                 return dataclasses.replace(x, data=x.data[valid])
             return x
 
-        return Sample(sample.image, _filter(sample.target, labels, valid, leaf))
+        return sample.with_target(_filter(sample.target, labels, valid, leaf))
 
 
 @dataclass(frozen=True)
@@ -428,4 +428,4 @@ class SetClampingMode(JointOp):
         def leaf(x: Any) -> Any:
             return dataclasses.replace(x, clamping_mode=self.clamping_mode) if isinstance(x, Boxes) else x
 
-        return Sample(sample.image, map_leaves(sample.target, leaf))
+        return sample.with_target(map_leaves(sample.target, leaf))

@@ -4,7 +4,8 @@ built on them: ``CenterCrop``, ``RandomCrop``, ``RandomResizedCrop``, ``Pad``, `
 
 A crop and a constant pad are one operation, a window (top, left, height, width) of the image
 that may reach outside it: the image is sliced and bordered with the fill (OpenCV), masks get
-row/column index maps (-1 outside, :meth:`Mask.select`), boxes and keypoints are translated and
+row/column index maps (-1 outside, :meth:`Mask.select`), a (H, W, 3) uint8 image stays a pending
+:class:`ImageWindow` read by the first op that needs pixels, boxes and keypoints are translated and
 the canvas becomes the window; boxes are clamped to it by their ``clamping_mode``.
 """
 
@@ -92,7 +93,9 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
     (top, left) for the image and masks than for boxes and keypoints (``F.center_crop``, which
     computes them differently when it pads)."""
     itop, ileft = (top, left) if image_window is None else image_window
-    image = _window_image(sample.image, itop, ileft, h, w, _image_fill(fill_for(fill, image_kind)))
+    image_fill = _image_fill(fill_for(fill, image_kind))
+    window = sample.image_window()
+    image = None if window is not None else _window_image(sample.image, itop, ileft, h, w, image_fill)
     mfill = _mask_fill(fill_for(fill, "Mask") if mask_fill is None else mask_fill)
 
     def leaf(x: Any) -> Any:
@@ -111,7 +114,11 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
             return out
         return x
 
-    return Sample(image, map_leaves(sample.target, leaf))
+    target = map_leaves(sample.target, leaf)
+    if window is not None:  # the image stays a window (nothing read until an op needs pixels)
+        return Sample.windowed(window.crop(itop, ileft, h, w, image_fill), target)
+    assert image is not None
+    return Sample(image, target)
 
 
 def parse_padding(padding: Any) -> list[int]:
@@ -484,4 +491,4 @@ class RandomIoUCrop(JointOp):
                 return dataclasses.replace(x, data=data)
             return x
 
-        return Sample(out.image, map_leaves(out.target, leaf))
+        return out.with_target(map_leaves(out.target, leaf))

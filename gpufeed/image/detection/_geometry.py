@@ -185,7 +185,8 @@ def flip_sample(sample: Sample, horizontal: bool) -> Sample:
     """``F.horizontal_flip`` (or ``vertical_flip``) of the image and every leaf."""
     import cv2
 
-    image = cv2.flip(sample.image, 1 if horizontal else 0)  # reads a cropped view in place
+    window = sample.image_window()
+    image = None if window is not None else cv2.flip(sample.image, 1 if horizontal else 0)
 
     def leaf(x: Any) -> Any:
         if isinstance(x, Boxes):
@@ -210,7 +211,11 @@ def flip_sample(sample: Sample, horizontal: bool) -> Sample:
             return out
         return x
 
-    return Sample(image, map_leaves(sample.target, leaf))
+    target = map_leaves(sample.target, leaf)
+    if window is not None:  # flipped when the window is read (cv2.flip of the source part)
+        return Sample.windowed(window.flip(horizontal), target)
+    assert image is not None
+    return Sample(image, target)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "BOX_FORMATS",
     "Boxes",
+    "ImageWindow",
     "JointOp",
     "KeyPoints",
     "LazyPlanes",
@@ -239,17 +240,159 @@ def _span(ok: np.ndarray) -> slice | np.ndarray:
     return at
 
 
-@dataclass
-class Sample:
-    """One sample in a worker: ``image`` (H, W, 3) uint8 RGB, ``target`` a pytree of leaves."""
+class ImageWindow:
+    """A pending window over a source image (H, W, 3) uint8: the source rectangle rows
+    ``y0:y1``, columns ``x0:x1``, bordered by ``margins`` (top, bottom, left, right) of
+    ``fill`` (uint8 per channel), then flipped (``hflip``, ``vflip``). Constant pads and crops
+    (also into the margins) and flips compose it (:meth:`crop`, :meth:`flip`) without touching
+    pixels; :meth:`materialize` allocates the window's size only, copies the source part and
+    fills the margins (a window with no margins and no flip is a view of the source)."""
 
-    image: np.ndarray
-    target: Any
+    __slots__ = ("src", "y0", "y1", "x0", "x1", "margins", "fill", "hflip", "vflip")
+
+    def __init__(self, src: np.ndarray, rect: tuple[int, int, int, int],
+                 margins: tuple[int, int, int, int] = (0, 0, 0, 0),
+                 fill: tuple[int, ...] = (0, 0, 0), hflip: bool = False, vflip: bool = False) -> None:
+        self.src = src
+        self.y0, self.y1, self.x0, self.x1 = rect
+        self.margins = margins
+        self.fill = fill
+        self.hflip, self.vflip = hflip, vflip
+
+    @classmethod
+    def over(cls, image: np.ndarray) -> ImageWindow | None:
+        """The identity window over ``image``; None when it is not (H, W, 3) uint8."""
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            return None
+        return cls(image, (0, image.shape[0], 0, image.shape[1]))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the window."""
+        top, bottom, left, right = self.margins
+        return top + self.y1 - self.y0 + bottom, left + self.x1 - self.x0 + right
+
+    def crop(self, top: int, left: int, h: int, w: int, fill: tuple[int, ...]) -> ImageWindow:
+        """The window (top, left, h, w) of this one (``F.crop``/constant ``F.pad``: ``fill``
+        outside it). Where this window has margins of another fill that the new one keeps and
+        it reaches outside them too, this window is materialised first (one fill per window)."""
+        wh, ww = self.size
+        within = top >= 0 and left >= 0 and top + h <= wh and left + w <= ww
+        if not within and fill != self.fill and any(self.margins):
+            return ImageWindow(self.materialize(), (0, wh, 0, ww), fill=fill).crop(top, left, h, w, fill)
+        if self.hflip:
+            left = ww - left - w
+        if self.vflip:
+            top = wh - top - h
+        mt, mb, ml, mr = self.margins
+        rows = _axis(top, h, mt, self.y0, self.y1)
+        cols = _axis(left, w, ml, self.x0, self.x1)
+        if rows is None or cols is None:  # nothing of the source: all fill
+            rect, margins = (self.y0, self.y0, self.x0, self.x0), (h, 0, w, 0)
+        else:
+            rect = (rows[0], rows[1], cols[0], cols[1])
+            margins = (rows[2], rows[3], cols[2], cols[3])
+        return ImageWindow(self.src, rect, margins, self.fill if within else fill, self.hflip, self.vflip)
+
+    def flip(self, horizontal: bool) -> ImageWindow:
+        """This window flipped left-right (or top-bottom)."""
+        return ImageWindow(self.src, (self.y0, self.y1, self.x0, self.x1), self.margins, self.fill,
+                           self.hflip != horizontal, self.vflip != (not horizontal))
+
+    def materialize(self) -> np.ndarray:
+        """The window's pixels, (H, W, 3) uint8."""
+        import cv2
+
+        code = -1 if self.hflip and self.vflip else 1 if self.hflip else 0 if self.vflip else None
+        part = self.src[self.y0:self.y1, self.x0:self.x1]
+        if not any(self.margins):
+            return part if code is None else cv2.flip(part, code)
+        mt, mb, ml, mr = self.margins
+        if self.hflip:
+            ml, mr = mr, ml
+        if self.vflip:
+            mt, mb = mb, mt
+        h, w = self.size
+        out = np.empty((h, w, 3), np.uint8)
+        row = np.empty((w, 3), np.uint8)  # one row of fill: rows copy at memcpy speed (a 3-tuple
+        row[:] = self.fill  # broadcast pixel by pixel is 50x slower)
+        if part.size == 0:
+            out[:] = row
+            return out
+        out[:mt] = row
+        out[h - mb:] = row
+        out[mt:h - mb, :ml] = row[:ml]
+        out[mt:h - mb, w - mr:] = row[w - mr:]
+        view = out[mt:h - mb, ml:w - mr]
+        if code is None:
+            view[...] = part
+        else:
+            got = cv2.flip(part, code, dst=view)
+            if not np.may_share_memory(got, view):
+                view[...] = got
+        return out
+
+
+def _axis(start: int, length: int, margin: int, s0: int, s1: int) -> tuple[int, int, int, int] | None:
+    """One axis of a crop of a window: (source start, source end, margin before, margin after),
+    None when the crop holds none of the source."""
+    a, b = max(start, margin), min(start + length, margin + s1 - s0)
+    if a >= b:
+        return None
+    return s0 + a - margin, s0 + b - margin, a - start, start + length - b
+
+
+class Sample:
+    """One sample in a worker: ``image`` (H, W, 3) uint8 RGB, ``target`` a pytree of leaves.
+
+    The image may be a pending :class:`ImageWindow` (crops, constant pads and flips compose it,
+    :meth:`image_window`, :meth:`windowed`): reading ``image`` materialises it once."""
+
+    __slots__ = ("_image", "_window", "target")
+
+    def __init__(self, image: np.ndarray, target: Any) -> None:
+        self._image = image
+        self._window: ImageWindow | None = None
+        self.target = target
+
+    @classmethod
+    def windowed(cls, window: ImageWindow, target: Any) -> Sample:
+        """A sample whose image is ``window``, materialised when read."""
+        out = cls(window.src, target)
+        out._window = window
+        return out
+
+    @property
+    def image(self) -> np.ndarray:
+        """The image as an array (a pending window is materialised here, once)."""
+        if self._window is not None:
+            self._image, self._window = self._window.materialize(), None
+        return self._image
+
+    @image.setter
+    def image(self, value: np.ndarray) -> None:
+        self._image, self._window = value, None
+
+    def image_window(self) -> ImageWindow | None:
+        """The image as a window (pending, or the identity over the array) to compose without
+        reading pixels; None when the image is not (H, W, 3) uint8."""
+        return self._window if self._window is not None else ImageWindow.over(self._image)
+
+    def with_target(self, target: Any) -> Sample:
+        """This image (pending window included) with another target."""
+        out = Sample(self._image, target)
+        out._window = self._window
+        return out
 
     @property
     def size(self) -> tuple[int, int]:
         """(H, W) of the image."""
-        return self.image.shape[0], self.image.shape[1]
+        if self._window is not None:
+            return self._window.size
+        return self._image.shape[0], self._image.shape[1]
+
+    def __repr__(self) -> str:
+        return f"Sample(size={self.size}, target={self.target!r})"
 
     def leaves(self) -> list[Any]:
         """The target's leaves, depth first (dict values in order)."""
