@@ -17,6 +17,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
+from gpufeed._fastpath.counts import SkipCounts
 from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
@@ -301,7 +302,7 @@ class ParentBatch:
     rows: list[Any]  # the cached rows, in batch order
 
 
-class ImageFeed(FillPlugin):
+class ImageFeed(SkipCounts, FillPlugin):
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side."""
 
@@ -312,9 +313,7 @@ class ImageFeed(FillPlugin):
         self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
         self.source = source
         self.cache = cache if plan.cache else None
-        self.images = 0
-        self.skipped = 0
-        self._logged: set[str] = set()
+        SkipCounts.__init__(self)
         self._label_table = _label_table(source) if plan.targets == "labels" else None
 
     @property
@@ -415,12 +414,7 @@ class ImageFeed(FillPlugin):
 
     def absorb(self, indices: list[int], task: ImageTask | ParentBatch, report: FillReport, buf: torch.Tensor) -> None:
         """Count the batch; add what the worker produced to the cache; log skips once per file."""
-        self.images += len(report.kept)
-        self.skipped += len(report.errors)
-        for index, where, message in report.errors:
-            if where not in self._logged:
-                self._logged.add(where)
-                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
+        self.count(report)
         if self.cache is None:
             return
         if isinstance(task, ParentBatch):

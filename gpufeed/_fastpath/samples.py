@@ -13,7 +13,6 @@ workers; the image path's batch options (``channels_last``, ``normalize``, ``dty
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -21,13 +20,12 @@ from typing import Any
 import torch
 
 from gpufeed._engine.plugin import FillPlugin, PassTag
+from gpufeed._fastpath.counts import SkipCounts
 from gpufeed.errors import GpufeedWarning, describe_callable
 from gpufeed.image._sample_fill import SampleFiller, SamplePlan, SampleReport, SampleTask
 from gpufeed.image.detection import DetectionPipeline, translate_detection
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
-
-log = logging.getLogger(__name__)
 
 #: ``explain(loader)``'s name of this path.
 SAMPLE_PATH = "the image path (per sample: variable sizes, collate_fn in the workers)"
@@ -129,7 +127,7 @@ def explain_samples(dataset: DetectionSource) -> Sequence[str]:
     return lines
 
 
-class SampleFeed(FillPlugin):
+class SampleFeed(SkipCounts, FillPlugin):
     """Parent side of the per-sample path (the engine's ``FillPlugin``): per-task epochs, and
     the counts of images and skipped samples; ``filler`` is the worker side."""
 
@@ -139,9 +137,7 @@ class SampleFeed(FillPlugin):
         self.source = source
         self.cache = None  # no cache on this path (yet)
         self.gpu_transform = None  # the pipeline sets the dtype: nothing runs after the copy
-        self.images = 0
-        self.skipped = 0
-        self._logged: set[str] = set()
+        SkipCounts.__init__(self)
 
     @property
     def parent_binds(self) -> bool:
@@ -153,9 +149,4 @@ class SampleFeed(FillPlugin):
 
     def absorb(self, indices: list[int], task: SampleTask, report: SampleReport, buf: torch.Tensor | None) -> None:
         """Count the batch; log each skipped file once."""
-        self.images += len(report.kept)
-        self.skipped += len(report.errors)
-        for index, where, message in report.errors:
-            if where not in self._logged:
-                self._logged.add(where)
-                log.warning("gpufeed: skipped %s (sample index %d): %s", where, index, message)
+        self.count(report)

@@ -468,6 +468,24 @@ class ReadsOwner:
             object.__setattr__(self, "_reads", reads)  # frozen: the plan never changes, this does
         return reads
 
+    def with_reads(self, source: Any, more: Callable[[], None] | None,
+                   fill: Callable[[ReadAhead | None], tuple[Any, Any]]) -> tuple[Any, Any]:
+        """``fill(reads)`` with this process's read-ahead for ``source`` (``more``: takes the
+        tasks that reached the worker since, so their reads begin during the fill); the report
+        it returns gets the reads in flight, and the source's automatic read-ahead its figures."""
+        worker = self.worker_reads()
+        reads = worker.for_source(source)
+        if reads is not None:
+            reads.more = more
+        try:
+            out, report = fill(reads)
+        finally:
+            if reads is not None:
+                reads.more = None
+        report.read_concurrency = 1 if reads is None else reads.concurrency
+        worker.observe(source, report)
+        return out, report
+
 
 @dataclass(frozen=True)
 class ImageFiller(ReadsOwner):
@@ -510,16 +528,6 @@ class ImageFiller(ReadsOwner):
         def stage(pos: int, data: Any) -> tuple[int, int] | None:
             return w.stage(data)
 
-        worker = self.worker_reads()
-        reads = worker.for_source(source)
-        if reads is not None:
-            reads.more = more
-        try:
-            out, report = fill_batch(plan, source, indices, task, lambda: w.buffer,
-                                     stage if plan.cache == "encoded" else None, reads, prefetched)
-        finally:
-            if reads is not None:
-                reads.more = None
-        report.read_concurrency = 1 if reads is None else reads.concurrency
-        worker.observe(source, report)
-        return out, report
+        return self.with_reads(source, more, lambda reads: fill_batch(
+            plan, source, indices, task, lambda: w.buffer,
+            stage if plan.cache == "encoded" else None, reads, prefetched))

@@ -192,15 +192,5 @@ class SampleFiller(ReadsOwner):
              ) -> tuple[Any, SampleReport]:
         """The batch of ``indices`` (``more``: takes the tasks that reached the worker since, so
         their reads begin during this fill)."""
-        worker = self.worker_reads()
-        reads = worker.for_source(source)
-        if reads is not None:
-            reads.more = more
-        try:
-            batch, report = fill_samples(self.plan, source, indices, task, slot_alloc(w), reads, prefetched)
-        finally:
-            if reads is not None:
-                reads.more = None
-        report.read_concurrency = 1 if reads is None else reads.concurrency
-        worker.observe(source, report)
-        return batch, report
+        return self.with_reads(source, more, lambda reads: fill_samples(
+            self.plan, source, indices, task, slot_alloc(w), reads, prefetched))
