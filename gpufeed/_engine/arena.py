@@ -47,7 +47,7 @@ import tempfile
 import termios
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any
@@ -567,6 +567,24 @@ class SlotWriter:
     def region(self, offset: int, nbytes: int) -> torch.Tensor:
         """uint8 tensor over ``[offset, offset + nbytes)`` of the current slot."""
         return self.buffer[offset : offset + nbytes]
+
+    def stacked(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """``torch.stack(tensors)`` without a copy when the tensors already lie in the current
+        slot as a stack would (contiguous, same shape and dtype, each right after the one
+        before, as consecutive ``tensor`` calls place payloads whose size is a multiple of
+        ``ALIGN_BYTES``): a view of that memory, which the tensors then share. None otherwise."""
+        if not self.active or self._pick is not None or not tensors:
+            return None
+        first = tensors[0]
+        nbytes = first.numel() * first.element_size()
+        start = first.data_ptr() - self._base
+        if nbytes == 0 or start < 0 or start + nbytes * len(tensors) > self.capacity:
+            return None
+        for i, t in enumerate(tensors):
+            if (t.dtype != first.dtype or t.shape != first.shape or not t.is_contiguous()
+                    or t.data_ptr() != first.data_ptr() + i * nbytes):
+                return None
+        return self.region(start, nbytes * len(tensors)).view(first.dtype).view(len(tensors), *first.shape)
 
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """A contiguous tensor of ``shape``/``dtype`` inside the slot, or None if it is full."""

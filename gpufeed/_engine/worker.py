@@ -169,11 +169,18 @@ def _collate_tensor_into_slot(
     """torch's tensor collate, but the stacked output lives in the current arena slot.
 
     Installed in worker processes only, so ``default_collate`` (ours or one a user's collate_fn
-    calls) never allocates torch shared memory, which lives in ``/dev/shm``.
+    calls) never allocates torch shared memory, which lives in ``/dev/shm``. Tensors that already
+    lie in the slot one after another (the per-sample path's images and masks) are not copied:
+    the batch is a view of them (``SlotWriter.stacked``), so they share its memory, which only an
+    in-place change to one of them after the collate could tell apart from a copy.
     """
     elem = batch[0]
     w = _writer
     if w is not None and w.active and _stackable(elem):
+        if all(type(t) is torch.Tensor and not t.requires_grad for t in batch):
+            view = w.stacked(batch)  # laid out as a stack by the per-sample output stage
+            if view is not None:
+                return view
         out = w.tensor((len(batch), *elem.shape), elem.dtype)
         if out is not None:
             return torch.stack(batch, 0, out=out)

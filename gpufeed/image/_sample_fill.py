@@ -122,10 +122,11 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
 
 
 def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: SampleTask,
-                 alloc: Alloc | None, reads: ReadAhead | None = None,
+                 alloc: Callable[[int], Alloc] | None, reads: ReadAhead | None = None,
                  prefetched: BatchReads | None = None) -> tuple[Any, SampleReport]:
-    """The batch of ``indices``: each sample through the pipeline (images in ``alloc``'s tensors;
-    None: torch's), then ``plan.collate_fn`` on the list; returns (batch, report). ``reads``: the
+    """The batch of ``indices``: each sample through the pipeline (its outputs in the tensors of
+    ``alloc(position in the batch)``; None: torch's), then ``plan.collate_fn`` on the list;
+    returns (batch, report). ``reads``: the
     worker's read-ahead; ``prefetched``: the reads ``SampleFiller.prefetch`` started for this
     task (closed here either way). A batch whose every sample was skipped is ``[]``."""
     batch_reads = prefetched if prefetched is not None else read_ahead(reads, source, indices)
@@ -138,7 +139,8 @@ def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: Sample
             try:
                 data, record = order.next()
                 report.read_s += time.perf_counter() - t0
-                samples.append(_sample(plan, source, index, data, record, task.epoch, alloc, report))
+                samples.append(_sample(plan, source, index, data, record, task.epoch,
+                                       None if alloc is None else alloc(pos), report))
             except (ReadError, DecodeError) as exc:
                 if plan.on_error == "raise":
                     raise
@@ -160,15 +162,43 @@ def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: Sample
     return batch, report
 
 
-def slot_alloc(w: SlotWriter) -> Alloc:
-    """``alloc`` for the output stage: a tensor in the writer's current slot (torch's when the
-    slot is full: the transport then copies it, or pickles it inline)."""
+class StackedAlloc:
+    """The output stage's tensors in a worker's arena slot, laid out as ``torch.stack`` lays out
+    a batch: the k-th tensor a sample asks for goes to row ``pos`` of lane k, reserved for the
+    whole batch when sample 0 asks (same shape and dtype; a tensor that differs gets a region
+    of its own). Stacking the batch's images or masks then copies nothing
+    (``SlotWriter.stacked``). A lane is reserved only while it takes at most a quarter of the
+    slot left (the slot is virtual memory: rows never written cost no pages). When the slot is
+    full, the tensor is torch's (the transport then copies it, or pickles it inline)."""
 
-    def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        t = w.tensor(shape, dtype)
-        return torch.empty(shape, dtype=dtype) if t is None else t
+    def __init__(self, w: SlotWriter, batch_size: int) -> None:
+        self._w, self._n = w, batch_size
+        self._lanes: list[tuple[tuple[int, ...], torch.dtype, torch.Tensor | None]] = []
 
-    return alloc
+    def __call__(self, pos: int) -> Alloc:
+        """``alloc`` for the sample at position ``pos`` of the batch."""
+        asked = 0
+
+        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            nonlocal asked
+            k, asked = asked, asked + 1
+            if k == len(self._lanes):
+                self._lanes.append((tuple(shape), dtype, self._lane(shape, dtype)))
+            lane_shape, lane_dtype, lane = self._lanes[k]
+            if lane is not None and tuple(shape) == lane_shape and dtype == lane_dtype:
+                return lane[pos]
+            t = self._w.tensor(shape, dtype)
+            return torch.empty(shape, dtype=dtype) if t is None else t
+
+        return alloc
+
+    def _lane(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        numel = 1
+        for s in shape:
+            numel *= s
+        if self._n * numel * dtype.itemsize * 4 > self._w.capacity - self._w.pos:
+            return None
+        return self._w.tensor((self._n, *shape), dtype)
 
 
 @dataclass(frozen=True)
@@ -193,4 +223,4 @@ class SampleFiller(ReadsOwner):
         """The batch of ``indices`` (``more``: takes the tasks that reached the worker since, so
         their reads begin during this fill)."""
         return self.with_reads(source, more, lambda reads: fill_samples(
-            self.plan, source, indices, task, slot_alloc(w), reads, prefetched))
+            self.plan, source, indices, task, StackedAlloc(w, len(indices)), reads, prefetched))

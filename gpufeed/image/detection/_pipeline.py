@@ -96,13 +96,18 @@ class DetectionPipeline:
         if self.normalize is not None and out.dtype.is_floating_point:
             mean, std = (torch.tensor(v, dtype=out.dtype).view(-1, 1, 1) for v in self.normalize)
             out.sub_(mean).div_(std)
-        target = map_leaves(sample.target, self._leaf)
+        target = map_leaves(sample.target, lambda leaf: self._leaf(leaf, alloc))
         if self.pure or self.plain_image:
             return out, target
         tv_tensors = tv_module()
         return tv_tensors.Image(out), target
 
-    def _leaf(self, leaf: Any) -> Any:
+    def _leaf(self, leaf: Any, alloc: Alloc | None) -> Any:
+        if isinstance(leaf, Mask) and alloc is not None:
+            # in the slot, so that stacking the batch's masks copies nothing (SlotWriter.stacked)
+            dense = torch.from_numpy(np.ascontiguousarray(leaf.dense()))
+            t = _new(alloc, tuple(dense.shape), self.mask_dtype or dense.dtype).copy_(dense)
+            return t if self.pure else tv_module().Mask(t)
         if isinstance(leaf, (Boxes, Mask, KeyPoints)):
             return torch_leaf(leaf, None if self.pure else tv_module(), self.mask_dtype)
         if self.pure and isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
