@@ -165,3 +165,39 @@ def test_photometric_distort_matches_torchvision() -> None:
         assert mean_abs(got, tensor) <= max(COLOUR, mean_abs(pil, tensor) + POINT / 4), params
         checked += 1
     assert checked >= 15
+
+
+@pytest.mark.parametrize("config", range(len(OPS)))
+def test_integer_boxes_and_keypoints_equal_torchvisions_exactly(config: int) -> None:
+    """Integer leaves are warped in float32 with torch's matmul and cast back, as torchvision
+    does: quarter turns put corners on whole numbers, where float64 may land on the other side."""
+    ours, theirs = make_ops(OPS[config])
+    for seed in range(6):
+        height, width = 200 + 7 * seed, 260 + 5 * seed
+        rng = np.random.default_rng(seed)
+        x0, y0 = rng.integers(0, width - 10, 8), rng.integers(0, height - 10, 8)
+        x1, y1 = np.minimum(x0 + rng.integers(1, 200, 8), width), np.minimum(y0 + rng.integers(1, 200, 8), height)
+        x1[:4], y1[:4] = width, height  # boxes on the right and bottom edges
+        xyxy = np.stack([x0, y0, x1, y1], 1)
+        points = rng.integers(-3, min(width, height) + 3, (8, 3, 2))
+        target: dict[str, Any] = {"points": KeyPoints(points.astype(np.float64), (height, width), dtype="int64")}
+        tv_target: dict[str, Any] = {"points": tv_tensors.KeyPoints(torch.from_numpy(points),
+                                                                   canvas_size=(height, width))}
+        for fmt in BOX_FORMATS:
+            for mode in ("soft", None):
+                data = convert(xyxy.astype(np.float64), fmt) if fmt != "CXCYWH" else \
+                    convert((xyxy + np.concatenate([np.zeros((8, 2)), (xyxy[:, 2:] - xyxy[:, :2]) % 2], 1))
+                            .astype(np.float64), fmt)  # even sizes: whole centres
+                target[f"{fmt}-{mode}"] = Boxes(data, fmt, (height, width), mode, dtype="int64")
+                tv_target[f"{fmt}-{mode}"] = tv_tensors.BoundingBoxes(
+                    torch.from_numpy(data.astype(np.int64)), format=fmt, canvas_size=(height, width),
+                    clamping_mode=mode)
+        sample = Sample(np.zeros((height, width, 3), np.uint8), target)
+        params = ours.draw(sample_rng(seed, 0, config), sample)
+        out = ours.apply(sample, params)
+        for key, value in tv_target.items():
+            want = theirs.transform(value, params)
+            assert want.dtype == torch.int64
+            got = out.target[key]
+            assert got.canvas == tuple(want.canvas_size), key
+            np.testing.assert_array_equal(got.data.astype(np.int64), want.numpy(), err_msg=f"{key} {params}")

@@ -254,3 +254,42 @@ def test_ops_given_torchvision_objects_pickle_without_them():
     for op in ops:
         assert b"torchvision" not in pickle.dumps(op), op
     assert ops[0].interpolation == "bicubic" and ops[1].fill == {"Image": (1, 2, 3), "Mask": 255}
+
+
+def int_boxes_sample(seed: int, fmt: str, clamping: str | None, n: int = 8) -> Sample:
+    """int64 boxes (a COCO file whose boxes are whole numbers gives them, through torchvision's
+    wrapper), some touching the canvas' edges, where float64 and float32 products part."""
+    rng = np.random.default_rng(100 + seed)
+    x0, y0 = rng.integers(0, W - 10, n), rng.integers(0, H - 10, n)
+    x1 = np.minimum(x0 + rng.integers(1, 200, n), W)
+    y1 = np.minimum(y0 + rng.integers(1, 200, n), H)
+    x1[: n // 2], y1[: n // 2] = W, H  # on the right and bottom edges
+    xyxy = np.stack([x0, y0, x1, y1], 1).astype(np.float64)
+    if fmt == "CXCYWH":  # torchvision's integer conversion: floor division of the sums
+        xyxy[:, 2:] += (xyxy[:, 2:] - xyxy[:, :2]) % 2  # even sizes: whole centres
+    boxes = Boxes(convert_format(xyxy, "XYXY", fmt), fmt, (H, W), clamping_mode=clamping, dtype="int64")
+    return Sample(photo_like(H, W, seed=seed, noise=3.0), {"boxes": boxes})
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}{c[1]}{sorted(c[2])}")
+def test_integer_boxes_equal_torchvisions_exactly(case, fmt):
+    """Integer boxes come out as torchvision's: resized in float32 and cast back (towards zero)
+    after every op, not kept in float64 until the output stage."""
+    name, args, kwargs = case
+    mine, theirs = ours(name, *args, **kwargs), getattr(V, name)(*args, **kwargs)
+    for seed in range(3):
+        sample = int_boxes_sample(seed, fmt, CLAMPING[seed])
+        leaf = sample.target["boxes"]
+        want_boxes = tv_tensors.BoundingBoxes(torch.from_numpy(leaf.data.astype(np.int64)), format=fmt,
+                                              canvas_size=(H, W), clamping_mode=leaf.clamping_mode)
+        image = tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(sample.image)).permute(2, 0, 1))
+        params = mine.draw(np.random.default_rng(seed), sample)
+        if params is None:
+            continue
+        _, want = run_tv(theirs, tv_params(name, params, theirs), image, {"boxes": want_boxes})
+        got = mine.apply(sample, params).target["boxes"]
+        assert want["boxes"].dtype == torch.int64
+        assert got.canvas == tuple(want["boxes"].canvas_size)
+        np.testing.assert_array_equal(got.data.astype(np.int64), want["boxes"].numpy(),
+                                      err_msg=f"{name} {fmt} seed={seed} params={params}")

@@ -33,7 +33,15 @@ from gpufeed.errors import shorten
 from gpufeed.image.detection._affine_warp import Matrix, affine_matrix, expanded_size, warp_image, warp_mask
 from gpufeed.image.detection._boxes import from_xyxy, to_xyxy
 from gpufeed.image.detection._fills import Fill, fill_for, setup_fill
-from gpufeed.image.detection._sample import Boxes, JointOp, KeyPoints, Mask, Sample, map_leaves
+from gpufeed.image.detection._sample import (
+    Boxes,
+    JointOp,
+    KeyPoints,
+    Mask,
+    Sample,
+    is_integer_dtype,
+    map_leaves,
+)
 
 __all__ = ["RandomAffine", "RandomRotation", "check_interpolation"]
 
@@ -86,14 +94,6 @@ def check_interpolation(value: Any) -> str:
 
 # --- the leaves -----------------------------------------------------------------------------
 
-_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-def _cast_like(values: np.ndarray, dtype: str) -> np.ndarray:
-    """torchvision computes integer boxes/keypoints in float and casts back (truncating)."""
-    return values if dtype in _FLOAT_DTYPES else np.trunc(values)
-
-
 @dataclass(frozen=True)
 class _Geometry:
     """One draw's warp: torchvision's ``affine`` arguments, plus ``expand`` for ``rotate``."""
@@ -139,11 +139,61 @@ def _apply(points: np.ndarray, m: Matrix) -> np.ndarray:
     return np.stack([m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]], axis=-1)
 
 
+def _forward_float32(geo: _Geometry, hw: tuple[int, int]) -> tuple[Any, tuple[int, int], Any]:
+    """(transposed forward matrix, output (H, W), the expand shift as a (1, 2) tensor or None),
+    float32 torch tensors, as torchvision builds them for an integer leaf (which it casts to
+    float32 first)."""
+    import torch
+
+    fwd, canvas, _ = geo.forward(hw)
+    matrix = torch.tensor(fwd, dtype=torch.float32).reshape(2, 3).T
+    if not geo.expand:
+        return matrix, canvas, None
+    h, w = hw
+    corners = torch.tensor([[0.0, 0.0, 1.0], [0.0, float(h), 1.0], [float(w), float(h), 1.0],
+                            [float(w), 0.0, 1.0]], dtype=torch.float32)
+    return matrix, canvas, torch.amin(torch.matmul(corners, matrix), dim=0, keepdim=True)
+
+
+def _homogeneous(points: Any) -> Any:
+    import torch
+
+    return torch.cat([points, torch.ones(points.shape[0], 1, dtype=points.dtype)], dim=-1)
+
+
+def _warp_integer_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
+    """``warp_boxes`` for integer boxes, computed as torchvision computes them: cast to float32,
+    torch's float32 matmul, clamped and converted back in float32, then cast back (towards
+    zero). In float64 a corner that lands on a whole number (quarter turns, flips by shear 0)
+    can fall on the other side of it, and the cast then moves the box by a pixel."""
+    import torch
+
+    matrix, canvas, shift = _forward_float32(geo, boxes.canvas)
+    # whole numbers and halves (CXCYWH): the float32 conversion is exact
+    xyxy = torch.from_numpy(to_xyxy(boxes.data, boxes.format).astype(np.float32))
+    corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]].reshape(-1, 2)
+    lo, hi = torch.aminmax(torch.matmul(_homogeneous(corners), matrix).reshape(-1, 4, 2), dim=1)
+    out = torch.cat([lo, hi], dim=1)
+    if shift is not None:
+        out.sub_(shift.repeat((1, 2)))
+    if boxes.clamping_mode is not None:
+        out[:, 0::2].clamp_(min=0, max=canvas[1])
+        out[:, 1::2].clamp_(min=0, max=canvas[0])
+    if boxes.format != "XYXY":  # torchvision's in-place float conversions, op for op
+        out[:, 2:].sub_(out[:, :2])
+        if boxes.format == "CXCYWH":
+            out[:, :2].mul_(2).add_(out[:, 2:]).div_(2)
+    data = out.to(torch.int64).numpy().astype(np.float64)
+    return Boxes(data, boxes.format, canvas, boxes.clamping_mode, boxes.dtype)
+
+
 def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
     """torchvision's ``_affine_bounding_boxes_with_expand`` for axis-aligned formats: an empty
     leaf comes back as it is (its canvas too, as torchvision leaves it)."""
     if boxes.data.size == 0:
         return boxes
+    if is_integer_dtype(boxes.dtype):
+        return _warp_integer_boxes(boxes, geo)
     fwd, canvas, shift = geo.forward(boxes.canvas)
     xyxy = to_xyxy(boxes.data, boxes.format)
     corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]  # (N, 4 corners, 2)
@@ -153,7 +203,7 @@ def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
     if boxes.clamping_mode is not None:  # soft and hard are the same for axis-aligned boxes
         out[:, 0::2] = out[:, 0::2].clip(0, canvas[1])
         out[:, 1::2] = out[:, 1::2].clip(0, canvas[0])
-    data = _cast_like(from_xyxy(out, boxes.format), boxes.dtype)
+    data = from_xyxy(out, boxes.format)
     return Boxes(data, boxes.format, canvas, boxes.clamping_mode, boxes.dtype)
 
 
@@ -161,8 +211,18 @@ def warp_keypoints(points: KeyPoints, geo: _Geometry) -> KeyPoints:
     """torchvision's ``_affine_keypoints_with_expand`` (not clamped; an empty leaf unchanged)."""
     if points.data.size == 0:
         return points
+    if is_integer_dtype(points.dtype):  # in float32, as torchvision (see _warp_integer_boxes)
+        import torch
+
+        matrix, canvas, shift32 = _forward_float32(geo, points.canvas)
+        flat = torch.from_numpy(points.data.astype(np.float32).reshape(-1, 2))
+        moved = torch.matmul(_homogeneous(flat), matrix)
+        if shift32 is not None:
+            moved.sub_(shift32)
+        data = moved.reshape(points.data.shape).to(torch.int64).numpy().astype(np.float64)
+        return KeyPoints(data, canvas, points.dtype)
     fwd, canvas, shift = geo.forward(points.canvas)
-    data = _cast_like(_apply(points.data, fwd) - shift, points.dtype)
+    data = _apply(points.data, fwd) - shift
     return KeyPoints(data, canvas, points.dtype)
 
 

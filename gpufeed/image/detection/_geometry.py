@@ -29,6 +29,7 @@ from gpufeed.image.detection._sample import (
     KeyPoints,
     Mask,
     Sample,
+    is_integer_dtype,
     map_leaves,
     torch_nearest_index,
 )
@@ -165,9 +166,13 @@ def resize_sample(sample: Sample, size: Sequence[int] | int | None, max_size: in
             if (nh, nw) == (h, w):
                 return x
             rw, rh = nw / w, nh / h
-            # torchvision's ratios are a float32 tensor
+            # torchvision's ratios are a float32 tensor; an integer leaf times them is float32
             ratios = np.array([rw, rh, rw, rh] if isinstance(x, Boxes) else [rw, rh], np.float32)
-            return dataclasses.replace(x, data=x.data * ratios.astype(np.float64), canvas=(nh, nw))
+            if is_integer_dtype(x.dtype):
+                data = (x.data.astype(np.float32) * ratios).astype(np.float64)
+            else:
+                data = x.data * ratios.astype(np.float64)
+            return dataclasses.replace(x, data=data, canvas=(nh, nw))
         if isinstance(x, Mask):
             h, w = x.size
             nh, nw = resized_size((h, w), size, max_size)

@@ -64,12 +64,20 @@ def torch_nearest_index(in_size: int, out_size: int) -> np.ndarray:
 
 
 def _rounded(data: np.ndarray, dtype: str) -> np.ndarray:
-    """float64 ``data`` rounded to the values of ``dtype`` where it is float32 or float16: each
-    op's result then equals torchvision's, which computes in the leaf's dtype (a float64 sum or
-    product of float32 values rounds once to the float32 one)."""
+    """float64 ``data`` rounded to the values of ``dtype``: each op's result then equals
+    torchvision's, which computes in the leaf's dtype (a float64 sum or product of float32
+    values rounds once to the float32 one) and casts an integer leaf back after every op
+    (``.to(int64)``: towards zero)."""
     if dtype in ("float32", "float16"):
         return data.astype(dtype).astype(np.float64)
+    if is_integer_dtype(dtype):
+        return np.trunc(data)
     return data
+
+
+def is_integer_dtype(dtype: str) -> bool:
+    """Whether a leaf's dtype name (torch's: ``"int64"``, ``"uint8"``...) is an integer type."""
+    return dtype.startswith(("int", "uint"))
 
 
 @dataclass
