@@ -67,7 +67,8 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         on_error: image path: ``"raise"`` (default) an error naming the file and sample index, or
             ``"skip"``: leave undecodable samples out of their batch, count and log them.
         cache_bytes: image path: budget of the host cache, an int (bytes), a size like
-            ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. A uint8
+            ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. Over a
+            detection dataset it keeps each sample's encoded bytes and record. A uint8
             batch whose every row is cached (deterministic transform) is made by the main
             process, one thread, when it is handed out: no worker starts for it. With a cache
             shared by the ranks of a job (``cache_scope``), it is the job's budget on the host,

@@ -33,7 +33,11 @@ def explain_loader(loader: Any, fast: bool) -> str:
     if fast and reason is None and getattr(loader, "batch_transform", None) is not None:
         head += "\n" + explain_batch_op(loader.batch_transform, loader.device is not None)
     if detection and reason is None:
-        return head + "\n" + "\n".join(explain_samples(loader.dataset))
+        cache = getattr(loader, "cache_bytes", 0) if fast else 0
+        tail = (f"Host cache (cache_bytes={cache!r}): each sample's encoded bytes and record, read once, "
+                "then handed to the workers in the batch's slot." if cache else
+                "No host cache (cache_bytes=0): every epoch reads every sample.")
+        return head + "\n" + "\n".join(explain_samples(loader.dataset)) + "\n" + tail
     if not isinstance(loader.dataset, ImageSource):
         return head
     return head + "\n" + explain_dataset(loader.dataset)

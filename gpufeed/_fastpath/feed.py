@@ -18,10 +18,10 @@ from torch.utils.data._utils.collate import default_collate
 from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
+from gpufeed._fastpath.host_cache import make_host_cache, source_parts
 from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
 from gpufeed.cache import HostCache
-from gpufeed.cache._job import job_info, wants_host_cache
-from gpufeed.cache._shared import CacheNamespace, SharedHostCache, fingerprint
+from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.cuda._transform import GpuTransform
 from gpufeed.errors import GpufeedWarning
 from gpufeed.image._batch_ops import BatchOp, batch_op_from
@@ -236,10 +236,7 @@ def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
     """What makes the cached values of ``source`` under ``plan`` (docs/design/host-cache.md):
     the dataset (class, repr, length, labels, 16 samples' ``describe``), the kind of value,
     and for decoded rows the transform and the output geometry."""
-    n = len(source)
-    parts = [plan.cache or "", f"{type(source).__module__}.{type(source).__qualname__}", repr(source), str(n)]
-    spread = np.unique(np.linspace(0, n - 1, 16).astype(np.int64)) if n else np.empty(0, np.int64)
-    parts += [source.describe(int(i)) for i in spread]
+    parts = [plan.cache or "", *source_parts(source)]
     table = _label_table(source)
     if table is not None:
         parts.append(hashlib.blake2b(table.tobytes(), digest_size=16).hexdigest())
@@ -251,31 +248,7 @@ def cache_fingerprint(plan: ImagePlan, source: Any) -> bytes:
 def make_cache(plan: ImagePlan, source: Any, budget: int, text: str, scope: str) -> HostCache | CacheNamespace | None:
     """The loader's cache: its own LRU, or its namespace of the job's host cache
     (``cache_scope``; docs/design/host-cache.md, "Which loaders share")."""
-    info = job_info()
-    if not wants_host_cache(scope, info):
-        return HostCache(budget)
-    if info.key is None:
-        raise ValueError(
-            "`cache_scope='host'` shares one cache between the processes of a job, and no job was "
-            "found: no GPUFEED_CACHE_JOB, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT with "
-            "WORLD_SIZE > 1, or initialised torch.distributed process group. Set GPUFEED_CACHE_JOB "
-            "to the same string in every process of the job, or use cache_scope='auto'."
-        )
-    try:
-        shared = SharedHostCache(info.key, budget, text)
-    except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
-        if scope == "host":
-            raise
-        log.warning("gpufeed: the job's host cache could not be reached (%s); this loader keeps a "
-                    "cache of its own. cache_scope='rank' says so explicitly.", exc)
-        return HostCache(budget)
-    space = shared.namespace(cache_fingerprint(plan, source), len(source))
-    if space is None:
-        shared.close()
-        log.warning("gpufeed: the job's host cache has no room for this loader's table (%d samples, "
-                    "budget %d bytes, or 56 kinds of rows already): it runs without a cache.",
-                    len(source), shared.budget_bytes)
-    return space
+    return make_host_cache(lambda: cache_fingerprint(plan, source), len(source), budget, text, scope)
 
 
 def _default_seed(generator: torch.Generator | None) -> int:

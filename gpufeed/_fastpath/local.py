@@ -93,7 +93,21 @@ class LocalSampleIter(_LocalIter):
         tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, self._pulls))
         self._pulls += 1
         task = feed.prepare(tag, indices, None)
-        batch, report = fill_samples(feed.plan, feed.source, indices, task, None)
+        cache = feed.cache
+        supplied: dict[int, Any] | None = None
+        staged: dict[int, bytes] = {}
+
+        def stage(pos: int, blob: bytes) -> None:
+            staged[pos] = blob
+
+        if cache is not None:  # used directly: the hits are the cache's values, the reads kept here
+            hits = cache.get_many(indices)
+            supplied = {pos: hit for pos, hit in enumerate(hits) if hit is not None}
+        batch, report = fill_samples(feed.plan, feed.source, indices, task, None, supplied=supplied,
+                                     stage=None if cache is None else stage)
         self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
         feed.absorb(indices, task, report, None)
+        if cache is not None:
+            for pos, blob in staged.items():
+                cache.put(indices[pos], blob)
         return pin_memory(batch) if self._pin_memory else batch

@@ -1,14 +1,13 @@
 """The parent side of the per-sample fast path (detection/segmentation: ``docs/design/
 detection.md``): whether a loader over a ``DetectionSource`` takes it, its plan, and
-``SampleFeed``, the engine's ``FillPlugin`` (no cache yet: every sample is read and decoded by a
-worker in every epoch).
+``SampleFeed``, the engine's ``FillPlugin`` (with ``cache_bytes``, a host cache of each sample's
+read: its encoded bytes and record, as the image path caches encoded bytes under random ops).
 
 The path is the image path's per-sample form: ``loader.stats()["path"]`` is ``"image"`` for it
 too (the image fast path, as against the generic ``__getitem__`` + collate), and
 ``gpufeed.explain(loader)`` tells the two forms apart. Any ``collate_fn`` runs on it, in the
 workers; the image path's batch options (``channels_last``, ``normalize``, ``dtype``,
-``batch_transform``, ``cache_bytes``) are refused: the pipeline's own ``ToDtype`` /
-``Normalize`` set the output.
+``batch_transform``) are refused: the pipeline's own ``ToDtype`` / ``Normalize`` set the output.
 """
 
 from __future__ import annotations
@@ -17,10 +16,15 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from gpufeed._engine.plugin import FillPlugin, PassTag
+from gpufeed._engine.layout import align_up
+from gpufeed._engine.plugin import FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
+from gpufeed._fastpath.host_cache import make_host_cache, source_parts
+from gpufeed.cache import HostCache
+from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.errors import GpufeedWarning, describe_callable
 from gpufeed.image._sample_fill import SampleFiller, SamplePlan, SampleReport, SampleTask
 from gpufeed.image.detection import DetectionPipeline, translate_detection
@@ -33,8 +37,7 @@ SAMPLE_PATH = "the image path (per sample: variable sizes, collate_fn in the wor
 #: The image path's batch options, which a per-sample loader refuses: (name, key in
 #: ``make_image_feed``'s keywords, default).
 _IMAGE_ONLY = (("channels_last", "channels_last", False), ("normalize", "normalize", None),
-               ("dtype", "dtype", None), ("batch_transform", "batch_transform", None),
-               ("cache_bytes", "cache_budget", 0))
+               ("dtype", "dtype", None), ("batch_transform", "batch_transform", None))
 
 
 #: What the generic path is, in the warning and in ``gpufeed.explain(loader)``.
@@ -83,18 +86,23 @@ def check_sample_options(options: dict[str, Any]) -> None:
             f"{names} {'applies' if len(given) == 1 else 'apply'} to image classification batches, not to a "
             f"detection dataset's samples (images of any size, collated by your collate_fn). Drop "
             f"{'it' if len(given) == 1 else 'them'}: put ToDtype(torch.float32, scale=True) and "
-            "Normalize(mean, std) in the dataset's transforms (they run on each sample, in the workers); "
-            "no host cache exists for detection samples yet.")
+            "Normalize(mean, std) in the dataset's transforms (they run on each sample, in the workers).")
 
 
-def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, **options: Any) -> SampleFeed | None:
-    """The loader's ``SampleFeed``, or None for the generic path (then ``seed``/``on_error``
-    are errors, and with ``announce`` the generic path is warned about once). ``options``: the
-    image path's other keywords (``make_image_feed``'s): the batch options are refused."""
+def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, cache_budget: int = 0,
+                     cache_scope: str = "rank", cache_text: str = "", dry_run: bool = False,
+                     **options: Any) -> SampleFeed | None:
+    """The loader's ``SampleFeed``, or None for the generic path (then ``seed``/``on_error``/
+    ``cache_bytes`` are errors, and with ``announce`` the generic path is warned about once).
+    ``cache_budget`` > 0: a host cache of each sample's read (encoded bytes and record), made as
+    the image path makes its own (``cache_scope``, ``cache_text``; none for a ``dry_run``).
+    ``options``: the image path's other keywords (``make_image_feed``'s): the batch options
+    are refused."""
     check_sample_options(options)
     blocker = sample_path_blocker(loader)
     if blocker is not None:
-        given = [name for name, value, default in (("on_error", on_error, "raise"), ("seed", seed, None))
+        given = [name for name, value, default in (("on_error", on_error, "raise"), ("seed", seed, None),
+                                                   ("cache_bytes", cache_budget, 0))
                  if value != default]
         if given:
             raise ValueError(
@@ -106,8 +114,14 @@ def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, **options:
     pipeline: DetectionPipeline = loader.dataset.transforms
     if seed is None:
         seed = pipeline.seed if pipeline.seed is not None else _default_seed(loader.generator)
-    plan = SamplePlan(pipeline=pipeline, collate_fn=loader.collate_fn, seed=int(seed), on_error=on_error)
-    return SampleFeed(plan, loader.dataset)
+    source = loader.dataset
+    plan = SamplePlan(pipeline=pipeline, collate_fn=loader.collate_fn, seed=int(seed), on_error=on_error,
+                      cache=cache_budget > 0)
+    cache = None
+    if cache_budget and not (dry_run and cache_scope != "rank"):
+        cache = make_host_cache(lambda: fingerprint(["samples", *source_parts(source)]), len(source),
+                                cache_budget, cache_text, cache_scope)
+    return SampleFeed(plan, source, cache)
 
 
 def _default_seed(generator: torch.Generator | None) -> int:
@@ -123,30 +137,58 @@ def explain_samples(dataset: DetectionSource) -> Sequence[str]:
     out = "tv_tensors" if not pipeline.pure else "plain tensors"
     lines.append(f"then the output stage ({pipeline.image_dtype}, {out}; the image written into the "
                  "batch's shared-memory slot) and your collate_fn on the batch's samples.")
-    lines.append("No host cache on this path yet: every epoch reads and decodes every sample.")
     return lines
 
 
 class SampleFeed(SkipCounts, FillPlugin):
-    """Parent side of the per-sample path (the engine's ``FillPlugin``): per-task epochs, and
+    """Parent side of the per-sample path (the engine's ``FillPlugin``): per-task epochs, the
+    host cache of each sample's read (looked up at submission, the hits written at the start of
+    the task's slot; the reads a worker staged there added when the batch is handed out), and
     the counts of images and skipped samples; ``filler`` is the worker side."""
 
-    def __init__(self, plan: SamplePlan, source: Any) -> None:
+    def __init__(self, plan: SamplePlan, source: Any, cache: HostCache | CacheNamespace | None = None) -> None:
         self.plan = plan
         self.filler = SampleFiller(plan)
         self.source = source
-        self.cache = None  # no cache on this path (yet)
+        self.cache = cache if plan.cache else None
         self.gpu_transform = None  # the pipeline sets the dtype: nothing runs after the copy
         SkipCounts.__init__(self)
 
     @property
     def parent_binds(self) -> bool:
-        return False
+        """With a cache, ``prepare`` writes the hits into the task's slot."""
+        return self.cache is not None
+
+    def look_up(self, tag: PassTag, indices: list[int], count: bool = True) -> LookUp:
+        """The cache's blobs for the batch (one ``get_many``, counted); never the whole batch:
+        every sample runs its random ops in a worker."""
+        if self.cache is None:
+            return LookUp(None)
+        hits = self.cache.get_many(indices, count)
+        return LookUp(hits, writes=any(hit is not None for hit in hits))
 
     def prepare(self, tag: PassTag, indices: list[int], buf: torch.Tensor | None, count: bool = True,
-                found: Any = None) -> SampleTask:
-        return SampleTask(tag.epoch, tag.batch)
+                found: list[Any] | None = None) -> SampleTask:
+        """The task: its epoch and batch number, and the cache's blobs written into ``buf`` (the
+        slot) one after another from its start (``found``: ``look_up``'s, else looked up now;
+        ``count=False`` for a task prepared again after a worker died)."""
+        task = SampleTask(tag.epoch, tag.batch)
+        if self.cache is None or buf is None:
+            return task
+        hits = self.cache.get_many(indices, count) if found is None else found
+        given, cursor = [], 0
+        for pos, hit in enumerate(hits):
+            if hit is not None:
+                buf[cursor:cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
+                given.append((pos, cursor, len(hit)))
+                cursor = align_up(cursor + len(hit))
+        task.given, task.staging_used = tuple(given), cursor
+        return task
 
     def absorb(self, indices: list[int], task: SampleTask, report: SampleReport, buf: torch.Tensor | None) -> None:
-        """Count the batch; log each skipped file once."""
+        """Count the batch; log each skipped file once; add the reads the worker staged to the
+        cache."""
         self.count(report)
+        if self.cache is not None and buf is not None:
+            for pos, off, nbytes in report.staged:
+                self.cache.put_bytes(indices[pos], buf[off:off + nbytes].numpy())

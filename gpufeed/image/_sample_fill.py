@@ -13,8 +13,10 @@ the engine packs what it returns. Results depend only on (seed, epoch, sample in
 from __future__ import annotations
 
 import os
+import pickle
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ class SamplePlan:
     collate_fn: Callable[[list[Any]], Any]
     seed: int = 0
     on_error: str = "raise"
+    cache: bool = False  # the parent keeps each sample's read (bytes, record) in its host cache
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -53,10 +56,13 @@ class SamplePlan:
 
 @dataclass
 class SampleTask:
-    """Per-batch instructions from the parent: the augmentation epoch and the batch's number."""
+    """Per-batch instructions from the parent: the augmentation epoch, the batch's number, and
+    the samples the host cache held, written into the slot by the parent."""
 
     epoch: int
     batch: int = 0
+    given: tuple[tuple[int, int, int], ...] = ()  # (position, offset, nbytes) of cache blobs
+    staging_used: int = 0  # bytes at the start of the slot the parent wrote
 
 
 @dataclass
@@ -66,6 +72,7 @@ class SampleReport:
 
     kept: list[int] = field(default_factory=list)
     errors: list[tuple[int, str, str]] = field(default_factory=list)
+    staged: list[tuple[int, int, int]] = field(default_factory=list)  # (position, offset, nbytes)
     read_s: float = 0.0  # waiting for bytes (with read-ahead, less than the reads took)
     reads: int = 0
     read_latency_s: float = 0.0  # the reads' summed duration, each timed where it ran
@@ -78,6 +85,28 @@ class SampleReport:
     def samples(self) -> int:
         """Samples in the batch (the skipped ones left out)."""
         return len(self.kept)
+
+
+_BLOB_HEADER = struct.Struct("<Q")
+
+
+def cache_blob(data: Any, record: Any) -> bytes | None:
+    """A sample's read, (encoded bytes, record), as one host-cache value: the bytes' length,
+    the bytes, then the pickled record. None when the record does not pickle (not cached)."""
+    try:
+        tail = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    view = memoryview(data).cast("B")
+    return b"".join((_BLOB_HEADER.pack(view.nbytes), view, tail))
+
+
+def from_blob(blob: Any) -> tuple[Any, Any]:
+    """(encoded bytes, record) of a :func:`cache_blob` value (the bytes: a view of ``blob``)."""
+    view = memoryview(blob).cast("B")
+    (n,) = _BLOB_HEADER.unpack_from(view)
+    start = _BLOB_HEADER.size
+    return view[start:start + n], pickle.loads(view[start + n:])
 
 
 def _where() -> str:
@@ -121,23 +150,40 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
     return out
 
 
+def misses(indices: list[int], supplied: Mapping[int, Any] | None) -> list[int]:
+    """The indices to read: those whose positions the cache did not supply."""
+    return indices if not supplied else [i for pos, i in enumerate(indices) if pos not in supplied]
+
+
 def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: SampleTask,
                  alloc: Callable[[int], Alloc] | None, reads: ReadAhead | None = None,
-                 prefetched: BatchReads | None = None) -> tuple[Any, SampleReport]:
+                 prefetched: BatchReads | None = None, supplied: Mapping[int, Any] | None = None,
+                 stage: Callable[[int, bytes], tuple[int, int] | None] | None = None,
+                 ) -> tuple[Any, SampleReport]:
     """The batch of ``indices``: each sample through the pipeline (its outputs in the tensors of
     ``alloc(position in the batch)``; None: torch's), then ``plan.collate_fn`` on the list;
-    returns (batch, report). ``reads``: the
-    worker's read-ahead; ``prefetched``: the reads ``SampleFiller.prefetch`` started for this
-    task (closed here either way). A batch whose every sample was skipped is ``[]``."""
-    batch_reads = prefetched if prefetched is not None else read_ahead(reads, source, indices)
-    order: SequentialReads | BatchReads = batch_reads or SequentialReads(source.read_item, indices)
+    returns (batch, report). ``reads``: the worker's read-ahead; ``prefetched``: the reads
+    ``SampleFiller.prefetch`` started for this task (closed here either way). ``supplied``:
+    position -> :func:`cache_blob` value of the samples the host cache held (not read);
+    ``stage(position, blob)``: keeps each sample read for the cache; (offset, nbytes) where it
+    put it in the slot (reported in ``staged``), or None. A batch whose every sample was skipped is ``[]``."""
+    to_read = misses(indices, supplied)
+    batch_reads = prefetched if prefetched is not None else read_ahead(reads, source, to_read)
+    order: SequentialReads | BatchReads = batch_reads or SequentialReads(source.read_item, to_read)
     report = SampleReport()
     samples: list[Any] = []
     try:
         for pos, index in enumerate(indices):
             t0 = time.perf_counter()
             try:
-                data, record = order.next()
+                if supplied and pos in supplied:
+                    data, record = from_blob(supplied[pos])
+                else:
+                    data, record = order.next()
+                    blob = None if stage is None else cache_blob(data, record)
+                    placed = None if blob is None or stage is None else stage(pos, blob)
+                    if placed is not None:
+                        report.staged.append((pos, *placed))
                 report.read_s += time.perf_counter() - t0
                 samples.append(_sample(plan, source, index, data, record, task.epoch,
                                        None if alloc is None else alloc(pos), report))
@@ -214,13 +260,23 @@ class SampleFiller(ReadsOwner):
         return SampleFiller, (self.plan,)
 
     def prefetch(self, source: Any, indices: list[int], task: SampleTask) -> BatchReads | None:
-        """Start the task's reads (after those of the tasks begun before it)."""
-        return read_ahead(self.worker_reads().for_source(source), source, indices)
+        """Start the task's reads (after those of the tasks begun before it): the samples the
+        cache did not supply."""
+        given = {pos for pos, _, _ in task.given}
+        return read_ahead(self.worker_reads().for_source(source), source,
+                          [i for pos, i in enumerate(indices) if pos not in given])
 
     def fill(self, source: Any, indices: list[int], task: SampleTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,
              ) -> tuple[Any, SampleReport]:
         """The batch of ``indices`` (``more``: takes the tasks that reached the worker since, so
         their reads begin during this fill)."""
+        supplied = None
+        if task.given:  # the cache's blobs, which the parent wrote at the start of the slot
+            buf = w.buffer
+            supplied = {pos: buf[off:off + nbytes].numpy() for pos, off, nbytes in task.given}
+        w.seek(task.staging_used)  # what this fill allocates goes after them
+        stage = (lambda pos, blob: w.stage(blob)) if self.plan.cache else None
         return self.with_reads(source, more, lambda reads: fill_samples(
-            self.plan, source, indices, task, StackedAlloc(w, len(indices)), reads, prefetched))
+            self.plan, source, indices, task, StackedAlloc(w, len(indices)), reads, prefetched,
+            supplied, stage))

@@ -185,7 +185,8 @@ def test_explain_and_stats_name_the_per_sample_path(records):
     first, *rest = text.splitlines()
     assert first == "FastLoader: the image path (per sample: variable sizes, collate_fn in the workers)."
     assert "  fast: FlipH(p=0.5)" in rest
-    assert "No host cache" in text
+    assert "No host cache (cache_bytes=0)" in text
+    assert "Host cache (cache_bytes='2MB')" in gpufeed.explain(loader(records, num_workers=0, cache_bytes="2MB"))
     assert fast.stats()["path"] == "image"
     torch_text = gpufeed.explain(DataLoader(fast.dataset, batch_size=2, collate_fn=tuple_collate))
     assert "would take the image path (per sample" in torch_text
@@ -196,7 +197,7 @@ def test_explain_and_stats_name_the_per_sample_path(records):
 def test_the_image_options_are_refused_with_the_fix(records):
     source = FilesDetection(records, pipeline())
     for option in ({"normalize": ((0.5,) * 3, (0.2,) * 3)}, {"dtype": torch.float16},
-                   {"channels_last": True}, {"cache_bytes": "1MB"}):
+                   {"channels_last": True}):
         with pytest.raises(ValueError, match=f"`{next(iter(option))}`.*Normalize"):
             FastLoader(source, batch_size=2, collate_fn=tuple_collate, **option)
 
