@@ -214,11 +214,15 @@ class StackedAlloc:
     whole batch when sample 0 asks (same shape and dtype; a tensor that differs gets a region
     of its own). Stacking the batch's images or masks then copies nothing
     (``SlotWriter.stacked``). A lane is reserved only while it takes at most a quarter of the
-    slot left (the slot is virtual memory: rows never written cost no pages). When the slot is
+    slot left (the slot is virtual memory: rows never written cost no pages), and not for an
+    output k in ``unstackable``: one whose shapes differed within a batch, which this adds k to
+    (variable-size detection images, instance masks), so that their regions, placed after the
+    lane, do not spread a warm slot's pages over lane and batch from then on. When the slot is
     full, the tensor is torch's (the transport then copies it, or pickles it inline)."""
 
-    def __init__(self, w: SlotWriter, batch_size: int) -> None:
+    def __init__(self, w: SlotWriter, batch_size: int, unstackable: set[int] | None = None) -> None:
         self._w, self._n = w, batch_size
+        self._unstackable = set() if unstackable is None else unstackable
         self._lanes: list[tuple[tuple[int, ...], torch.dtype, torch.Tensor | None]] = []
 
     def __call__(self, pos: int) -> Alloc:
@@ -229,10 +233,14 @@ class StackedAlloc:
             nonlocal asked
             k, asked = asked, asked + 1
             if k == len(self._lanes):
-                self._lanes.append((tuple(shape), dtype, self._lane(shape, dtype)))
+                lane = None if k in self._unstackable else self._lane(shape, dtype)
+                self._lanes.append((tuple(shape), dtype, lane))
             lane_shape, lane_dtype, lane = self._lanes[k]
-            if lane is not None and tuple(shape) == lane_shape and dtype == lane_dtype:
-                return lane[pos]
+            if tuple(shape) == lane_shape and dtype == lane_dtype:
+                if lane is not None:
+                    return lane[pos]
+            else:
+                self._unstackable.add(k)
             t = self._w.tensor(shape, dtype)
             return torch.empty(shape, dtype=dtype) if t is None else t
 
@@ -255,6 +263,8 @@ class SampleFiller(ReadsOwner):
 
     plan: SamplePlan
     _reads: WorkerReads | None = field(default=None, init=False, repr=False, compare=False)
+    # outputs (by order of allocation in a sample) not laid out as a stack: see StackedAlloc
+    _unstackable: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[type[SampleFiller], tuple[SamplePlan]]:
         return SampleFiller, (self.plan,)
@@ -278,5 +288,5 @@ class SampleFiller(ReadsOwner):
         w.seek(task.staging_used)  # what this fill allocates goes after them
         stage = (lambda pos, blob: w.stage(blob)) if self.plan.cache else None
         return self.with_reads(source, more, lambda reads: fill_samples(
-            self.plan, source, indices, task, StackedAlloc(w, len(indices)), reads, prefetched,
+            self.plan, source, indices, task, StackedAlloc(w, len(indices), self._unstackable), reads, prefetched,
             supplied, stage))

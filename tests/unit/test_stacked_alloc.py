@@ -103,3 +103,22 @@ def test_no_lane_is_reserved_when_it_would_take_more_than_a_quarter_of_the_slot(
     t = allocs(0)((big // 4,), torch.float32)
     assert writer.pos < 2 * big  # one sample's region, not a lane of 64
     assert t.numel() == big // 4
+
+
+def test_an_output_whose_shapes_differ_gets_no_lane_in_later_batches(slot):
+    """Variable-size images: once their shapes differ in a batch, later batches lay them out
+    one after another (no lane whose rows would push the regions further into the slot)."""
+    _, writer, _ = slot
+    unstackable: set[int] = set()
+    allocs = StackedAlloc(writer, 4, unstackable)
+    for pos, h in enumerate((6, 4, 6, 5)):
+        allocs(pos)((3, h, 5), torch.float32)
+        allocs(pos)((1, 6, 5), torch.uint8)  # masks: same shape every time
+    assert unstackable == {0}
+    start = writer.pos
+    later = StackedAlloc(writer, 4, unstackable)
+    first = later(0)((3, 6, 5), torch.float32)
+    assert first.data_ptr() - writer.buffer.data_ptr() < start + 3 * 6 * 5 * 4 + 64  # right here, no lane
+    mask = later(0)((1, 6, 5), torch.uint8)
+    assert writer.pos - start >= 4 * 30  # the mask's lane: 4 rows
+    assert mask.shape == (1, 6, 5)
