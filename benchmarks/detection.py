@@ -31,6 +31,9 @@ generators seeded alike, and the same ``collate_fn`` for every loader of a recip
 - ``inst_seg``: ``target_keys`` boxes, labels, masks; RandomResizedCrop(256),
   RandomHorizontalFlip, ToImage, ToDtype(float32, scale=True), ToPureTensor; the same two
   loaders, :func:`zip_collate`;
+- ``det_hflip``, ``det_ssdlite``, ``det_multiscale`` (``--recipes`` only; no goal, no
+  Albumentations peer): the references' other presets (:func:`reference_preset`), image sizes
+  kept, the SSD recipe's keys, loaders and collate;
 - ``sem_seg``: image + palette PNG mask pairs; RandomResizedCrop(256), RandomHorizontalFlip,
   ToImage, ToDtype(float32, scale=True), ToPureTensor on (image, ``tv_tensors.Mask``);
   DataLoader over :class:`SegmentationPairs` (PIL image and mask, the mask wrapped as
@@ -102,6 +105,27 @@ def ssd_preset() -> Any:
         V.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY), V.SanitizeBoundingBoxes(),
         V.ToPureTensor(),
     ])
+
+
+def reference_preset(kind: str) -> Any:
+    """The references' other ``DetectionPresetTrain(data_augmentation=kind, use_v2=True)``
+    pipelines (backend PIL), unchanged: "hflip" (RandomHorizontalFlip), "ssdlite"
+    (RandomIoUCrop, RandomHorizontalFlip) or "multiscale" (RandomShortestSize(480-800 by 32,
+    max_size=1333), RandomHorizontalFlip); then PILToTensor, ToDtype(float, scale=True),
+    ConvertBoundingBoxFormat(XYXY), SanitizeBoundingBoxes, ToPureTensor. Images keep
+    their sizes: :func:`zip_collate`."""
+    import torchvision.transforms.v2 as V
+    from torchvision import tv_tensors
+
+    ops = {
+        "hflip": [V.RandomHorizontalFlip(p=0.5)],
+        "ssdlite": [V.RandomIoUCrop(), V.RandomHorizontalFlip(p=0.5)],
+        "multiscale": [V.RandomShortestSize(min_size=tuple(range(480, 801, 32)), max_size=1333),
+                       V.RandomHorizontalFlip(p=0.5)],
+    }[kind]
+    return V.Compose([*ops, V.PILToTensor(), V.ToDtype(torch.float, scale=True),
+                      V.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY), V.SanitizeBoundingBoxes(),
+                      V.ToPureTensor()])
 
 
 def crop_flip() -> Any:
@@ -300,8 +324,12 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
     import torchvision
     from torch.utils.data import DataLoader
 
+    if name in PRESET_RECIPES:
+        return preset_task(name, coco, batch_size=batch_size, num_workers=num_workers, seed=seed,
+                           peers_only=peers_only)
     if name not in RECIPES:
-        raise ValueError(f"`recipes` must name recipes of {sorted(RECIPES)}. Found: {name!r}.")
+        raise ValueError(f"`recipes` must name recipes of {sorted(RECIPES) + sorted(PRESET_RECIPES)}. "
+                         f"Found: {name!r}.")
     collate = _default_collate if name == "sem_seg" else zip_collate
     kw = lambda: _loader_kw(batch_size, num_workers, seed, collate)  # noqa: E731 - a fresh generator per loader
     if name == "sem_seg":
@@ -337,11 +365,42 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
     ))
 
 
-#: recipe name -> what it measures (the module docstring has the pipelines)
+def preset_task(name: str, coco: CocoData, *, batch_size: int, num_workers: int, seed: int = 0,
+                peers_only: bool = False) -> Task:
+    """A references' preset recipe (:data:`PRESET_RECIPES`): DataLoader over torchvision's
+    wrapped ``CocoDetection`` and FastLoader over ``gpufeed.CocoDetection``, the references'
+    ``target_keys`` and collate; one row, no goal (the issue's goals are the SSD preset's)."""
+    import torchvision
+    from torch.utils.data import DataLoader
+
+    transforms = reference_preset(name.removeprefix("det_"))
+    kw = lambda: _loader_kw(batch_size, num_workers, seed, zip_collate)  # noqa: E731 - a fresh generator per loader
+    theirs = torchvision.datasets.wrap_dataset_for_transforms_v2(
+        torchvision.datasets.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms),
+        target_keys=list(SSD_KEYS))
+    loaders: Factories = {f"{name} DataLoader": lambda: Counted(DataLoader(theirs, **kw()))}
+    if not peers_only and gpufeed_available(name):
+        import gpufeed
+
+        ours = gpufeed.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms,
+                                     target_keys=list(SSD_KEYS))
+        loaders[f"{name} gpufeed"] = lambda: Counted(gpufeed.FastLoader(ours, **kw(), seed=seed))
+    return Task(loaders, (Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader"),))
+
+
+#: recipe name -> what it measures (the module docstring has the pipelines); the default run
 RECIPES = {
     "det_ssd": "COCO boxes, the references' SSD preset + Resize((320, 320))",
     "inst_seg": "COCO boxes + masks, RandomResizedCrop(256) + flip",
     "sem_seg": "image + palette mask pairs, RandomResizedCrop(256) + flip",
+}
+
+#: the references' other detection presets (``--recipes``; not in the default run): DataLoader
+#: only, no goal
+PRESET_RECIPES = {
+    "det_hflip": "COCO boxes, the references' hflip preset (sizes kept)",
+    "det_ssdlite": "COCO boxes, the references' ssdlite preset (IoU crop + flip, sizes kept)",
+    "det_multiscale": "COCO boxes, the references' multiscale preset (shortest side 480-800)",
 }
 
 

@@ -18,6 +18,7 @@ pytest.importorskip("torchvision", reason="torchvision is not installed in this 
 pytest.importorskip("pycocotools", reason="pycocotools is not installed in this venv (.venv-tv has it)")
 pytest.importorskip("albumentations", reason="albumentations is not installed in this venv (.venv-tv has it)")
 
+import gpufeed  # noqa: E402
 from benchmarks import _coco_data, detection, detection_ops  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,3 +93,21 @@ def test_detection_ops_runs_a_tiny_configuration(tmp_path, capsys):
     for name in names:
         (line,) = [ln for ln in lines if ln.startswith(name)]
         assert re.search(r" \d+\.\d\dx", line) or "not in this checkout" in line or "refused" in line
+
+
+def test_the_references_other_presets_run_as_recipes_without_goals(tmp_path, capsys):
+    out = tmp_path / "presets.json"
+    rc = detection.main([str(tmp_path / "data"), "--images", "6", "--workers", "0", "--batch-size", "3",
+                         "--rounds", "1", "--warmup", "0", "--recipes", ",".join(detection.PRESET_RECIPES),
+                         "--json", str(out)])
+    capsys.readouterr()
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(rows) == sorted(f"{name} vs DataLoader" for name in detection.PRESET_RECIPES)
+    for row in rows.values():
+        assert row["target"] is None and row["status"] == "no target" and row["ours_images_per_s"] > 0
+    for kind in ("hflip", "ssdlite", "multiscale"):  # translated: the fast path, no op as given
+        dataset = gpufeed.CocoDetection(str(tmp_path / "data" / "coco" / "images"),
+                                        str(tmp_path / "data" / "coco" / "instances.json"),
+                                        transforms=detection.reference_preset(kind))
+        assert "as given" not in gpufeed.explain(dataset)
