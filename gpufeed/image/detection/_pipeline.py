@@ -25,6 +25,20 @@ def _new(alloc: Alloc | None, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     return torch.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
 
 
+def _planes_into(img: np.ndarray, chw: torch.Tensor, out: torch.Tensor) -> None:
+    """``out.copy_(chw)`` (``chw``: the (H, W, 3) uint8 ``img`` seen as CHW) plane by plane:
+    OpenCV splits the channels, then each plane converts contiguously. The same values; the
+    strided copy reads across the whole image for every output row (measured, uint8 to float32:
+    0.25 -> 0.12 ms at 256 x 256, 0.88 -> 0.62 ms at 560 x 560)."""
+    if img.size == 0 or img.ndim != 3 or img.shape[2] != 3:
+        out.copy_(chw)
+        return
+    import cv2
+
+    for plane, part in zip(cv2.split(np.ascontiguousarray(img)), out, strict=True):
+        part.copy_(torch.from_numpy(plane))
+
+
 @dataclass(frozen=True)
 class DetectionPipeline:
     """Joint ops (``ops``) then the output stage.
@@ -90,7 +104,7 @@ class DetectionPipeline:
                 out = _new(alloc, tuple(out.shape), out.dtype).copy_(out)
         else:
             out = _new(alloc, (3, h, w), self.image_dtype)
-            out.copy_(chw)
+            _planes_into(img, chw, out)
             if self.image_dtype.is_floating_point and self.scale:
                 out.mul_(1.0 / 255.0)
         if self.normalize is not None and out.dtype.is_floating_point:
