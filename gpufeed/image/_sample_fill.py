@@ -26,6 +26,7 @@ from torch.utils.data import get_worker_info
 from gpufeed.decoders import decode, read_header
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, add_note, describe_callable, shorten
 from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, read_ahead
+from gpufeed.image._malloc import keep_freed_memory
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image._transforms import stored_orientation
 from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
@@ -268,6 +269,12 @@ class SampleFiller(ReadsOwner):
 
     def __reduce__(self) -> tuple[type[SampleFiller], tuple[SamplePlan]]:
         return SampleFiller, (self.plan,)
+
+    def setup(self) -> None:
+        """One OpenCV thread, and malloc keeping freed memory for the next sample
+        (``gpufeed.image._malloc``)."""
+        super().setup()
+        keep_freed_memory()
 
     def prefetch(self, source: Any, indices: list[int], task: SampleTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it): the samples the
