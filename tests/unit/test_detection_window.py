@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from gpufeed.image.detection._crops import Pad, RandomIoUCrop, RandomZoomOut, window_sample
-from gpufeed.image.detection._geometry import RandomHorizontalFlip, RandomVerticalFlip, flip_sample
+from gpufeed.image.detection._geometry import (
+    RandomHorizontalFlip,
+    RandomVerticalFlip,
+    _torch_resize,
+    flip_sample,
+    resize_sample,
+    resize_window,
+)
 from gpufeed.image.detection._sample import Boxes, ImageWindow, Mask, Sample, sample_rng
 
 MEAN = (123, 117, 104)
@@ -144,3 +151,47 @@ def test_edge_pad_and_other_images_are_eager() -> None:
     gray = np.arange(72, dtype=np.float32).reshape(8, 9)
     assert Sample(gray, {}).image_window() is None
     assert ImageWindow.over(src) is not None
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_resizing_a_window_with_fill_rows_equals_resizing_it_built(seed: int) -> None:
+    """``resize_window`` (the fill rows' horizontal pass made once, never built) gives the bytes
+    of torch's antialiased resize of the materialised window: shrinks, stretches, kept widths or
+    heights, both modes, flips, fills of any colour, windows mostly fill or mostly image."""
+    rng = np.random.default_rng(5000 + seed)
+    sh, sw = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+    src = rng.integers(0, 256, (sh, sw, 3), dtype=np.uint8)
+    top, bottom = int(rng.integers(0, 3 * sh + 2)), int(rng.integers(0, 3 * sh + 2))
+    left, right = int(rng.integers(0, 2 * sw + 2)), int(rng.integers(0, 2 * sw + 2))
+    fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+    window = ImageWindow(src, (0, sh, 0, sw), (top, bottom, left, right), fill,
+                         bool(rng.integers(2)), bool(rng.integers(2)))
+    h, w = window.size
+    oh = h if rng.random() < 0.15 else int(rng.integers(1, h + 8))
+    ow = w if rng.random() < 0.15 else int(rng.integers(1, w + 8))
+    mode = "bicubic" if rng.random() < 0.3 else "bilinear"
+    got = resize_window(window, oh, ow, mode)
+    if (top + bottom) * 4 < h:
+        assert got is None
+        return
+    assert got is not None and got.shape == (oh, ow, 3)
+    want = _torch_resize(window.materialize(), oh, ow, mode)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_a_zoomed_out_ssd_resize_takes_the_window_path_and_equals_the_eager_one() -> None:
+    src = np.random.default_rng(3).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    boxes = Boxes(np.array([[10.0, 10.0, 100.0, 90.0]]), "XYXY", (120, 160))
+    lazy, eager = Sample(src, {"boxes": boxes}), Sample(src.copy(), {"boxes": boxes})
+    zoom = RandomZoomOut(fill={"Image": MEAN, "Mask": 0})
+    params = {"padding": [100, 150, 140, 210]}
+    lazy, eager = zoom.apply(lazy, params), zoom.apply(eager, params)
+    eager.image  # noqa: B018 - built before the resize: the eager path
+    tracemalloc.start()
+    try:
+        out = resize_sample(lazy, [64, 80])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 480 * 400 * 3  # the 480 x 400 canvas was never built
+    assert out.image.tobytes() == resize_sample(eager, [64, 80]).image.tobytes()

@@ -25,6 +25,7 @@ import numpy as np
 from gpufeed.image.detection._boxes import from_xyxy, to_xyxy
 from gpufeed.image.detection._sample import (
     Boxes,
+    ImageWindow,
     JointOp,
     KeyPoints,
     Mask,
@@ -150,13 +151,53 @@ def _torch_resize(img: np.ndarray, oh: int, ow: int, mode: str) -> np.ndarray:
     return np.ascontiguousarray(out[0].permute(1, 2, 0).numpy())
 
 
+def resize_window(window: ImageWindow, oh: int, ow: int, mode: str) -> np.ndarray | None:
+    """``_torch_resize(window.materialize(), oh, ow, mode)`` without building the window's rows
+    that are all fill (a zoom-out's canvas): the same bytes. torch's antialiased resize is
+    separable, a horizontal pass into a uint8 image ``ow`` wide then a vertical pass, each pass
+    skipped when its size is kept, and a row's horizontal pass depends on that row alone, so a
+    fill row's is computed once. None when under a quarter of the rows are fill (then building
+    the window costs little: the caller materialises it)."""
+    top, bottom, left, right = window.margins
+    h, w = window.size
+    if (top + bottom) * 4 < h or window.y1 <= window.y0 or window.x1 <= window.x0:
+        return None
+    if window.vflip:
+        top, bottom = bottom, top
+    band = ImageWindow(window.src, (window.y0, window.y1, window.x0, window.x1), (0, 0, left, right),
+                       window.fill, window.hflip, window.vflip).materialize()
+    fill_row = np.empty((1, w, 3), np.uint8)
+    fill_row[:] = window.fill
+    mid = np.empty((h, ow, 3), np.uint8)
+    if ow != w:
+        fill_row = _torch_resize(fill_row, 1, ow, mode)
+        band = _torch_resize(band, band.shape[0], ow, mode)
+    mid[:top] = fill_row
+    mid[h - bottom:] = fill_row
+    mid[top:h - bottom] = band
+    return mid if oh == h else _torch_resize(mid, oh, ow, mode)
+
+
+def _resized_image(sample: Sample, oh: int, ow: int, interpolation: str, antialias: bool | None) -> np.ndarray:
+    """``resize_image`` of the sample's image; a pending window with many fill rows is
+    resampled without being built (``resize_window``)."""
+    window = sample.image_window()
+    if window is not None and antialias and interpolation in ("bilinear", "bicubic") and any(window.margins[:2]):
+        h, w = window.size
+        if (h, w) != (oh, ow) and (oh < h or ow < w or interpolation == "bicubic"):
+            out = resize_window(window, oh, ow, interpolation)
+            if out is not None:
+                return out
+    return resize_image(sample.image, oh, ow, interpolation, antialias)
+
+
 def resize_sample(sample: Sample, size: Sequence[int] | int | None, max_size: int | None = None,
                   interpolation: str = "bilinear", antialias: bool | None = True) -> Sample:
     """``F.resize(size, max_size)`` of the image and every leaf (each leaf's output size from its
     own canvas, as torchvision's kernels compute it); masks by nearest (or nearest-exact)
     index maps."""
     oh, ow = resized_size(sample.size, size, max_size)
-    image = resize_image(sample.image, oh, ow, interpolation, antialias)
+    image = _resized_image(sample, oh, ow, interpolation, antialias)
     mask_mode = "nearest-exact" if interpolation == "nearest-exact" else "nearest"
 
     def leaf(x: Any) -> Any:
