@@ -369,7 +369,7 @@ def preset_task(name: str, coco: CocoData, *, batch_size: int, num_workers: int,
                 peers_only: bool = False) -> Task:
     """A references' preset recipe (:data:`PRESET_RECIPES`): DataLoader over torchvision's
     wrapped ``CocoDetection`` and FastLoader over ``gpufeed.CocoDetection``, the references'
-    ``target_keys`` and collate; one row, no goal (the issue's goals are the SSD preset's)."""
+    ``target_keys`` and collate; one row, no goal (``DETECTION_GOALS`` are the default recipes')."""
     import torchvision
     from torch.utils.data import DataLoader
 
