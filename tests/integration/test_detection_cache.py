@@ -151,3 +151,17 @@ def test_the_jobs_host_cache_serves_a_second_loader_of_the_same_dataset(records,
     assert reads_logged(tmp_path) == list(range(N))
     assert_same(first, want[0])
     assert_same(second, want[0])
+
+
+def test_a_corrupt_file_is_cached_as_read_and_skipped_every_epoch(records, tmp_path):
+    """``on_error="skip"`` with a cache: the bad file's bytes are cached like any read, and it
+    is left out (and counted) in every epoch, as without the cache."""
+    bad = tmp_path / "corrupt.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all" * 3)
+    broken = [dict(r) for r in records]
+    broken[3] = {**broken[3], "file": str(bad)}
+    want, plain = run(FilesDetection(broken, pipeline()), 2, on_error="skip")
+    got, stats = run(FilesDetection(broken, pipeline()), 2, cache_bytes="16MB", on_error="skip")
+    assert_same(got, want)
+    assert stats["skipped"] == plain["skipped"] == EPOCHS
+    assert stats["cache_hits"] == (EPOCHS - 1) * N
