@@ -30,7 +30,7 @@ from gpufeed.config import EngineConfig
 from gpufeed.cuda._feed import CudaFeed, resolve_device
 from gpufeed.errors import GpufeedWarning, check_int
 from gpufeed.image import explain_transform
-from gpufeed.image._cv2threads import single_threaded_cv2
+from gpufeed.image._cv2threads import fast_path_fork_guard, single_threaded_cv2
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.stats import Stats, worker_usage
@@ -334,7 +334,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
             pin_workers=bool(self.pin_workers),
             local_ranks=check_local_ranks(self.local_ranks),
             log_dir=None if self.log_dir is None else os.fspath(self.log_dir),
-            fork_guard=single_threaded_cv2,
+            fork_guard=single_threaded_cv2 if self._image_feed is None else fast_path_fork_guard,
             make_registrar=None if self._cuda_feed is None else self._cuda_feed.registrar,
         )
         weakref.finalize(self, context.close)  # the arena goes with the loader

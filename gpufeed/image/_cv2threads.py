@@ -1,4 +1,5 @@
-"""OpenCV's thread pool at one thread around a fork (or a whole benchmark run).
+"""OpenCV's thread pool at one thread around a fork (or a whole benchmark run), and libturbojpeg
+loaded before a fast path's workers are forked.
 
 ``cv2.setNumThreads`` hangs in a forked child once the parent's pool has run (it waits for pool
 threads that do not exist after fork), so a child cannot reconfigure itself: it has to inherit a
@@ -31,3 +32,16 @@ def single_threaded_cv2(import_if_missing: bool = False) -> Iterator[None]:
         yield
     finally:
         cv2.setNumThreads(previous)
+
+
+@contextlib.contextmanager
+def fast_path_fork_guard() -> Iterator[None]:
+    """``single_threaded_cv2``, with libturbojpeg loaded in this process first, so that forked
+    workers inherit it: each worker would otherwise load it at its first decode (20 ms and an
+    ``ldconfig`` run inside ctypes' library search, measured), in every epoch without
+    ``persistent_workers``. A missing library warns here, once, in the main process."""
+    from gpufeed.decoders._backends import jpeg_backend
+
+    jpeg_backend(None)
+    with single_threaded_cv2():
+        yield
