@@ -39,9 +39,10 @@ def fast_path_fork_guard() -> Iterator[None]:
     """``single_threaded_cv2``, with libturbojpeg loaded in this process first, so that forked
     workers inherit it: each worker would otherwise load it at its first decode (20 ms and an
     ``ldconfig`` run inside ctypes' library search, measured), in every epoch without
-    ``persistent_workers``. A missing library warns here, once, in the main process."""
-    from gpufeed.decoders._backends import jpeg_backend
+    ``persistent_workers``. It only loads: whether to warn of OpenCV decoding is the decode's
+    business (a transform may have asked for OpenCV)."""
+    from gpufeed.decoders._backends import turbo_state
 
-    jpeg_backend(None)
+    turbo_state()
     with single_threaded_cv2():
         yield
