@@ -111,3 +111,15 @@ def test_the_references_other_presets_run_as_recipes_without_goals(tmp_path, cap
                                         str(tmp_path / "data" / "coco" / "instances.json"),
                                         transforms=detection.reference_preset(kind))
         assert "as given" not in gpufeed.explain(dataset)
+
+
+def test_the_cache_benchmark_runs_a_tiny_configuration(tmp_path, capsys):
+    from benchmarks import detection_cache
+
+    rc = detection_cache.main([str(tmp_path / "data"), "--images", "6", "--delay-ms", "1", "--workers", "0",
+                               "--batch-size", "3", "--epochs", "2", "--rounds", "1", "--cache-bytes", "8MB"])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    (cached,) = [ln for ln in lines if ln.startswith("cache_bytes=8MB")]
+    assert cached.endswith("cache hits (last loader) 6")
+    assert any(re.match(r"cached / uncached: \d+\.\d\dx", ln) for ln in lines)
