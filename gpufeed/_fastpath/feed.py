@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data._utils.collate import default_collate
 
-from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
-from gpufeed._fastpath.host_cache import make_host_cache, source_parts
+from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
 from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
@@ -338,13 +337,8 @@ class ImageFeed(SkipCounts, FillPlugin):
         if self.plan.cache == "decoded":
             task.done = self._write_rows(hits, buf)
         else:
-            given, cursor = [], staging
-            for pos, hit in enumerate(hits):
-                if hit is not None:
-                    buf[cursor : cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
-                    given.append((pos, cursor, len(hit)))
-                    cursor = align_up(cursor + len(hit))
-            task.given, task.staging_used = tuple(given), cursor - staging
+            task.given, end = write_hits(buf, hits, staging)
+            task.staging_used = end - staging
         return task
 
     def _write_rows(self, hits: Sequence[Any], buf: torch.Tensor) -> tuple[int, ...]:
@@ -400,5 +394,4 @@ class ImageFeed(SkipCounts, FillPlugin):
             new = [(indices[pos], rows[row]) for row, pos in enumerate(report.kept) if pos not in done]
             self.cache.put_rows([key for key, _ in new], [row for _, row in new])
         else:
-            for pos, off, nbytes in report.staged:
-                self.cache.put_bytes(indices[pos], buf[off : off + nbytes].numpy())
+            put_staged(self.cache, indices, report.staged, buf)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
+from gpufeed._engine.layout import align_up
 from gpufeed.cache import HostCache
 from gpufeed.cache._job import job_info, wants_host_cache
 from gpufeed.cache._shared import CacheNamespace, SharedHostCache
@@ -54,3 +56,24 @@ def make_host_cache(digest: Callable[[], bytes], num_samples: int, budget: int, 
                     "budget %d bytes, or 56 kinds of rows already): it runs without a cache.",
                     num_samples, shared.budget_bytes)
     return space
+
+
+def write_hits(buf: torch.Tensor, hits: Sequence[Any], start: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """Write the encoded values found (None: a miss) into ``buf`` (a slot, uint8) one after
+    another from ``start``, each 64-byte aligned; returns ((position, offset, nbytes) of each,
+    the end of the last)."""
+    given, cursor = [], start
+    for pos, hit in enumerate(hits):
+        if hit is not None:
+            buf[cursor:cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
+            given.append((pos, cursor, len(hit)))
+            cursor = align_up(cursor + len(hit))
+    return tuple(given), cursor
+
+
+def put_staged(cache: HostCache | CacheNamespace, indices: Sequence[int],
+               staged: Sequence[tuple[int, int, int]], buf: torch.Tensor) -> None:
+    """Add the values a worker staged in ``buf`` ((position, offset, nbytes) each) to ``cache``
+    under their samples' indices."""
+    for pos, off, nbytes in staged:
+        cache.put_bytes(indices[pos], buf[off:off + nbytes].numpy())

@@ -16,13 +16,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from gpufeed._engine.layout import align_up
 from gpufeed._engine.plugin import FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
-from gpufeed._fastpath.host_cache import make_host_cache, source_parts
+from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.errors import GpufeedWarning, describe_callable
@@ -176,13 +174,7 @@ class SampleFeed(SkipCounts, FillPlugin):
         if self.cache is None or buf is None:
             return task
         hits = self.cache.get_many(indices, count) if found is None else found
-        given, cursor = [], 0
-        for pos, hit in enumerate(hits):
-            if hit is not None:
-                buf[cursor:cursor + len(hit)].numpy()[:] = np.frombuffer(hit, np.uint8)
-                given.append((pos, cursor, len(hit)))
-                cursor = align_up(cursor + len(hit))
-        task.given, task.staging_used = tuple(given), cursor
+        task.given, task.staging_used = write_hits(buf, hits, 0)
         return task
 
     def absorb(self, indices: list[int], task: SampleTask, report: SampleReport, buf: torch.Tensor | None) -> None:
@@ -190,5 +182,4 @@ class SampleFeed(SkipCounts, FillPlugin):
         cache."""
         self.count(report)
         if self.cache is not None and buf is not None:
-            for pos, off, nbytes in report.staged:
-                self.cache.put_bytes(indices[pos], buf[off:off + nbytes].numpy())
+            put_staged(self.cache, indices, report.staged, buf)

@@ -16,7 +16,7 @@ import os
 import pickle
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -151,8 +151,8 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
     return out
 
 
-def misses(indices: list[int], supplied: Mapping[int, Any] | None) -> list[int]:
-    """The indices to read: those whose positions the cache did not supply."""
+def misses(indices: list[int], supplied: Container[int] | None) -> list[int]:
+    """The indices to read: those whose positions (in ``supplied``) the cache did not supply."""
     return indices if not supplied else [i for pos, i in enumerate(indices) if pos not in supplied]
 
 
@@ -279,9 +279,8 @@ class SampleFiller(ReadsOwner):
     def prefetch(self, source: Any, indices: list[int], task: SampleTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it): the samples the
         cache did not supply."""
-        given = {pos for pos, _, _ in task.given}
         return read_ahead(self.worker_reads().for_source(source), source,
-                          [i for pos, i in enumerate(indices) if pos not in given])
+                          misses(indices, {pos for pos, _, _ in task.given}))
 
     def fill(self, source: Any, indices: list[int], task: SampleTask, w: SlotWriter,
              prefetched: BatchReads | None = None, more: Callable[[], None] | None = None,

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from gpufeed.image._sample_fill import SampleFiller
+from gpufeed.image import _sample_fill as sample_fill
+from gpufeed.image._sample_fill import SampleFiller, SamplePlan
+from gpufeed.image.detection import DetectionPipeline
 
 SCRIPT = """
 import ctypes, sys
@@ -41,6 +43,8 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert int(faults) < 50  # 0 here; about 1,000 with glibc's default thresholds (measured)
 
 
-def test_the_per_sample_filler_sets_them_up_in_its_worker():
-    assert SampleFiller.setup is not SampleFiller.__mro__[1].setup
-    assert "keep_freed_memory" in SampleFiller.setup.__code__.co_names
+def test_the_per_sample_filler_sets_them_up_in_its_worker(monkeypatch):
+    calls = []
+    monkeypatch.setattr(sample_fill, "keep_freed_memory", lambda: calls.append(True) or True)
+    SampleFiller(SamplePlan(DetectionPipeline(), collate_fn=list)).setup()  # what a worker runs first
+    assert calls == [True]

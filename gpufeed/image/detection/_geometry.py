@@ -131,11 +131,19 @@ def resize_image(img: np.ndarray, oh: int, ow: int, interpolation: str = "biline
         return img
     if interpolation in ("nearest", "nearest-exact"):
         return img[_index(interpolation, h, oh)][:, _index(interpolation, w, ow)]
-    if antialias and (oh < h or ow < w or interpolation == "bicubic"):
-        # (torch's antialiased bicubic is Keys' a=-0.5 at any scale; OpenCV's cubic is -0.75)
+    if _by_torch((h, w), (oh, ow), interpolation, antialias):
         return _torch_resize(img, oh, ow, interpolation)
     mode = cv2.INTER_CUBIC if interpolation == "bicubic" else cv2.INTER_LINEAR
     return cv2.resize(np.ascontiguousarray(img), (ow, oh), interpolation=mode)
+
+
+def _by_torch(hw: tuple[int, int], out: tuple[int, int], interpolation: str, antialias: bool | None) -> bool:
+    """Whether ``resize_image`` resizes (H, W) to ``out`` with torch's antialiased kernel: a
+    bilinear or bicubic shrink with antialias, or any antialiased bicubic (torch's is Keys'
+    a=-0.5 at any scale; OpenCV's cubic is -0.75)."""
+    (h, w), (oh, ow) = hw, out
+    return (bool(antialias) and interpolation in ("bilinear", "bicubic") and (h, w) != (oh, ow)
+            and (oh < h or ow < w or interpolation == "bicubic"))
 
 
 def _torch_resize(img: np.ndarray, oh: int, ow: int, mode: str) -> np.ndarray:
@@ -182,12 +190,10 @@ def _resized_image(sample: Sample, oh: int, ow: int, interpolation: str, antiali
     """``resize_image`` of the sample's image; a pending window with many fill rows is
     resampled without being built (``resize_window``)."""
     window = sample.image_window()
-    if window is not None and antialias and interpolation in ("bilinear", "bicubic") and any(window.margins[:2]):
-        h, w = window.size
-        if (h, w) != (oh, ow) and (oh < h or ow < w or interpolation == "bicubic"):
-            out = resize_window(window, oh, ow, interpolation)
-            if out is not None:
-                return out
+    if window is not None and any(window.margins[:2]) and _by_torch(window.size, (oh, ow), interpolation, antialias):
+        out = resize_window(window, oh, ow, interpolation)
+        if out is not None:
+            return out
     return resize_image(sample.image, oh, ow, interpolation, antialias)
 
 
