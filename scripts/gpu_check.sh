@@ -86,7 +86,7 @@ echo "gpu-check: $probe; python $PY; repo $ROOT"
 fi
 
 # 2. Dependencies the device's Python lacks, from the carried wheels (no pip: a wheel is a zip).
-missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('lmdb', 'cachetools', 'turbojpeg') if u.find_spec(m) is None))")
+missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('lmdb', 'cachetools', 'turbojpeg', 'zlib_ng') if u.find_spec(m) is None))")
 site="$WORK/site"
 rm -rf "$site" && mkdir -p "$site" || exit 2
 lacking=()
@@ -96,7 +96,8 @@ for module in $missing; do
     *) pattern="$module-*.whl" ;;
   esac
   wheel=$(ls "$WHEELS"/$pattern 2>/dev/null | head -n 1)
-  if [ -z "$wheel" ]; then lacking+=("$module"); continue; fi
+  # zlib-ng only speeds up mask PNGs (the standard library's zlib inflates them without it)
+  if [ -z "$wheel" ]; then [ "$module" = zlib_ng ] || lacking+=("$module"); continue; fi
   "$PY" -m zipfile -e "$wheel" "$site" || { echo "gpu-check: could not unzip $wheel"; exit 2; }
   echo "gpu-check: $module from $(basename "$wheel")"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make gpu-wheels`: what `make gpu-check` carries to an offline GPU machine whose Python lacks
-# gpufeed's small dependencies, into .whl/ (ignored by git; about 0.8 MB):
-#   - lmdb and cachetools wheels for CPython 3.12 manylinux x86_64 (the device's Python);
+# gpufeed's small dependencies, into .whl/ (ignored by git; about 1 MB):
+#   - lmdb, cachetools and zlib-ng wheels for CPython 3.12 manylinux x86_64 (the device's Python);
 #   - a PyTurboJPEG 1.8 wheel, built here from its sdist (PyPI has no 1.8 wheel; it is pure Python);
 #   - Debian's libturbojpeg0 .deb, the library PyTurboJPEG loads (gpu_check.sh unpacks it into a
 #     private folder; without it the device decodes with OpenCV).
@@ -11,12 +11,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DEST=.whl
 # One version of each (two would stop the install); pyproject.toml's ranges allow these.
-BINARY_WHEELS=("lmdb==3.0.0" "cachetools==8.0.2")
+BINARY_WHEELS=("lmdb==3.0.0" "cachetools==8.0.2" "zlib-ng==1.1.0")
 SDIST_WHEELS=("PyTurboJPEG==1.8.3")
 DEB=libturbojpeg0
 
 mkdir -p "$DEST"
-rm -f "$DEST"/lmdb-*.whl "$DEST"/cachetools-*.whl "$DEST"/[Pp]y[Tt]urbo[Jj][Pp][Ee][Gg]-*.whl "$DEST"/libturbojpeg0*.deb
+rm -f "$DEST"/lmdb-*.whl "$DEST"/cachetools-*.whl "$DEST"/zlib_ng-*.whl "$DEST"/[Pp]y[Tt]urbo[Jj][Pp][Ee][Gg]-*.whl "$DEST"/libturbojpeg0*.deb
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")

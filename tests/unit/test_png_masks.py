@@ -1,10 +1,12 @@
 """``png_indices``: the fast mask-PNG decoder gives PIL's values (palette indices, greyscale
 levels) for the PNGs it takes (8-bit palette/greyscale, None/Sub/Up rows) from PIL, OpenCV,
 gpufeed's writer and hand-filtered rows; ``None`` for every other layout and for damaged data,
-which ``SegmentationDataset`` then hands to PIL, whose error names the file."""
+which ``SegmentationDataset`` then hands to PIL, whose error names the file. Every test runs
+with both inflaters: zlib-ng's (the dependency) and the standard library's (the fallback)."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import re
 import struct
@@ -22,7 +24,22 @@ from gpufeed.image.detection import DetectionPipeline  # noqa: E402
 from gpufeed.sources import SegmentationDataset  # noqa: E402
 from gpufeed.sources._png import png_indices  # noqa: E402
 
+png_module = importlib.import_module("gpufeed.sources._png")  # ``_png`` is a helper's name here
+
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True, params=["zlib-ng", "zlib"])
+def inflate_with(request, monkeypatch):
+    """Each test once per inflater (``inflater``: what ``png_indices`` calls)."""
+    if request.param == "zlib":
+        monkeypatch.setattr(png_module, "inflater", lambda: zlib)
+    return request.param
+
+
+def test_zlib_ng_inflates_when_installed(inflate_with):
+    zlib_ng = pytest.importorskip("zlib_ng.zlib_ng")
+    assert png_module.inflater() is (zlib_ng if inflate_with == "zlib-ng" else zlib)
 
 SIZES = [(1, 1), (1, 9), (7, 1), (2, 3), (13, 17), (31, 333), (200, 201), (557, 563)]
 
