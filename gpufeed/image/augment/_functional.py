@@ -67,9 +67,11 @@ def grey_mean(row: np.ndarray) -> int:
     return int((19595 * r + 38470 * g + 7471 * b) / 65536.0 + 0.5)
 
 
-def contrast(row: np.ndarray, factor: float) -> np.ndarray:
-    """``ImageEnhance.Contrast(img).enhance(factor)``: a blend with the grey mean."""
-    return lut(row, _blend_table(float(grey_mean(row)), float(factor)))
+def contrast(row: np.ndarray, factor: float, mean: int | None = None) -> np.ndarray:
+    """``ImageEnhance.Contrast(img).enhance(factor)``: a blend with the grey mean (``mean``:
+    that of the whole image when ``row`` is only part of it; None: ``grey_mean(row)``)."""
+    level = grey_mean(row) if mean is None else mean
+    return lut(row, _blend_table(float(level), float(factor)))
 
 
 def _blend_rows(row: np.ndarray, degenerate: np.ndarray, factor: float) -> np.ndarray:

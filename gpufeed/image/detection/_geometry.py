@@ -173,7 +173,7 @@ def resize_window(window: ImageWindow, oh: int, ow: int, mode: str) -> np.ndarra
     if window.vflip:
         top, bottom = bottom, top
     band = ImageWindow(window.src, (window.y0, window.y1, window.x0, window.x1), (0, 0, left, right),
-                       window.fill, window.hflip, window.vflip).materialize()
+                       window.fill, window.hflip, window.vflip, window.ops).materialize()
     fill_row = np.empty((1, w, 3), np.uint8)
     fill_row[:] = window.fill
     mid = np.empty((h, ow, 3), np.uint8)

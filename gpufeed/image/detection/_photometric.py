@@ -9,6 +9,7 @@ which compute what torchvision's ``adjust_*`` compute on PIL images.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from gpufeed.errors import shorten
 from gpufeed.image.augment import _functional as fn
 from gpufeed.image.augment._base import RowOp
-from gpufeed.image.detection._sample import JointOp, Sample
+from gpufeed.image.detection._sample import ImageWindow, JointOp, PixelOp, Sample
 
 __all__ = ["ImageOnly", "RandomPhotometricDistort"]
 
@@ -93,22 +94,58 @@ class RandomPhotometricDistort(JointOp):
         return params
 
     def apply(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        steps = _steps(params)
+        # Every step is a point op but contrast, whose grey mean is the whole image's as the steps
+        # before it leave it: those run now, on the whole image; the rest wait on the window, so
+        # that only the pixels a later crop keeps go through them (a window with margins first
+        # materialises: its fill goes through the ops too).
+        at = next((i for i, (name, _) in enumerate(steps) if name == "contrast"), None)
+        window = sample.image_window()
+        if window is not None and at is None and not any(window.margins):
+            return Sample.windowed(window.with_ops([_pixel_op(*step) for step in steps]), sample.target)
         image = _writable(sample.image)
-        contrast = params["contrast_factor"]
-        if params["brightness_factor"] is not None:
-            image = fn.brightness(image, params["brightness_factor"])
-        if contrast is not None and params["contrast_before"]:
-            image = fn.contrast(image, contrast)
-        if params["saturation_factor"] is not None:
-            image = fn.color(image, params["saturation_factor"])
-        if params["hue_factor"] is not None:
-            image = fn.hue(image, params["hue_factor"])
-        if contrast is not None and not params["contrast_before"]:
-            image = fn.contrast(image, contrast)
-        perm = params["channel_permutation"]
-        if perm is not None and tuple(perm) != (0, 1, 2):
-            image = _permute_channels(image, tuple(perm))
-        return Sample(image, sample.target)
+        for step in steps[:at]:
+            image = _pixel_op(*step)(image)
+        later = [_pixel_op(*step) for step in steps[len(steps) if at is None else at + 1:]]
+        if at is not None:
+            later.insert(0, functools.partial(fn.contrast, factor=steps[at][1], mean=fn.grey_mean(image)))
+        window = ImageWindow.over(image)
+        if window is None:
+            for op in later:
+                image = op(image)
+            return Sample(image, sample.target)
+        return Sample.windowed(window.with_ops(later), sample.target)
+
+
+def _steps(params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The point ops ``params`` apply, in torchvision's order: (name, factor or permutation)."""
+    contrast, before = params["contrast_factor"], params["contrast_before"]
+    steps: list[tuple[str, Any]] = []
+    if params["brightness_factor"] is not None:
+        steps.append(("brightness", params["brightness_factor"]))
+    if contrast is not None and before:
+        steps.append(("contrast", contrast))
+    if params["saturation_factor"] is not None:
+        steps.append(("saturation", params["saturation_factor"]))
+    if params["hue_factor"] is not None:
+        steps.append(("hue", params["hue_factor"]))
+    if contrast is not None and not before:
+        steps.append(("contrast", contrast))
+    perm = params["channel_permutation"]
+    if perm is not None and tuple(perm) != (0, 1, 2):
+        steps.append(("permute", tuple(perm)))
+    return steps
+
+
+def _pixel_op(name: str, value: Any) -> PixelOp:
+    """Step ``name`` of :func:`_steps` as a point op (contrast with the grey mean of the image it
+    is given: only right on the whole image)."""
+    if name == "permute":
+        return functools.partial(_permute_channels, perm=value)
+    return functools.partial(_POINT_FNS[name], factor=value)
+
+
+_POINT_FNS = {"brightness": fn.brightness, "contrast": fn.contrast, "saturation": fn.color, "hue": fn.hue}
 
 
 @dataclass(frozen=True)

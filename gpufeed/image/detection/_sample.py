@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,11 +30,17 @@ __all__ = [
     "KeyPoints",
     "LazyPlanes",
     "Mask",
+    "PixelOp",
     "Sample",
     "map_leaves",
     "sample_rng",
     "torch_nearest_index",
 ]
+
+#: A point op on an image's pixels: takes a C-contiguous (H, W, 3) uint8 array it may write,
+#: returns the result (each output pixel a function of that input pixel alone, so that it may run
+#: on any part of the image: a window's source part, :meth:`ImageWindow.with_ops`).
+PixelOp = Callable[[np.ndarray], np.ndarray]
 
 #: The axis-aligned box formats the joint ops transform (torchvision's ``BoundingBoxFormat``
 #: names); rotated formats are out of scope (a pipeline with them runs its ops as given).
@@ -254,18 +260,25 @@ class ImageWindow:
     ``fill`` (uint8 per channel), then flipped (``hflip``, ``vflip``). Constant pads and crops
     (also into the margins) and flips compose it (:meth:`crop`, :meth:`flip`) without touching
     pixels; :meth:`materialize` allocates the window's size only, copies the source part and
-    fills the margins (a window with no margins and no flip is a view of the source)."""
+    fills the margins (a window with no margins, no flip and no ``ops`` is a view of the source).
 
-    __slots__ = ("src", "y0", "y1", "x0", "x1", "margins", "fill", "hflip", "vflip")
+    ``ops``: pending point ops (:data:`PixelOp`, in order) on the source's pixels, run at
+    materialisation on the source part only (a copy: the source is never written), never on the
+    margins, which are filled after them: a photometric op before a zoom-out and an IoU crop
+    computes only the pixels the crop keeps."""
+
+    __slots__ = ("src", "y0", "y1", "x0", "x1", "margins", "fill", "hflip", "vflip", "ops")
 
     def __init__(self, src: np.ndarray, rect: tuple[int, int, int, int],
                  margins: tuple[int, int, int, int] = (0, 0, 0, 0),
-                 fill: tuple[int, ...] = (0, 0, 0), hflip: bool = False, vflip: bool = False) -> None:
+                 fill: tuple[int, ...] = (0, 0, 0), hflip: bool = False, vflip: bool = False,
+                 ops: tuple[PixelOp, ...] = ()) -> None:
         self.src = src
         self.y0, self.y1, self.x0, self.x1 = rect
         self.margins = margins
         self.fill = fill
         self.hflip, self.vflip = hflip, vflip
+        self.ops = ops
 
     @classmethod
     def over(cls, image: np.ndarray) -> ImageWindow | None:
@@ -300,19 +313,39 @@ class ImageWindow:
         else:
             rect = (rows[0], rows[1], cols[0], cols[1])
             margins = (rows[2], rows[3], cols[2], cols[3])
-        return ImageWindow(self.src, rect, margins, self.fill if within else fill, self.hflip, self.vflip)
+        return ImageWindow(self.src, rect, margins, self.fill if within else fill, self.hflip, self.vflip,
+                           self.ops)
 
     def flip(self, horizontal: bool) -> ImageWindow:
         """This window flipped left-right (or top-bottom)."""
         return ImageWindow(self.src, (self.y0, self.y1, self.x0, self.x1), self.margins, self.fill,
-                           self.hflip != horizontal, self.vflip != (not horizontal))
+                           self.hflip != horizontal, self.vflip != (not horizontal), self.ops)
+
+    def with_ops(self, ops: Sequence[PixelOp]) -> ImageWindow:
+        """This window with point ``ops`` run after its pending ones; only a window without
+        margins takes them (the margins' fill must not go through them): ValueError otherwise."""
+        if any(self.margins):
+            raise ValueError("point ops on a window with margins would miss its fill pixels: "
+                             "materialise it first")
+        return ImageWindow(self.src, (self.y0, self.y1, self.x0, self.x1), self.margins, self.fill,
+                           self.hflip, self.vflip, (*self.ops, *ops))
+
+    def source_part(self) -> np.ndarray:
+        """The source rectangle, its pending ops run (on a copy): a view where there are none."""
+        part = self.src[self.y0:self.y1, self.x0:self.x1]
+        if not self.ops or part.size == 0:
+            return part
+        part = np.array(part, order="C")
+        for op in self.ops:
+            part = op(part)
+        return part
 
     def materialize(self) -> np.ndarray:
         """The window's pixels, (H, W, 3) uint8."""
         import cv2
 
         code = -1 if self.hflip and self.vflip else 1 if self.hflip else 0 if self.vflip else None
-        part = self.src[self.y0:self.y1, self.x0:self.x1]
+        part = self.source_part()
         if not any(self.margins):
             return part if code is None else cv2.flip(part, code)
         mt, mb, ml, mr = self.margins
