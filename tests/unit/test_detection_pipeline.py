@@ -45,6 +45,16 @@ def test_float_scaled_as_to_dtype(dtype):
     assert torch.equal(image, _chw(s).to(dtype).mul_(1.0 / 255))  # torchvision's to_dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_level_scales_as_to_dtype(dtype):
+    """The one-pass conversion (uint8 times the scale in the output's dtype) at all 256 levels."""
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    img = np.stack([levels, levels.T, levels[::-1]], axis=-1)
+    image, _ = DetectionPipeline(image_dtype=dtype).output(Sample(img, {}))
+    want = torch.from_numpy(img).permute(2, 0, 1).to(dtype).mul_(1.0 / 255)
+    assert torch.equal(image, want)
+
+
 def test_float_without_scale_keeps_0_255():
     s = _sample()
     image, _ = DetectionPipeline(image_dtype=torch.float32, scale=False).output(s)
