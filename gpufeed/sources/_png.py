@@ -126,7 +126,8 @@ def _unfilter(rows: np.ndarray, kinds: np.ndarray) -> np.ndarray | None:
 def png_indices(data: bytes) -> np.ndarray | None:
     """The (H, W) uint8 pixel values of an 8-bit palette or greyscale PNG, non-interlaced, whose
     rows use the None, Sub or Up filter: the palette indices for a palette PNG, as
-    ``np.array(PIL.Image.open(io.BytesIO(data)))``. None for any other PNG, for data that is not
+    ``np.array(PIL.Image.open(io.BytesIO(data)))`` (unfiltered rows give a read-only strided
+    view of the inflated data: copy it to write). None for any other PNG, for data that is not
     a PNG, and for a damaged one (the caller then decodes with PIL, which raises)."""
     parsed = _idat(bytes(data))
     if parsed is None:
@@ -143,5 +144,5 @@ def png_indices(data: bytes) -> np.ndarray | None:
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(height, stride)
     kinds = rows[:, 0]
     if not kinds.any():
-        return np.ascontiguousarray(rows[:, 1:])
+        return rows[:, 1:]  # a view: the ops read a mask through index maps, not in place
     return _unfilter(rows[:, 1:], kinds)

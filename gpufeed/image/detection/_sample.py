@@ -13,6 +13,7 @@ are read at the end (:meth:`Mask.dense`), from a dense array or from a lazy deco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from abc import ABC, abstractmethod
@@ -79,6 +80,12 @@ def _rounded(data: np.ndarray, dtype: str) -> np.ndarray:
     if is_integer_dtype(dtype):
         return np.trunc(data)
     return data
+
+
+@functools.cache
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, cached (numpy builds the name anew each time: 10 us)."""
+    return str(dtype)
 
 
 def is_integer_dtype(dtype: str) -> bool:
@@ -158,7 +165,7 @@ class Mask:
             raise ValueError("a Mask takes exactly one of `data` (an array) and `lazy`")
         if self.data is not None:
             self.planes = self.data.ndim == 3
-            self.dtype = str(self.data.dtype)
+            self.dtype = _dtype_name(self.data.dtype)
             self._source_hw = (int(self.data.shape[-2]), int(self.data.shape[-1]))
         else:
             assert self.lazy is not None
@@ -194,13 +201,10 @@ class Mask:
             self.materialize()
         if fill is not None:
             self.fill = fill
-        cur_rows, cur_cols = self._maps()
         if rows is not None:
-            rows = np.asarray(rows, dtype=np.int64)
-            self.rows = np.where(rows < 0, -1, cur_rows[np.clip(rows, 0, None)])
+            self.rows = _compose(self.rows, rows)
         if cols is not None:
-            cols = np.asarray(cols, dtype=np.int64)
-            self.cols = np.where(cols < 0, -1, cur_cols[np.clip(cols, 0, None)])
+            self.cols = _compose(self.cols, cols)
 
     def dense(self) -> np.ndarray:
         """The output planes as an array ((N, H, W), or (H, W) for one plane), in ``dtype``."""
@@ -231,6 +235,15 @@ class Mask:
         self.data, self.lazy, self.rows, self.cols = data, None, None, None
         self._source_hw = (int(data.shape[-2]), int(data.shape[-1]))
         return data
+
+
+def _compose(current: np.ndarray | None, index: Any) -> np.ndarray:
+    """Map ``index`` (positions in the current output, negative: fill) through ``current``
+    (source positions, -1: fill; None: the identity) to source positions, -1 for fill."""
+    index = np.asarray(index, dtype=np.int64)
+    if current is None:
+        return np.maximum(index, -1)
+    return np.where(index < 0, -1, current[np.maximum(index, 0)])
 
 
 def _take(src: np.ndarray, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
