@@ -249,14 +249,16 @@ def _compose(current: np.ndarray | None, index: Any) -> np.ndarray:
 def _take(src: np.ndarray, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
     """``src[:, rows][:, :, cols]`` (None: the whole axis; every index in range), the axis that
     shrinks most gathered first."""
-    # Indexing, not np.take: 31 rather than 55 us for 256 x 256 of a 556 x 562 plane.
+    # np.take, not indexing: src[..., cols] is faster alone but comes out column-major, and
+    # making it contiguous for the output costs more than it saved (86 against 103 us for
+    # 256 x 256 of a 556 x 562 plane, read out contiguous).
     h, w = src.shape[-2:]
     if rows is not None and (cols is None or len(rows) * w <= h * len(cols)):
-        src = src[..., rows, :]
+        src = np.take(src, rows, axis=-2)
         rows = None
     if cols is not None:
-        src = src[..., cols]
-    return src if rows is None else src[..., rows, :]
+        src = np.take(src, cols, axis=-1)
+    return src if rows is None else np.take(src, rows, axis=-2)
 
 
 def _span(ok: np.ndarray) -> slice | np.ndarray:
