@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -35,6 +36,7 @@ __all__ = [
     "TreeMemory",
     "format_bytes",
     "process_pss_bytes",
+    "sampler_wait",
     "system_shmem_bytes",
     "tree_memory",
     "tree_pss_bytes",
@@ -145,6 +147,14 @@ def system_shmem_bytes(meminfo_path: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def sampler_wait(interval_s: float, cost_s: float, cpu_share: float | None) -> float:
+    """Seconds a sampler waits after a sample that cost ``cost_s`` seconds of CPU: ``interval_s``,
+    or longer where that would spend more than ``cpu_share`` of a core on sampling."""
+    if cpu_share is None:
+        return interval_s
+    return max(interval_s, cost_s / cpu_share - cost_s)
+
+
 class PeakPSS:
     """Samples the PSS of this process tree in a background thread; records peak and mean.
 
@@ -158,18 +168,31 @@ class PeakPSS:
     (see the module docstring); it equals ``peak_bytes`` where ``Pss_Shmem`` or ``Shmem`` cannot
     be read (``footprint_exact`` is then False).
 
-    One sample is taken synchronously on entry and one on exit, so even a short block has two.
+    One sample is taken synchronously on entry and one on exit, so even a short block has two;
+    :meth:`request` asks the thread for one more at once (e.g. when a loader's workers are up).
     The thread is named ``gpufeed-pss-sampler``, is a daemon, and is joined on exit.
+
+    A sample is not free: the kernel walks every mapping of every process for ``smaps_rollup``,
+    27-33 ms of CPU for a loader with two workers (torch imported, an arena mapped), so sampling
+    every 50 ms took a quarter of a core from the loader being measured. ``cpu_share`` caps that:
+    after a sample that cost ``c`` seconds of the thread's CPU, the next waits at least
+    ``c / cpu_share - c`` (:func:`sampler_wait`). ``sampler_cpu_s`` is what sampling cost.
 
     Args:
         interval_s: seconds between samples (default 0.05).
         pid: root of the process tree (default: this process).
+        cpu_share: the most of one core the thread may spend sampling (0-1]; None: no cap.
     """
 
-    def __init__(self, interval_s: float = 0.05, pid: int | None = None) -> None:
+    def __init__(self, interval_s: float = 0.05, pid: int | None = None,
+                 cpu_share: float | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"`interval_s` must be > 0. Found: {shorten(interval_s)}.")
+        if cpu_share is not None and not 0 < cpu_share <= 1:
+            raise ValueError(f"`cpu_share` must be in (0, 1] or None. Found: {shorten(cpu_share)}.")
         self.interval_s = float(interval_s)
+        self.cpu_share = cpu_share
+        self.sampler_cpu_s = 0.0
         self.pid = os.getpid() if pid is None else pid
         self.peak_bytes = 0
         self.baseline_bytes = 0  # the first sample, taken on entry
@@ -184,6 +207,7 @@ class PeakPSS:
         self._sum_bytes = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, or a request
         self._thread: threading.Thread | None = None
 
     @property
@@ -228,6 +252,7 @@ class PeakPSS:
         if self._thread is not None:
             raise RuntimeError("PeakPSS is already running; call stop() first.")
         self._stop.clear()
+        self._wake.clear()
         self.sample()
         self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
         self._thread.start()
@@ -239,12 +264,26 @@ class PeakPSS:
         if thread is None:
             return
         self._stop.set()
+        self._wake.set()
         thread.join()
         self.sample()
 
+    def request(self) -> None:
+        """Has the thread take a sample now, whatever ``interval_s`` and ``cpu_share`` say."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = self.interval_s
+        while True:
+            self._wake.wait(wait)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            start = time.thread_time()
             self.sample()
+            cost = time.thread_time() - start
+            self.sampler_cpu_s += cost
+            wait = sampler_wait(self.interval_s, cost, self.cpu_share)
 
     def __enter__(self) -> PeakPSS:
         return self.start()
@@ -269,6 +308,7 @@ class PeakPSS:
             "num_samples": self.num_samples,
             "max_processes": self.max_processes,
             "interval_s": self.interval_s,
+            "sampler_cpu_s": self.sampler_cpu_s,
             "source": self.source,
         }
 

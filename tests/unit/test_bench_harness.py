@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from gpufeed._observe.memory import sampler_wait
 from gpufeed.compare import SAMPLER_THREAD_NAME, PeakPSS, format_bytes, system_shmem_bytes
 from gpufeed.compare._compare import batch_size_of, compare, touch_batch
 from gpufeed.compare._datasets import SyntheticImageDataset
@@ -108,9 +109,35 @@ def test_sampler_thread_is_gone_after_an_exception() -> None:
     assert _sampler_threads() == []
 
 
+def test_sampler_wait_keeps_sampling_within_its_cpu_share() -> None:
+    assert sampler_wait(0.05, 0.030, None) == 0.05  # no cap: the interval
+    assert sampler_wait(0.05, 0.030, 0.03) == pytest.approx(0.97)  # 30 ms of CPU in each second
+    assert sampler_wait(0.05, 0.001, 0.03) == 0.05  # a cheap sample keeps the interval
+    for cost in (0.001, 0.01, 0.03, 0.2):
+        wait = sampler_wait(0.05, cost, 0.03)
+        assert cost / (cost + wait) <= 0.03 + 1e-12
+
+
+def test_a_request_samples_at_once_whatever_the_interval() -> None:
+    with PeakPSS(interval_s=3600, cpu_share=0.01) as mem:
+        assert mem.num_samples == 1  # the one on entry
+        block = bytearray(b"\x01") * (64 * MiB)  # written: resident
+        mem.request()
+        deadline = time.monotonic() + 20
+        while mem.num_samples < 2:
+            assert time.monotonic() < deadline, "the requested sample never came"
+            time.sleep(0.01)
+        assert mem.peak_bytes - mem.baseline_bytes >= 60 * MiB
+        assert mem.sampler_cpu_s > 0
+        del block
+    assert mem.to_dict()["sampler_cpu_s"] == mem.sampler_cpu_s
+
+
 def test_peak_pss_rejects_bad_interval_and_double_start() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         PeakPSS(interval_s=0)
+    with pytest.raises(ValueError, match="cpu_share"):
+        PeakPSS(cpu_share=0)
     with PeakPSS() as mem:
         with pytest.raises(RuntimeError):
             mem.start()
@@ -174,6 +201,31 @@ def _list_loader(num_batches: int, delay_s: float = 0.0, clock: ManualClock | No
                 yield torch.full((8, 3), i)
         return gen()
     return factory
+
+
+def test_each_round_samples_at_its_first_batch_within_a_cpu_share(monkeypatch) -> None:
+    import gpufeed.compare._compare as harness
+
+    made: list[PeakPSS] = []
+    requests: list[int] = []
+
+    class Spy(PeakPSS):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def request(self) -> None:
+            requests.append(len(made))
+            super().request()
+
+    monkeypatch.setattr(harness, "PeakPSS", Spy)
+    clock = ManualClock()
+    compare({"a": _list_loader(4, 0.01, clock)}, num_rounds=2, num_warmup_rounds=1, clock=clock.now)
+    assert len(made) == 3 and requests == [1, 2, 3]  # one per round, at its first batch
+    assert all(m.cpu_share == 0.03 for m in made)
+    compare({"a": _list_loader(4, 0.01, clock)}, num_rounds=1, num_warmup_rounds=0, clock=clock.now,
+            sampler_cpu_share=None)
+    assert made[-1].cpu_share is None
 
 
 def test_compare_on_two_trivial_loaders() -> None:
