@@ -115,3 +115,19 @@ def test_a_windows_ops_leave_its_source_as_it_was() -> None:
     assert image.tobytes() == before.tobytes()
     again = Sample.windowed(window, {}).image  # the same window read twice: the same pixels
     assert again.tobytes() == first.tobytes()
+
+
+def test_color_jitter_waits_on_the_window_too() -> None:
+    from gpufeed.image.augment import ColorJitter
+    from gpufeed.image.detection._photometric import ImageOnly
+
+    image = photo_like(np.random.default_rng(11), 120, 160)
+    jitter = ImageOnly(ColorJitter(brightness=0.3, contrast=0.4, saturation=0.5, hue=0.05))
+    for seed in range(12):
+        params = jitter.draw(sample_rng(seed, 0, 0), sample_of(image))
+        lazy = window_sample(jitter.apply(sample_of(image.copy()), params), 20, 30, 70, 90)
+        window = lazy.image_window()
+        names = [i for i, _ in params[0]]
+        assert window is not None and len(window.ops) == len(names) - names.index(1)  # from contrast on
+        want = jitter.row_op.apply(image.copy(), params[0])[20:90, 30:120]
+        assert_close(lazy.image, want)

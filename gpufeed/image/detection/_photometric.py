@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from gpufeed.errors import shorten
 from gpufeed.image.augment import _functional as fn
 from gpufeed.image.augment._base import RowOp
+from gpufeed.image.augment._ops import ColorJitter
 from gpufeed.image.detection._sample import ImageWindow, JointOp, PixelOp, Sample
 
 __all__ = ["ImageOnly", "RandomPhotometricDistort"]
@@ -94,27 +96,31 @@ class RandomPhotometricDistort(JointOp):
         return params
 
     def apply(self, sample: Sample, params: dict[str, Any]) -> Sample:
-        steps = _steps(params)
-        # Every step is a point op but contrast, whose grey mean is the whole image's as the steps
-        # before it leave it: those run now, on the whole image; the rest wait on the window, so
-        # that only the pixels a later crop keeps go through them (a window with margins first
-        # materialises: its fill goes through the ops too).
-        at = next((i for i, (name, _) in enumerate(steps) if name == "contrast"), None)
-        window = sample.image_window()
-        if window is not None and at is None and not any(window.margins):
-            return Sample.windowed(window.with_ops([_pixel_op(*step) for step in steps]), sample.target)
-        image = _writable(sample.image)
-        for step in steps[:at]:
-            image = _pixel_op(*step)(image)
-        later = [_pixel_op(*step) for step in steps[len(steps) if at is None else at + 1:]]
-        if at is not None:
-            later.insert(0, functools.partial(fn.contrast, factor=steps[at][1], mean=fn.grey_mean(image)))
-        window = ImageWindow.over(image)
-        if window is None:
-            for op in later:
-                image = op(image)
-            return Sample(image, sample.target)
-        return Sample.windowed(window.with_ops(later), sample.target)
+        return point_steps(sample, _steps(params))
+
+
+def point_steps(sample: Sample, steps: Sequence[tuple[str, Any]]) -> Sample:
+    """``sample`` with colour ``steps`` ((name, factor or permutation), in order: the names of
+    ``_POINT_FNS`` and "permute") applied to its image. Every step is a point op but contrast,
+    whose grey mean is the whole image's as the steps before it leave it: those run now, on the
+    whole image; the rest wait on the image window, so that only the pixels a later crop keeps go
+    through them (a window with margins is built first: its fill goes through the ops too)."""
+    at = next((i for i, (name, _) in enumerate(steps) if name == "contrast"), None)
+    window = sample.image_window()
+    if window is not None and at is None and not any(window.margins):
+        return Sample.windowed(window.with_ops([_pixel_op(*step) for step in steps]), sample.target)
+    image = _writable(sample.image)
+    for step in steps[:at]:
+        image = _pixel_op(*step)(image)
+    later = [_pixel_op(*step) for step in steps[len(steps) if at is None else at + 1:]]
+    if at is not None:
+        later.insert(0, functools.partial(fn.contrast, factor=steps[at][1], mean=fn.grey_mean(image)))
+    window = ImageWindow.over(image)
+    if window is None:
+        for op in later:
+            image = op(image)
+        return Sample(image, sample.target)
+    return Sample.windowed(window.with_ops(later), sample.target)
 
 
 def _steps(params: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -152,7 +158,8 @@ _POINT_FNS = {"brightness": fn.brightness, "contrast": fn.contrast, "saturation"
 class ImageOnly(JointOp):
     """A gpufeed uint8 row op (:class:`~gpufeed.image.augment.RowOp`) on the image of a joint
     sample, drawing from the sample's generator; the target is left as it is. ``params``: a
-    1-tuple of the row op's own (so a row op's None is still applied)."""
+    1-tuple of the row op's own (so a row op's None is still applied). ``ColorJitter``'s steps
+    wait on the image window as ``RandomPhotometricDistort``'s do (:func:`point_steps`)."""
 
     row_op: RowOp
 
@@ -170,4 +177,10 @@ class ImageOnly(JointOp):
         return (self.row_op.draw(rng, height, width),)
 
     def apply(self, sample: Sample, params: tuple[Any]) -> Sample:
+        if type(self.row_op) is ColorJitter:  # point ops: on the pixels a later crop keeps
+            return point_steps(sample, [(_JITTER_STEPS[i], factor) for i, factor in params[0]])
         return Sample(self.row_op.apply(_writable(sample.image), params[0]), sample.target)
+
+
+#: ``ColorJitter``'s op indices (its ``draw``'s) as :func:`point_steps` names.
+_JITTER_STEPS = ("brightness", "contrast", "saturation", "hue")
