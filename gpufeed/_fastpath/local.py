@@ -95,16 +95,12 @@ class LocalSampleIter(_LocalIter):
         task = feed.prepare(tag, indices, None)
         cache = feed.cache
         supplied: dict[int, Any] | None = None
-        staged: dict[int, bytes] = {}
-
-        def stage(pos: int, blob: bytes) -> None:
-            staged[pos] = blob
-
+        staged: dict[int, bytes] = {}  # position -> blob: the reads kept for the cache
         if cache is not None:  # used directly: the hits are the cache's values, the reads kept here
             hits = cache.get_many(indices)
             supplied = {pos: hit for pos, hit in enumerate(hits) if hit is not None}
         batch, report = fill_samples(feed.plan, feed.source, indices, task, None, supplied=supplied,
-                                     stage=None if cache is None else stage)
+                                     stage=None if cache is None else staged.__setitem__)
         self._stats.add_batch(samples=len(report.kept), fetch_s=0.0, collate_s=0.0, pack_s=0.0, report=report)
         feed.absorb(indices, task, report, None)
         if cache is not None:
