@@ -11,6 +11,7 @@ decode.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,17 +124,13 @@ def read_header(data: Buffer) -> ImageHeader:
     return _header_by_decoding(buf)
 
 
-def _jpeg_header(buf: memoryview) -> ImageHeader:
+def jpeg_segments(buf: memoryview) -> Iterator[tuple[int, int, int]]:
+    """(marker, position, end) of each marker segment of a JPEG before its first scan: the
+    marker byte (0xC0 for SOF0...), the position of its 0xFF and the position after it (fill
+    bytes and standalone markers skipped); the walk ends at SOS (which it yields), EOI or the
+    end of ``buf``. Raises DecodeError at a byte that is not a marker."""
     n = len(buf)
     pos = 2
-    size = None
-    channels = 3
-    orientation = 1
-    progressive = False
-    sampling: tuple[tuple[int, int], ...] = ()
-    ids = b""
-    jfif = False
-    adobe_transform = None
     while pos + 4 <= n:
         if buf[pos] != 0xFF:
             raise DecodeError(f"jpeg: bad marker at byte {pos} (0x{buf[pos]:02x}): corrupt file")
@@ -145,10 +142,27 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
             pos += 2
             continue
         if marker == 0xD9:
-            break
+            return
         (length,) = struct.unpack_from(">H", buf, pos + 2)
+        yield marker, pos, pos + 2 + length
+        if marker == 0xDA:  # start of scan: the header is over
+            return
+        pos += 2 + length
+
+
+def _jpeg_header(buf: memoryview) -> ImageHeader:
+    n = len(buf)
+    size = None
+    channels = 3
+    orientation = 1
+    progressive = False
+    sampling: tuple[tuple[int, int], ...] = ()
+    ids = b""
+    jfif = False
+    adobe_transform = None
+    for marker, pos, end in jpeg_segments(buf):
         seg = pos + 4
-        end = pos + 2 + length
+        length = end - pos - 2
         if marker in _SOF:
             _, height, width, channels = struct.unpack_from(">BHHB", buf, seg)
             size = (height, width)
@@ -164,9 +178,6 @@ def _jpeg_header(buf: memoryview) -> ImageHeader:
             adobe_transform = buf[seg + 11]
         elif marker == 0xE1 and bytes(buf[seg:seg + 6]) == b"Exif\x00\x00":
             orientation = _exif_orientation(buf[seg + 6:min(end, n)])
-        elif marker == 0xDA:  # start of scan: the header is over
-            break
-        pos = end
     if size is None:
         raise DecodeError(f"jpeg: no frame header (SOF) in the first {n} bytes: "
                           f"truncated or corrupt file")

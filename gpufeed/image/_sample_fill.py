@@ -2,10 +2,11 @@
 ``collate_fn`` (``docs/design/detection.md``, section 1).
 
 Per sample of a batch, in a worker: ``source.read_item(i)`` (read ahead on threads, as the image
-path reads), the decode at stored orientation (as PIL's ``Image.open`` sees the file),
-``source.target_of(i, record, (H, W))``, the ``DetectionPipeline``'s joint ops with
-``sample_rng(seed, epoch, i)``, and its output stage, which writes the image tensor straight into
-the task's arena slot (``SlotWriter.tensor``), so the transport references it where it lies.
+path reads), the decode at stored orientation (as PIL's ``Image.open`` sees the file; a
+sequential JPEG only down to the rows its ops read), ``source.target_of(i, record, (H, W))``,
+the ``DetectionPipeline``'s joint ops with ``sample_rng(seed, epoch, i)``, and its output
+stage, which writes the image tensor straight into the task's arena slot
+(``SlotWriter.tensor``), so the transport references it where it lies.
 Then, per batch, the loader's ``collate_fn`` on the list of samples, as ``DataLoader`` runs it;
 the engine packs what it returns. Results depend only on (seed, epoch, sample index).
 """
@@ -23,14 +24,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import get_worker_info
 
-from gpufeed.decoders import decode, read_header
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, add_note, describe_callable, shorten
 from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, read_ahead
 from gpufeed.image._malloc import keep_freed_memory
 from gpufeed.image._reads import BatchReads, ReadAhead
-from gpufeed.image._transforms import stored_orientation
 from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
-from gpufeed.image.detection._sample import Sample, sample_rng
+from gpufeed.image.detection._sample import sample_rng
+from gpufeed.image.detection._source_rows import JpegRows, decode_source, source_sample, source_size
 
 if TYPE_CHECKING:
     from gpufeed._engine.arena import SlotWriter
@@ -116,39 +116,52 @@ def _where() -> str:
     return f"{who} (pid {os.getpid()})"
 
 
-def _decode(data: Any) -> Any:
-    """(H, W, 3) uint8 RGB at stored orientation (EXIF ignored, as PIL's ``Image.open``)."""
-    return decode(data, header=stored_orientation(read_header(data)))
+def _decode_error(source: Any, index: int, exc: DecodeError) -> DecodeError:
+    return DecodeError(
+        f"cannot decode {source.describe(index)} (sample index {index}): {exc}. Check or remove "
+        f"the file, or pass {SKIP_HINT} to leave bad samples out of their batch.")
 
 
 def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, epoch: int,
             alloc: Alloc | None, report: SampleReport) -> Any:
     """One sample: decode, target, joint ops, output (``alloc``: the image's tensor). Raises a
-    ``DecodeError`` naming the file; other errors get a note naming the stage, sample and file."""
+    ``DecodeError`` naming the file; other errors get a note naming the stage, sample and file.
+    A sequential JPEG is decoded when an op first reads its pixels, down to the rows read
+    (``_source_rows``): its decode time still counts as ``decode_s``."""
     t0 = time.perf_counter()
     try:
-        image = _decode(data)
+        image = decode_source(data)
     except DecodeError as exc:
         report.decode_s += time.perf_counter() - t0
-        raise DecodeError(
-            f"cannot decode {source.describe(index)} (sample index {index}): {exc}. Check or remove "
-            f"the file, or pass {SKIP_HINT} to leave bad samples out of their batch.") from exc
+        raise _decode_error(source, index, exc) from exc
     t1 = time.perf_counter()
     report.decode_s += t1 - t0
+    rows = image if isinstance(image, JpegRows) else None
     stage = "target_of"
     try:
-        target = source.target_of(index, record, (int(image.shape[0]), int(image.shape[1])))
+        target = source.target_of(index, record, source_size(image))
         stage = "the pipeline's joint ops"
-        sample = plan.pipeline.run(Sample(image, target), sample_rng(plan.seed, epoch, index))
+        sample = plan.pipeline.run(source_sample(image, target), sample_rng(plan.seed, epoch, index))
         stage = "the pipeline's output stage"
         out = plan.pipeline.output(sample, alloc)
+    except DecodeError as exc:
+        if rows is not None and exc is rows.error:
+            raise _decode_error(source, index, exc) from exc
+        _note_stage(exc, stage, source, index)
+        raise
     except Exception as exc:
-        add_note(exc, f"gpufeed: raised in {stage} of sample index {index} ({source.describe(index)}), "
-                      f"in {_where()}.")
+        _note_stage(exc, stage, source, index)
         raise
     finally:
-        report.transform_s += time.perf_counter() - t1
+        lazy_s = 0.0 if rows is None else rows.decode_s
+        report.decode_s += lazy_s
+        report.transform_s += time.perf_counter() - t1 - lazy_s
     return out
+
+
+def _note_stage(exc: BaseException, stage: str, source: Any, index: int) -> None:
+    add_note(exc, f"gpufeed: raised in {stage} of sample index {index} ({source.describe(index)}), "
+                  f"in {_where()}.")
 
 
 def misses(indices: list[int], supplied: Container[int] | None) -> list[int]:

@@ -11,13 +11,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed.decoders import decode, read_header
 from gpufeed.decoders._header import Buffer
 from gpufeed.errors import DecodeError, add_note
-from gpufeed.image._transforms import stored_orientation
 from gpufeed.image.detection._as_given import torch_leaf
 from gpufeed.image.detection._pipeline import DetectionPipeline
-from gpufeed.image.detection._sample import Sample, map_leaves, sample_rng
+from gpufeed.image.detection._sample import map_leaves, sample_rng
+from gpufeed.image.detection._source_rows import JpegRows, decode_source, source_sample, source_size
 
 __all__ = ["check_transform_args", "finish_item", "open_pil", "pipeline_item", "source_item",
            "to_torchvision"]
@@ -58,16 +57,20 @@ def to_torchvision(target: Any) -> Any:
 def pipeline_item(source: Any, index: int, data: Buffer, record: Any,
                   pipeline: DetectionPipeline) -> tuple[Any, Any]:
     """Sample ``index`` through ``pipeline``: the image decoded by gpufeed as stored (EXIF
-    orientation ignored, as PIL), its target built by ``source.target_of``, the joint ops drawn
-    from ``sample_rng(pipeline.seed or 0, source.epoch, index)``, then the output stage."""
+    orientation ignored, as PIL; a sequential JPEG only down to the rows the ops read), its
+    target built by ``source.target_of``, the joint ops drawn from ``sample_rng(pipeline.seed
+    or 0, source.epoch, index)``, then the output stage."""
+    image: Any = None
     try:
-        image = decode(data, header=stored_orientation(read_header(data)))
+        image = decode_source(data)
+        sample = source_sample(image, source.target_of(index, record, source_size(image)))
+        sample = pipeline.run(sample, sample_rng(pipeline.seed or 0, source.epoch, index))
+        return pipeline.output(sample)
     except DecodeError as exc:
-        raise DecodeError(f"cannot decode {source.describe(index)} (sample index {index}): "
-                          f"{exc}. Check or remove the file.") from exc
-    sample = Sample(image, source.target_of(index, record, image.shape[:2]))
-    sample = pipeline.run(sample, sample_rng(pipeline.seed or 0, source.epoch, index))
-    return pipeline.output(sample)
+        if image is None or (isinstance(image, JpegRows) and exc is image.error):
+            raise DecodeError(f"cannot decode {source.describe(index)} (sample index {index}): "
+                              f"{exc}. Check or remove the file.") from exc
+        raise
 
 
 def source_item(source: Any, index: int, plain: Callable[[int], tuple[Any, Any]]) -> tuple[Any, Any]:

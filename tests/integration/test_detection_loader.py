@@ -128,9 +128,23 @@ def with_corrupt(records, tmp_path):
     return out, str(bad)
 
 
+@pytest.fixture
+def with_cut_scan(records, tmp_path):
+    """Sample 3's JPEG with its scan cut short and an EOI after it: the header reads, and the
+    decode, deferred to the first op that reads pixels (``JpegRows``), fails."""
+    data = open(records[3]["file"], "rb").read()
+    sos = data.index(b"\xff\xda")
+    bad = tmp_path / "cut.jpg"
+    bad.write_bytes(data[:sos + 200] + b"\xff\xd9")
+    out = [dict(r) for r in records]
+    out[3] = {**out[3], "file": str(bad)}
+    return out, str(bad)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_corrupt_jpeg_names_its_file_and_index(with_corrupt, num_workers):
-    records, bad = with_corrupt
+@pytest.mark.parametrize("damage", ["with_corrupt", "with_cut_scan"])
+def test_a_corrupt_jpeg_names_its_file_and_index(damage, num_workers, request):
+    records, bad = request.getfixturevalue(damage)
     fast = FastLoader(FilesDetection(records, pipeline()), batch_size=4, num_workers=num_workers,
                       collate_fn=tuple_collate)
     with pytest.raises(DecodeError) as info:
@@ -139,8 +153,9 @@ def test_a_corrupt_jpeg_names_its_file_and_index(with_corrupt, num_workers):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_on_error_skip_leaves_the_sample_out_and_counts_it(with_corrupt, num_workers, caplog):
-    records, bad = with_corrupt
+@pytest.mark.parametrize("damage", ["with_corrupt", "with_cut_scan"])
+def test_on_error_skip_leaves_the_sample_out_and_counts_it(damage, num_workers, caplog, request):
+    records, bad = request.getfixturevalue(damage)
     fast = FastLoader(FilesDetection(records, pipeline()), batch_size=4, num_workers=num_workers,
                       collate_fn=tuple_collate, on_error="skip")
     with caplog.at_level(logging.WARNING, logger="gpufeed"):

@@ -32,6 +32,7 @@ __all__ = [
     "LazyPlanes",
     "Mask",
     "PixelOp",
+    "RowSource",
     "Sample",
     "map_leaves",
     "sample_rng",
@@ -270,8 +271,24 @@ def _span(ok: np.ndarray) -> slice | np.ndarray:
     return at
 
 
+class RowSource(Protocol):
+    """A source image (H, W, 3) uint8 that is decoded on demand, from the top: ``rows(stop)``
+    gives an (H, W, 3) array whose rows [0, ``stop``) are the image's (the others are not
+    read). A window over one decodes only down to its bottom row when materialised."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(H, W, 3)."""
+        ...
+
+    def rows(self, stop: int) -> np.ndarray:
+        """The image array, valid in rows [0, ``stop``)."""
+        ...
+
+
 class ImageWindow:
-    """A pending window over a source image (H, W, 3) uint8: the source rectangle rows
+    """A pending window over a source image (H, W, 3) uint8 (an array or a :class:`RowSource`):
+    the source rectangle rows
     ``y0:y1``, columns ``x0:x1``, bordered by ``margins`` (top, bottom, left, right) of
     ``fill`` (uint8 per channel), then flipped (``hflip``, ``vflip``). Constant pads and crops
     (also into the margins) and flips compose it (:meth:`crop`, :meth:`flip`) without touching
@@ -285,7 +302,7 @@ class ImageWindow:
 
     __slots__ = ("src", "y0", "y1", "x0", "x1", "margins", "fill", "hflip", "vflip", "ops")
 
-    def __init__(self, src: np.ndarray, rect: tuple[int, int, int, int],
+    def __init__(self, src: np.ndarray | RowSource, rect: tuple[int, int, int, int],
                  margins: tuple[int, int, int, int] = (0, 0, 0, 0),
                  fill: tuple[int, ...] = (0, 0, 0), hflip: bool = False, vflip: bool = False,
                  ops: tuple[PixelOp, ...] = ()) -> None:
@@ -347,8 +364,12 @@ class ImageWindow:
                            self.hflip, self.vflip, (*self.ops, *ops))
 
     def source_part(self) -> np.ndarray:
-        """The source rectangle, its pending ops run (on a copy): a view where there are none."""
-        part = self.src[self.y0:self.y1, self.x0:self.x1]
+        """The source rectangle, its pending ops run (on a copy): a view where there are none.
+        A :class:`RowSource` is asked for the rows down to the rectangle's bottom only."""
+        src = self.src
+        if not isinstance(src, np.ndarray):
+            src = src.rows(self.y1 if self.y1 > self.y0 and self.x1 > self.x0 else 0)
+        part = src[self.y0:self.y1, self.x0:self.x1]
         if not self.ops or part.size == 0:
             return part
         part = np.array(part, order="C")
@@ -399,6 +420,9 @@ def _axis(start: int, length: int, margin: int, s0: int, s1: int) -> tuple[int, 
     return s0 + a - margin, s0 + b - margin, a - start, start + length - b
 
 
+_PENDING = np.empty((0, 0, 3), np.uint8)  # a windowed sample's array until it is materialised
+
+
 class Sample:
     """One sample in a worker: ``image`` (H, W, 3) uint8 RGB, ``target`` a pytree of leaves.
 
@@ -415,9 +439,15 @@ class Sample:
     @classmethod
     def windowed(cls, window: ImageWindow, target: Any) -> Sample:
         """A sample whose image is ``window``, materialised when read."""
-        out = cls(window.src, target)
+        out = cls(window.src if isinstance(window.src, np.ndarray) else _PENDING, target)
         out._window = window
         return out
+
+    @classmethod
+    def over_rows(cls, source: RowSource, target: Any) -> Sample:
+        """A sample whose image is ``source``, decoded when (and as far down as) read."""
+        h, w = source.shape[:2]
+        return cls.windowed(ImageWindow(source, (0, h, 0, w)), target)
 
     @property
     def image(self) -> np.ndarray:
