@@ -194,11 +194,17 @@ def resolve(index_sampler: Any) -> tuple[str | None, Any]:
 
 class PositionedIndices:
     """A loader's index sampler (``batch_sampler`` or ``sampler``) that records where each pass
-    starts and resumes a loaded state. Yields exactly what the wrapped sampler yields."""
+    starts and resumes a loaded state. Yields exactly what the wrapped sampler yields.
 
-    def __init__(self, loader: Any, inner: Any) -> None:
-        self._loader = loader
+    ``state``: the loader's ``ResumeState`` (its ``latest`` pass is set here, its loaded state
+    taken by ``take_loaded()``), not the loader: the loader's iterator holds this object, and a
+    persistent iterator is held by the loader, so a reference back would keep a dropped loader
+    (its workers and shared memory) alive until the garbage collector runs."""
+
+    def __init__(self, state: Any, inner: Any, num_workers: int) -> None:
+        self._state = state
         self.inner = inner
+        self._workers = num_workers > 0
         self.current: Pass | None = None  # the pass of the latest iter()
 
     def last_number(self) -> int:
@@ -215,14 +221,14 @@ class PositionedIndices:
 
     def __iter__(self) -> Iterator[Any]:
         p = Pass()
-        self._loader._resume_state.latest = p
+        self._state.latest = p
         self.current = p
         return self._stream(p)
 
     def _stream(self, p: Pass) -> Iterator[Any]:
         # A generator: the body runs at the first index, as RandomSampler draws its seed then
         # (torch's iterator calls iter() twice and drops the first stream unstarted).
-        resume = self._loader._take_resume()
+        resume = self._state.take_loaded()
         p.started = True
         kind, sampler = resolve(self.inner)
         if kind is None:
@@ -232,7 +238,7 @@ class PositionedIndices:
         if resume is not None and loaded is not None and kind is not None:
             skip = _apply_loaded(p, kind, sampler, resume)
         if kind in CUSTOM_KINDS:
-            p.custom = CustomPosition(kind, sampler, loaded, workers=self._loader.num_workers > 0)
+            p.custom = CustomPosition(kind, sampler, loaded, workers=self._workers)
             if kind == "stateful":
                 skip = 0  # its loaded state is past the received batches (torchdata's protocol)
         restore_generator = _record_start(p, kind, sampler, loaded)

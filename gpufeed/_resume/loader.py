@@ -36,6 +36,11 @@ class ResumeState:
     latest: Pass | None = None  # the position of the latest pass (map-style datasets)
     user_iter: weakref.ref[Any] | None = None  # the latest iterator handed out
 
+    def take_loaded(self) -> dict[str, Any] | None:
+        """The loaded state, once (None when none is waiting): the pass starting now applies it."""
+        state, self.loaded = self.loaded, None
+        return state
+
 
 class ResumableLoader(DataLoader):
     """``state_dict`` / ``load_state_dict`` for ``FastLoader``, on the loader's ``ResumeState``
@@ -55,11 +60,7 @@ class ResumableLoader(DataLoader):
         inner = super()._index_sampler
         if isinstance(self.dataset, IterableDataset):
             return inner
-        return PositionedIndices(self, inner)
-
-    def _take_resume(self) -> dict[str, Any] | None:
-        state, self._resume_state.loaded = self._resume_state.loaded, None
-        return state
+        return PositionedIndices(self._resume_state, inner, self.num_workers)
 
     def _take_resume_workers(self) -> WorkerResume | None:
         """The loaded workers' part, for the pass that starts now (FastIter)."""

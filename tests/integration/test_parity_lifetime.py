@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpufeed import FastLoader
+from tests._procs import gpufeed_memfds, live_children
 
 from ._datasets import COLLATABLE_KINDS, AllKindsDataset, IndexDataset, RandomDataset, collate_identity
 from ._parity import assert_same, assert_same_batches, close, make_pair, run_epochs
@@ -176,6 +177,31 @@ def test_iterating_a_temporary_loader():
     assert_same_batches(got, want)
     assert_same(next(iter(make(FastLoader))), next(iter(make(DataLoader))))
     gc.collect()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_dropped_loader_releases_its_workers_and_arena_without_the_garbage_collector(persistent):
+    """A loader is freed by reference counting once dropped, with a persistent iterator too: its
+    workers exit and its shared memory closes although the garbage collector never runs."""
+    gc.collect()
+    before = set(gpufeed_memfds())
+    gc.disable()
+    try:
+        loader = FastLoader(IndexDataset(12), num_workers=2, batch_size=3, shuffle=True,
+                            persistent_workers=persistent)
+        for _ in range(2):
+            assert len(list(loader)) == 4
+        pids = [p.pid for p in live_children()]
+        if persistent:  # its workers and arena wait for the next epoch
+            assert pids and set(gpufeed_memfds()) > before
+        del loader
+        assert set(gpufeed_memfds()) == before
+        deadline = time.monotonic() + 30  # the workers exit on their own; only wait for that
+        while [c for c in live_children() if c.pid in pids]:
+            assert time.monotonic() < deadline, f"workers {pids} outlived their loader"
+            time.sleep(0.05)
+    finally:
+        gc.enable()
 
 
 class RecordsLoads(Dataset):
