@@ -11,9 +11,10 @@ for byte, except the last one or two of a vertically subsampled image, whose chr
 takes the row below: :data:`ROW_MARGIN` extra rows keep every requested row exact (tested for
 4:4:4, 4:2:2, 4:2:0, 4:4:0 and grey, with restart intervals, against full decodes).
 
-Only baseline and extended sequential Huffman JPEGs (SOF0, SOF1) whose data ends with the EOI
-marker take this path: progressive and arithmetic-coded files, and files without an EOI at their
-end (a truncated file must fail as a full decode fails), are decoded whole.
+Only baseline and extended sequential Huffman JPEGs (SOF0, SOF1) with all their components in
+one scan, whose data ends with the EOI marker, take this path: progressive, arithmetic-coded and
+multi-scan files, and files without an EOI at their end (a truncated file must fail as a full
+decode fails), are decoded whole.
 """
 
 from __future__ import annotations
@@ -38,16 +39,22 @@ _SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)
 
 def _height_offset(buf: memoryview) -> int | None:
     """Byte offset of the frame header's height field when the JPEG is sequential Huffman
-    (SOF0/SOF1), else None."""
+    (SOF0/SOF1) with every component in its first scan (so its only scan), else None."""
+    offset = components = None
     for marker, pos, _ in jpeg_segments(buf):
         if marker in _SOF:
-            return pos + 5 if marker in _SEQUENTIAL_HUFFMAN else None
+            if marker not in _SEQUENTIAL_HUFFMAN:
+                return None
+            offset, components = pos + 5, buf[pos + 9]
+        elif marker == 0xDA:  # the first scan: interleaved, or one of several scans
+            return offset if offset is not None and buf[pos + 4] == components else None
     return None
 
 
 def row_decodable(data: Buffer, header: ImageHeader) -> bool:
-    """Whether :func:`decode_rows` can decode ``data`` partially: a sequential Huffman JPEG in
-    stored orientation, not CMYK, ending with its EOI marker, with libjpeg-turbo loaded."""
+    """Whether :func:`decode_rows` can decode ``data`` partially: a sequential Huffman JPEG with
+    one scan, in stored orientation, not CMYK, ending with its EOI marker, with libjpeg-turbo
+    loaded."""
     if header.fmt != "jpeg" or header.progressive or header.cmyk or header.orientation != 1:
         return False
     buf = as_buffer(data)

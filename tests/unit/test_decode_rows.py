@@ -99,6 +99,10 @@ def test_what_cannot_be_decoded_by_rows_is_refused():
     assert not row_decodable(png, read_header(png))
     rotated = ImageHeader(**{**header.__dict__, "orientation": 6})
     assert not row_decodable(baseline, rotated)
+    marker, pos, _ = list(jpeg_segments(memoryview(baseline)))[-1]
+    one_component_scan = bytearray(baseline)
+    one_component_scan[pos + 4] = 1  # the first scan holds one of three components: one of several scans
+    assert not row_decodable(bytes(one_component_scan), header)
     with pytest.raises(ValueError, match="sequential Huffman"):
         decode_rows(progressive, 8, header=read_header(progressive),
                     out=np.empty((64, 48, 3), np.uint8))
