@@ -130,7 +130,8 @@ def _default_seed(generator: torch.Generator | None) -> int:
 def explain_samples(dataset: DetectionSource) -> Sequence[str]:
     """``explain(loader)``'s lines for the per-sample path: where things run, then the ops."""
     pipeline: DetectionPipeline = dataset.transforms
-    lines = ["per sample, in the workers: read, decode (stored orientation), target_of, the joint ops:"]
+    lines = ["per sample, in the workers: read, decode (stored orientation; a baseline JPEG only down to "
+             "the last row the ops read), target_of, the joint ops:"]
     lines += [f"  {line}" for line in pipeline.describe()] or ["  (none)"]
     out = "tv_tensors" if not pipeline.pure else "plain tensors"
     lines.append(f"then the output stage ({pipeline.image_dtype}, {out}; the image written into the "

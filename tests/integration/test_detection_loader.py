@@ -200,6 +200,7 @@ def test_explain_and_stats_name_the_per_sample_path(records):
     first, *rest = text.splitlines()
     assert first == "FastLoader: the image path (per sample: variable sizes, collate_fn in the workers)."
     assert "  fast: FlipH(p=0.5)" in rest
+    assert "a baseline JPEG only down to the last row the ops read" in text
     assert "No host cache (cache_bytes=0)" in text
     assert "Host cache (cache_bytes='2MB')" in gpufeed.explain(loader(records, num_workers=0, cache_bytes="2MB"))
     assert fast.stats()["path"] == "image"
