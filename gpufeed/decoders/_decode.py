@@ -111,14 +111,16 @@ def _decode_turbojpeg(buf: memoryview, header: ImageHeader, factor: tuple[int, i
                                                   scaling_factor=scaling), buf)
 
 
-def decode_turbojpeg_into(buf: memoryview, out: np.ndarray) -> None:
-    """Decode a JPEG whose frame is ``out``'s (H, W) into ``out`` ((H, W, 3) uint8,
-    C-contiguous) with libjpeg-turbo, at full scale, as stored (no EXIF orientation), under
+def decode_turbojpeg_into(buf: memoryview, out: np.ndarray, factor: tuple[int, int] = (1, 1)) -> None:
+    """Decode a JPEG whose frame, scaled by ``factor``, is ``out``'s (H, W) into ``out``
+    ((H, W, 3) uint8, C-contiguous) with libjpeg-turbo, as stored (no EXIF orientation), under
     :func:`decode`'s error rules."""
     from turbojpeg import TJPF_RGB
 
     decoder = _backends.turbo_state().decoder
-    got = _turbo_call(lambda arr: decoder.decode(arr, pixel_format=TJPF_RGB, dst=out), buf)
+    scaling = None if factor == (1, 1) else factor
+    got = _turbo_call(lambda arr: decoder.decode(arr, pixel_format=TJPF_RGB, scaling_factor=scaling,
+                                                 dst=out), buf)
     if got is not out:  # PyTurboJPEG allocates when the frame's size is not out's
         raise DecodeError(f"jpeg: decoded size {got.shape[1]}x{got.shape[0]} differs from the "
                           f"header's {out.shape[1]}x{out.shape[0]}: corrupt file")

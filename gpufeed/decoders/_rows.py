@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 from gpufeed.decoders import _backends
-from gpufeed.decoders._decode import decode_turbojpeg_into, jpeg_decoder
+from gpufeed.decoders._decode import decode_turbojpeg_into, jpeg_decoder, scaled_size
 from gpufeed.decoders._header import _SOF, Buffer, ImageHeader, as_buffer, jpeg_segments
 from gpufeed.errors import DecodeError
 
@@ -68,28 +68,35 @@ def row_decodable(data: Buffer, header: ImageHeader) -> bool:
         return False
 
 
-def decode_rows(data: Buffer, rows: int, *, header: ImageHeader, out: np.ndarray) -> int:
+def decode_rows(data: Buffer, rows: int, *, header: ImageHeader, out: np.ndarray,
+                factor: tuple[int, int] = (1, 1)) -> int:
     """Decode the image's rows [0, ``rows``) into ``out``, an (H, W, 3) uint8 C-contiguous array
     of the image's stored size (the :data:`ROW_MARGIN` rows below them are written too, not
     exactly); returns how many top rows of ``out`` now hold the image: ``rows``, or H when the
     margin reaches the bottom (then the whole image is decoded). ``data`` must pass
     :func:`row_decodable`. The rows are :func:`gpufeed.decoders.decode`'s, byte for byte.
+    ``factor``: a DCT scaling factor from ``FACTORS`` (then H, W and ``rows`` are the scaled
+    image's, as ``decode(min_height=..., min_width=...)`` would give it at that factor).
     Raises DecodeError for corrupt data in the rows decoded (as :func:`decode` would)."""
-    height, width = header.height, header.width
+    height, width = scaled_size(header.height, header.width, factor)
     if out.shape != (height, width, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"`out` must be a C-contiguous ({height}, {width}, 3) uint8 array. "
                          f"Found: {out.shape} {out.dtype}.")
+    num, den = factor
     keep = min(height, max(int(rows), 0) + ROW_MARGIN)
+    # the source height whose scaled height first reaches `keep` rows
+    source_rows = min(header.height, -(-keep * den // num))
     buf = as_buffer(data)
-    if keep < height:
+    if source_rows < header.height:
         offset = _height_offset(buf)
         if offset is None:
             raise ValueError(f"decode_rows needs a sequential Huffman JPEG (row_decodable). "
                              f"Found: {header}.")
         patched = bytearray(buf)
-        struct.pack_into(">H", patched, offset, keep)
+        struct.pack_into(">H", patched, offset, source_rows)
         buf = memoryview(patched)
     if _backends.turbo_state().decoder is None:
         raise ValueError("decode_rows needs libjpeg-turbo (row_decodable).")
-    decode_turbojpeg_into(buf, out[:keep])
-    return keep if keep == height else max(int(rows), 0)
+    decoded = scaled_size(source_rows, header.width, factor)[0]
+    decode_turbojpeg_into(buf, out[:decoded], factor)
+    return height if decoded == height else max(int(rows), 0)

@@ -47,7 +47,7 @@ def crop_resize(img: np.ndarray, full_h: int, full_w: int, box: Box, flip: bool,
     into ``out`` (``layout`` "hwc" or "chw")."""
     import cv2
 
-    y0, y1, x0, x1 = _region(img.shape[0], img.shape[1], full_h, full_w, box)
+    y0, y1, x0, x1 = crop_region(img.shape[0], img.shape[1], full_h, full_w, box)
     oh, ow = _out_size(out, layout)
     target = out if layout == "hwc" else _scratch_hwc(oh, ow)
     _resize_into(img[y0:y1, x0:x1], target, interpolation)
@@ -73,7 +73,7 @@ def crop_resize_planes(planes: list[np.ndarray], sub: tuple[int, int], full_h: i
     import cv2
 
     luma_plane = planes[0]
-    y0, y1, x0, x1 = _region(luma_plane.shape[0], luma_plane.shape[1], full_h, full_w, box)
+    y0, y1, x0, x1 = crop_region(luma_plane.shape[0], luma_plane.shape[1], full_h, full_w, box)
     oh, ow = _out_size(out, layout)
     luma = out[0] if layout == "chw" else _scratch_plane(oh, ow)
     _resize_into(luma_plane[y0:y1, x0:x1], luma, interpolation)
@@ -104,7 +104,7 @@ def crop_resize_planes(planes: list[np.ndarray], sub: tuple[int, int], full_h: i
         _split_into(target, out)
 
 
-def _region(dh: int, dw: int, full_h: int, full_w: int, box: Box) -> tuple[int, int, int, int]:
+def crop_region(dh: int, dw: int, full_h: int, full_w: int, box: Box) -> tuple[int, int, int, int]:
     """(y0, y1, x0, x1): ``box`` (full-size source pixels) rounded to whole pixels of a
     dh x dw image, at least one pixel, inside it."""
     sy, sx = dh / full_h, dw / full_w

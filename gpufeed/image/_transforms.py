@@ -18,15 +18,18 @@ from gpufeed.decoders import (
     choose_factor,
     decode,
     decode_planes,
+    decode_rows,
     min_size_for_scale,
     plane_subsampling,
     read_header,
+    row_decodable,
+    scaled_size,
 )
 from gpufeed.decoders._backends import BACKENDS
 from gpufeed.decoders._decode import jpeg_decoder
 from gpufeed.decoders._header import Buffer, ImageHeader
 from gpufeed.errors import check_int, is_int, shorten
-from gpufeed.image._resample import crop_resize, crop_resize_planes, scratch_rows, split_into
+from gpufeed.image._resample import crop_region, crop_resize, crop_resize_planes, scratch_rows, split_into
 from gpufeed.image.augment._base import (
     INTERP_STREAM,
     FloatRowOp,
@@ -375,12 +378,28 @@ def decode_views(views: Sequence[ImageTransform], data: Buffer, index: int, epoc
         factor = choose_factor(header, min_h, min_w, first.backend)
         decoded = decode_planes(data, header=header, factor=factor)
     else:
-        decoded = decode(data, min_height=min_h, min_width=min_w, header=header,
-                         backend=first.backend)
+        decoded = _decode_rgb(data, header, boxes, first.backend, min_h, min_w)
     decode_s = time.perf_counter() - t0
     for view, box, out, layout in zip(views, boxes, outs, layouts):
         view._into(decoded, sub, header, box, out, layout, seed, epoch, index)
     return decode_s
+
+
+def _decode_rgb(data: Buffer, header: ImageHeader, boxes: Sequence[tuple[float, float, float, float, bool]],
+                backend: str | None, min_h: int | None, min_w: int | None) -> np.ndarray:
+    """``decode(data, min_height=min_h, min_width=min_w)``, but a sequential JPEG in stored
+    orientation only down to the last row the ``boxes`` (top, left, height, width, ...) take
+    (``decode_rows``: those rows are the full decode's, byte for byte; the rows below are left
+    unwritten and never read)."""
+    if backend == "opencv" or not row_decodable(data, header):
+        return decode(data, min_height=min_h, min_width=min_w, header=header, backend=backend)
+    factor = choose_factor(header, min_h, min_w, backend)
+    h, w = scaled_size(header.height, header.width, factor)
+    rows = max(crop_region(h, w, header.height, header.width, (t, left, bh, bw))[1]
+               for t, left, bh, bw, _ in boxes)
+    out = np.empty((h, w, 3), np.uint8)
+    decode_rows(data, rows, header=header, out=out, factor=factor)
+    return out
 
 
 def _decode_path(header: ImageHeader, backend: str | None, min_h: int | None, min_w: int | None,

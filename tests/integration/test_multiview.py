@@ -112,14 +112,19 @@ def photo() -> bytes:
 
 def test_one_decode_per_sample_at_the_largest_demand(photo, monkeypatch):
     decoded: list[tuple[int, int]] = []
-    real = transforms_module.decode
+    real, real_rows = transforms_module.decode, transforms_module.decode_rows
 
     def counting(*args: Any, **kw: Any) -> np.ndarray:
         img = real(*args, **kw)
         decoded.append(img.shape[:2])
         return img
 
+    def counting_rows(*args: Any, **kw: Any) -> int:  # a decode cut at the views' lowest row
+        decoded.append(kw["out"].shape[:2])
+        return real_rows(*args, **kw)
+
     monkeypatch.setattr(transforms_module, "decode", counting)
+    monkeypatch.setattr(transforms_module, "decode_rows", counting_rows)
     views = MultiView([RandomResizedCrop(224, scale=(0.4, 1.0))] * 2
                       + [RandomResizedCrop(96, scale=(0.05, 0.4))] * 6)
     factors = set()
