@@ -150,3 +150,22 @@ def test_the_segment_walk_skips_fill_bytes_and_stops_at_the_scan():
     assert read_header(padded) == read_header(data)
     out, valid = _rows(padded, 30)
     assert np.array_equal(out[:valid], decode(data)[:valid])
+
+
+@pytest.mark.parametrize("subsampling", ["420", "422", "444"])
+def test_dct_scaled_cuts_give_the_scaled_decodes_rows(subsampling):
+    from gpufeed.decoders import scaled_size
+    from gpufeed.decoders._backends import FACTORS
+
+    img = photo_like(203, 171, seed=7, noise=4)
+    data = encode(img, quality=88, subsampling=subsampling)
+    header = read_header(data)
+    for factor in FACTORS:
+        h, w = scaled_size(header.height, header.width, factor)
+        full = decode(data, min_height=h, min_width=w)
+        assert full.shape[:2] == (h, w)
+        for rows in range(0, h + 1, max(1, h // 15)):
+            out = np.zeros((h, w, 3), np.uint8)
+            valid = decode_rows(data, rows, header=header, out=out, factor=factor)
+            assert valid == h or (valid == rows and rows + ROW_MARGIN < h)
+            assert np.array_equal(out[:valid], full[:valid]), (factor, rows)
