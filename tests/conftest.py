@@ -64,6 +64,7 @@ def side_by_side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             assert runs.get(name, run) is run, f"two test modules name a side-by-side run {name!r}"
             runs[name] = run
     longest_first = sorted(runs, key=lambda name: -runs[name][0])
+    tmp_path_factory.getbasetemp()  # made here, once: the runs' threads would race to make it
     return call_all({name: _bound(runs[name][1], tmp_path_factory) for name in longest_first})
 
 

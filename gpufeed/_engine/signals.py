@@ -13,17 +13,29 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def sigint_held() -> Iterator[None]:
-    """SIGINT blocked in the calling (main) thread for the block: children started inside inherit
-    the block until they call ``ignore_sigint``; a Ctrl-C that arrives meanwhile reaches this
-    process when the block ends. A no-op off the main thread or without ``pthread_sigmask``."""
+    """Ctrl-C held off for the block: SIGINT is blocked in the calling (main) thread, so children
+    started inside inherit the block until they call ``ignore_sigint``, and a SIGINT that reaches
+    this process meanwhile is recorded and raised (``KeyboardInterrupt``, or the handler that was
+    installed) when the block ends. Recording matters as much as blocking: the kernel gives a
+    process-wide SIGINT to any thread that does not block it (a sampler or pin-memory thread),
+    and Python then runs the handler in the main thread, inside the block. A no-op off the main
+    thread or without ``pthread_sigmask``."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    received: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGINT pending for this thread lands here
+        signal.signal(signal.SIGINT, handler)
+    if received:
+        if callable(handler):
+            handler(signal.SIGINT, None)
+        elif handler == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def ignore_sigint() -> None:

@@ -40,6 +40,7 @@ import contextlib
 import gc
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,8 +159,20 @@ def _ignore_sigint(worker_id: int) -> None:
     """Reference DataLoader workers leave Ctrl-C to the benchmark's process, as gpufeed's workers
     do: a terminal's SIGINT reaches the whole process group, and a worker interrupted inside a
     callback prints a traceback no one asked for (the bench stops them itself; it starts them
-    with SIGINT held, so the window before this runs is closed too)."""
+    with SIGINT held, so the window before this runs is closed too). A worker's fd-sharing
+    thread (torch sends each batch's storage through ``multiprocessing.resource_sharer``) also
+    prints one when the interrupted benchmark drops the connection it was sending on: such
+    connection errors are not reported (``_quiet_connection_errors``)."""
     ignore_sigint()
+    sys.excepthook = _quiet_connection_errors(sys.excepthook)
+
+
+def _quiet_connection_errors(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` for every exception but a ConnectionError (a broken pipe, a reset connection)."""
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if not issubclass(kind, ConnectionError):
+            hook(kind, value, tb)
+    return excepthook
 
 
 def loader_factories(
