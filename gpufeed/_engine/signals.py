@@ -24,13 +24,17 @@ def sigint_held() -> Iterator[None]:
         yield
         return
     received: list[int] = []
-    handler = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    handler = signal.getsignal(signal.SIGINT)
+    record = handler is not None  # None: a handler set outside Python, which cannot be put back
+    if record:
+        signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGINT pending for this thread lands here
-        signal.signal(signal.SIGINT, handler)
+        if record:
+            signal.signal(signal.SIGINT, handler)
     if received:
         if callable(handler):
             handler(signal.SIGINT, None)

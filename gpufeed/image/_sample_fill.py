@@ -30,7 +30,13 @@ from gpufeed.image._malloc import keep_freed_memory
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
 from gpufeed.image.detection._sample import sample_rng
-from gpufeed.image.detection._source_rows import JpegRows, decode_source, source_sample, source_size
+from gpufeed.image.detection._source_rows import (
+    JpegRows,
+    decode_source,
+    is_decode_failure,
+    source_sample,
+    source_size,
+)
 
 if TYPE_CHECKING:
     from gpufeed._engine.arena import SlotWriter
@@ -136,7 +142,6 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
         raise _decode_error(source, index, exc) from exc
     t1 = time.perf_counter()
     report.decode_s += t1 - t0
-    rows = image if isinstance(image, JpegRows) else None
     stage = "target_of"
     try:
         target = source.target_of(index, record, source_size(image))
@@ -145,7 +150,7 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
         stage = "the pipeline's output stage"
         out = plan.pipeline.output(sample, alloc)
     except DecodeError as exc:
-        if rows is not None and exc is rows.error:
+        if is_decode_failure(image, exc):
             raise _decode_error(source, index, exc) from exc
         _note_stage(exc, stage, source, index)
         raise
@@ -153,7 +158,7 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
         _note_stage(exc, stage, source, index)
         raise
     finally:
-        lazy_s = 0.0 if rows is None else rows.decode_s
+        lazy_s = image.decode_s if isinstance(image, JpegRows) else 0.0
         report.decode_s += lazy_s
         report.transform_s += time.perf_counter() - t1 - lazy_s
     return out

@@ -16,7 +16,12 @@ from gpufeed.errors import DecodeError, add_note
 from gpufeed.image.detection._as_given import torch_leaf
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import map_leaves, sample_rng
-from gpufeed.image.detection._source_rows import JpegRows, decode_source, source_sample, source_size
+from gpufeed.image.detection._source_rows import (
+    decode_source,
+    is_decode_failure,
+    source_sample,
+    source_size,
+)
 
 __all__ = ["check_transform_args", "finish_item", "open_pil", "pipeline_item", "source_item",
            "to_torchvision"]
@@ -67,7 +72,7 @@ def pipeline_item(source: Any, index: int, data: Buffer, record: Any,
         sample = pipeline.run(sample, sample_rng(pipeline.seed or 0, source.epoch, index))
         return pipeline.output(sample)
     except DecodeError as exc:
-        if image is None or (isinstance(image, JpegRows) and exc is image.error):
+        if image is None or is_decode_failure(image, exc):
             raise DecodeError(f"cannot decode {source.describe(index)} (sample index {index}): "
                               f"{exc}. Check or remove the file.") from exc
         raise

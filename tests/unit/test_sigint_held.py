@@ -31,9 +31,16 @@ def test_a_sigint_inside_the_block_is_raised_at_its_end_with_another_thread_runn
     try:
         with pytest.raises(KeyboardInterrupt):
             with sigint_held():
+                handled = threading.Event()  # sigint_held's recorder, seen running: no delay guessed
+                recorder = signal.getsignal(signal.SIGINT)
+                signal.signal(signal.SIGINT, lambda signum, frame: (recorder(signum, frame), handled.set()))
                 signal.pthread_kill(other.ident, signal.SIGINT)  # to the thread that does not block it
-                for _ in range(50):  # Python runs the handler in this thread, at its next check
+                # Python runs the handler in this thread, inside the block, at a bytecode boundary
+                # (a wait here would not wake for a signal another thread took): poll, 30 s at most
+                deadline = time.monotonic() + 30
+                while not handled.is_set() and time.monotonic() < deadline:
                     time.sleep(0.01)
+                assert handled.is_set(), "the SIGINT was never handled"
                 reached_end = True
     finally:
         stop.set()

@@ -22,7 +22,7 @@ from gpufeed.errors import DecodeError
 from gpufeed.image._transforms import stored_orientation
 from gpufeed.image.detection._sample import Sample
 
-__all__ = ["JpegRows", "decode_source", "source_sample", "source_size"]
+__all__ = ["JpegRows", "decode_source", "is_decode_failure", "source_sample", "source_size"]
 
 
 class JpegRows:
@@ -78,3 +78,9 @@ def source_sample(image: np.ndarray | JpegRows, target: Any) -> Sample:
 def source_size(image: np.ndarray | JpegRows) -> tuple[int, int]:
     """(H, W) of :func:`decode_source`'s ``image``."""
     return int(image.shape[0]), int(image.shape[1])
+
+
+def is_decode_failure(image: np.ndarray | JpegRows, exc: DecodeError) -> bool:
+    """Whether ``exc``, raised while a sample ran, is the lazy decode of its ``image`` failing
+    (the file is bad), not an error of an op."""
+    return isinstance(image, JpegRows) and exc is image.error
