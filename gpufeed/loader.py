@@ -22,6 +22,7 @@ from gpufeed._fastpath.explain import explain_dataset, explain_loader
 from gpufeed._fastpath.feed import ImageFeed, fast_path_blocker, make_image_feed
 from gpufeed._fastpath.local import LocalImageIter, LocalSampleIter
 from gpufeed._fastpath.samples import SampleFeed, make_sample_feed
+from gpufeed._fastpath.subsets import fast_dataset
 from gpufeed._options import check_options, serve_metrics
 from gpufeed._rebuilds import warn_rebuilt_by_accelerate
 from gpufeed._resume.loader import ResumableLoader, ResumeState
@@ -294,7 +295,7 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         the check at construction (it warns of the generic path once, and attaches to no host
         cache)."""
         self._path_reason: str | None = fast_path_blocker(self)
-        make = make_sample_feed if isinstance(self.dataset, DetectionSource) else make_image_feed
+        make = make_sample_feed if isinstance(fast_dataset(self.dataset), DetectionSource) else make_image_feed
         return make(
             self,
             channels_last=self.channels_last,
@@ -536,15 +537,15 @@ def explain(target: Any) -> str:
       ``__getitem__`` + collate), with the reason and the fix (``loader.stats()["path"]`` and
       ``["path_reason"]``); for a torch ``DataLoader``, the path a ``FastLoader`` with the same
       arguments would take; then, for a gpufeed image dataset, its transform as below;
-    - a gpufeed image dataset: its transform as below; a detection dataset (``DetectionSource``):
-      what runs per sample, and its pipeline's ops;
+    - a gpufeed image dataset (or a ``Subset`` of one): its transform as below; a detection
+      dataset (``DetectionSource``): what runs per sample, and its pipeline's ops;
     - a transform (gpufeed's, a torchvision or timm pipeline, any callable, None): where each op
       runs (:func:`gpufeed.image.explain_transform`).
     """
     if isinstance(target, DataLoader):
         return explain_loader(target, isinstance(target, FastLoader))
-    if isinstance(target, (ImageSource, DetectionSource)):
-        return explain_dataset(target)
+    if isinstance(fast_dataset(target), (ImageSource, DetectionSource)):
+        return explain_dataset(fast_dataset(target))
     return explain_transform(target)
 
 

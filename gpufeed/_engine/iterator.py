@@ -102,6 +102,7 @@ class FastIter(_BaseDataLoaderIter):
         self._prefetch_factor = prefetch_factor
         self._in_order = loader.in_order
         self._stats = context.stats
+        self._plugin = context.plugin
         self._aug_epoch = aug_epoch
         init_fn = loader.worker_init_fn
         if isinstance(self._dataset, (IterDataPipe, MapDataPipe)):
@@ -239,6 +240,8 @@ class FastIter(_BaseDataLoaderIter):
         else:
             return
         tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, pull))
+        if self._plugin is not None:
+            index = self._plugin.task_index(index)
         record = self._engine.submit(index, worker_id=worker_id, tag=tag)
         self._task_info[self._send_idx] = _Task(record, pull)
         self._workers_num_tasks[worker_id] += 1

@@ -145,6 +145,12 @@ class FillPlugin(Protocol):
     def absorb(self, index: Any, extra: Any, report: Any, slot: torch.Tensor, /) -> None:
         """A batch is handed out; ``slot`` holds what the worker wrote."""
 
+    def task_index(self, index: Any, /) -> Any:
+        """The index a task carries for the sampler's ``index``: what ``look_up``, ``prepare``,
+        ``absorb`` and the worker's ``fill`` get (the image path over a Subset: its base
+        dataset's indices). By default ``index`` itself."""
+        return index
+
     def look_up(self, tag: Any, index: Any, count: bool, /) -> LookUp:
         """At submission, before any slot is bound: whether the plug-in will make the whole
         batch of ``index`` itself (``LookUp.report`` set), and what it found for ``prepare``

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpufeed._fastpath.feed import explain_batch_op, fast_path_blocker
 from gpufeed._fastpath.samples import GENERIC_PATH, SAMPLE_PATH, explain_samples
+from gpufeed._fastpath.subsets import fast_dataset
 from gpufeed.image import explain_transform
 from gpufeed.image.detection import DetectionPipeline, translate_detection
 from gpufeed.sources import ImageSource
@@ -18,7 +19,8 @@ _IMAGE_PATH = "the image fast path (decode, crop and resize straight into the ba
 def explain_loader(loader: Any, fast: bool) -> str:
     """The lines of ``explain(loader)``; ``fast``: a ``FastLoader`` (else torch's ``DataLoader``,
     told the path a ``FastLoader`` with its arguments would take)."""
-    detection = isinstance(loader.dataset, DetectionSource)
+    dataset = fast_dataset(loader.dataset)
+    detection = isinstance(dataset, DetectionSource)
     name = SAMPLE_PATH if detection else _IMAGE_PATH
     if fast:
         reason = loader._path_reason
@@ -37,10 +39,10 @@ def explain_loader(loader: Any, fast: bool) -> str:
         tail = (f"Host cache (cache_bytes={cache!r}): each sample's encoded bytes and record, read once, "
                 "then handed to the workers in the batch's slot." if cache else
                 "No host cache (cache_bytes=0): every epoch reads every sample.")
-        return head + "\n" + "\n".join(explain_samples(loader.dataset)) + "\n" + tail
-    if not isinstance(loader.dataset, ImageSource):
+        return head + "\n" + "\n".join(explain_samples(dataset)) + "\n" + tail
+    if not isinstance(dataset, ImageSource):
         return head
-    return head + "\n" + explain_dataset(loader.dataset)
+    return head + "\n" + explain_dataset(dataset)
 
 
 def explain_dataset(dataset: ImageSource | DetectionSource) -> str:

@@ -19,6 +19,7 @@ from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
 from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
 from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
+from gpufeed._fastpath.subsets import SubsetIndex, fast_dataset, subset_index
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.cuda._transform import GpuTransform
@@ -53,8 +54,9 @@ def _image_options_given(channels_last, normalize, dtype, on_error, cache_budget
 
 def fast_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot take the image fast path, and the fix, or None if it can (over a
-    ``DetectionSource``: its per-sample form, ``gpufeed._fastpath.samples``)."""
-    dataset = loader.dataset
+    ``DetectionSource``: its per-sample form, ``gpufeed._fastpath.samples``). A Subset of a
+    gpufeed dataset is judged by the dataset under it (``gpufeed._fastpath.subsets``)."""
+    dataset = fast_dataset(loader.dataset)
     if isinstance(dataset, DetectionSource):
         return sample_path_blocker(loader)
     if not isinstance(dataset, ImageSource):
@@ -118,10 +120,11 @@ def make_image_feed(
     """
     batch_op = None if batch_transform is None else batch_op_from(batch_transform)
     blocker = fast_path_blocker(loader)
+    source = fast_dataset(loader.dataset)
     if blocker is not None:
         given = _image_options_given(channels_last, normalize, dtype, on_error, cache_budget, seed,
                                      batch_transform)
-        user_callable = getattr(loader.dataset, "calls_transform", False)
+        user_callable = getattr(source, "calls_transform", False)
         if given:
             fix = ("Or drop these options and do their work in your transform (e.g. "
                    "torchvision's Normalize)." if user_callable else
@@ -135,13 +138,13 @@ def make_image_feed(
             warn_generic_path(loader, blocker, stacklevel=4)  # the caller of FastLoader(...)
         return None
     # A translated torchvision pipeline brings its own Normalize/dtype (gpufeed.image).
-    normalize, dtype = loader.dataset.transform.batch_options(normalize, dtype)
+    normalize, dtype = source.transform.batch_options(normalize, dtype)
     if normalize is not None:
         mean, std = normalize
         normalize = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
     if dtype is None:
         dtype = torch.float32 if normalize is not None else torch.uint8
-    transform = loader.dataset.transform
+    transform = source.transform
     if seed is None:
         seed = transform.seed if transform.seed is not None else _default_seed(loader.generator)
     if on_gpu and transform.float_ops and dtype != torch.uint8:
@@ -153,7 +156,7 @@ def make_image_feed(
             "of on the GPU (float batches cross PCIe: 4x the bytes of uint8). Drop the float ops "
             "to normalize on the GPU.", GpufeedWarning, stacklevel=2)
         on_gpu = False
-    targets = target_route(loader.dataset)
+    targets = target_route(source)
     if batch_op is not None:
         check_batch_op(batch_op, batch_transform, dtype, targets, transform)
     gpu_transform = GpuTransform(dtype, normalize, bool(channels_last), batch_op) if on_gpu else None
@@ -179,8 +182,8 @@ def make_image_feed(
         )
     cache = None
     if cache_budget and not (dry_run and cache_scope != "rank"):
-        cache = make_cache(plan, loader.dataset, cache_budget, cache_text, cache_scope)
-    return ImageFeed(plan, loader.dataset, cache, gpu_transform)
+        cache = make_cache(plan, source, cache_budget, cache_text, cache_scope)
+    return ImageFeed(plan, source, cache, gpu_transform, subset_index(loader.dataset))
 
 
 def check_batch_op(op: BatchOp, given: Any, dtype: torch.dtype, targets: str, transform: Any) -> None:
@@ -276,17 +279,23 @@ class ParentBatch:
 
 class ImageFeed(SkipCounts, FillPlugin):
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
-    dispatch, cache fills after; ``filler`` is the worker side."""
+    dispatch, cache fills after; ``filler`` is the worker side. ``index_map``: the loader's
+    dataset is a Subset of ``source``; the tasks carry ``source``'s indices (``task_index``)."""
 
     def __init__(self, plan: ImagePlan, source: Any, cache: HostCache | CacheNamespace | None,
-                 gpu_transform: Any = None) -> None:
+                 gpu_transform: Any = None, index_map: SubsetIndex | None = None) -> None:
         self.plan = plan
+        self.index_map = index_map
         self.filler = ImageFiller(plan)
         self.gpu_transform = gpu_transform  # dtype/normalize applied after the copy to the GPU
         self.source = source
         self.cache = cache if plan.cache else None
         SkipCounts.__init__(self)
         self._label_table = _label_table(source) if plan.targets == "labels" else None
+
+    def task_index(self, index: list[int]) -> list[int]:
+        """The base dataset's indices of a batch of the Subset's (``index_map``), else ``index``."""
+        return index if self.index_map is None else self.index_map(index)
 
     @property
     def parent_binds(self) -> bool:

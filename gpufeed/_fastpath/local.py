@@ -52,7 +52,7 @@ class LocalImageIter(_LocalIter):
     _feed: ImageFeed
 
     def _fill_next(self) -> Any:
-        indices = self._next_index()  # StopIteration ends the epoch
+        indices = self._feed.task_index(self._next_index())  # StopIteration ends the epoch
         feed, plan = self._feed, self._feed.plan
         nbytes = align_up(plan.layout(len(indices)).staging)
         cache = feed.cache
@@ -88,7 +88,7 @@ class LocalSampleIter(_LocalIter):
     _feed: SampleFeed
 
     def _fill_next(self) -> Any:
-        indices = self._next_index()  # StopIteration ends the epoch
+        indices = self._feed.task_index(self._next_index())  # StopIteration ends the epoch
         feed = self._feed
         tag = PassTag(self._aug_epoch, pulled_number(self._index_sampler, self._pulls))
         self._pulls += 1

@@ -21,6 +21,7 @@ import torch
 from gpufeed._engine.plugin import FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
 from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
+from gpufeed._fastpath.subsets import SubsetIndex, fast_dataset, subset_index
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.errors import GpufeedWarning, describe_callable
@@ -46,7 +47,7 @@ def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
     """Warn (``GpufeedWarning``) that ``loader``, over a gpufeed image dataset, takes the generic
     path: why, and the fix (``blocker``). A loader over any other dataset is not warned about:
     the generic path is the only one it has."""
-    if not isinstance(loader.dataset, (ImageSource, DetectionSource)):
+    if not isinstance(fast_dataset(loader.dataset), (ImageSource, DetectionSource)):
         return
     warnings.warn(GpufeedWarning(
         f"gpufeed: this loader of {type(loader.dataset).__name__} takes {GENERIC_PATH}, not "
@@ -57,7 +58,7 @@ def warn_generic_path(loader: Any, blocker: str, stacklevel: int) -> None:
 def sample_path_blocker(loader: Any) -> str | None:
     """Why ``loader`` (over a ``DetectionSource``) cannot take the per-sample fast path, and the
     fix, or None if it can. Any ``collate_fn`` can."""
-    pipeline = loader.dataset.transforms
+    pipeline = fast_dataset(loader.dataset).transforms
     if pipeline is None:
         return ("the detection dataset has no `transforms`, so its samples are PIL images run "
                 "through __getitem__; give it a torchvision v2 pipeline gpufeed translates (at "
@@ -109,17 +110,17 @@ def make_sample_feed(loader: Any, *, on_error: str, seed: int | None, cache_budg
         if options.get("announce"):
             warn_generic_path(loader, blocker, stacklevel=4)
         return None
-    pipeline: DetectionPipeline = loader.dataset.transforms
+    source = fast_dataset(loader.dataset)
+    pipeline: DetectionPipeline = source.transforms
     if seed is None:
         seed = pipeline.seed if pipeline.seed is not None else _default_seed(loader.generator)
-    source = loader.dataset
     plan = SamplePlan(pipeline=pipeline, collate_fn=loader.collate_fn, seed=int(seed), on_error=on_error,
                       cache=cache_budget > 0)
     cache = None
     if cache_budget and not (dry_run and cache_scope != "rank"):
         cache = make_host_cache(lambda: fingerprint(["samples", *source_parts(source)]), len(source),
                                 cache_budget, cache_text, cache_scope)
-    return SampleFeed(plan, source, cache)
+    return SampleFeed(plan, source, cache, subset_index(loader.dataset))
 
 
 def _default_seed(generator: torch.Generator | None) -> int:
@@ -145,13 +146,19 @@ class SampleFeed(SkipCounts, FillPlugin):
     the task's slot; the reads a worker staged there added when the batch is handed out), and
     the counts of images and skipped samples; ``filler`` is the worker side."""
 
-    def __init__(self, plan: SamplePlan, source: Any, cache: HostCache | CacheNamespace | None = None) -> None:
+    def __init__(self, plan: SamplePlan, source: Any, cache: HostCache | CacheNamespace | None = None,
+                 index_map: SubsetIndex | None = None) -> None:
         self.plan = plan
+        self.index_map = index_map  # the loader's dataset is a Subset of ``source`` (``task_index``)
         self.filler = SampleFiller(plan)
         self.source = source
         self.cache = cache if plan.cache else None
         self.gpu_transform = None  # the pipeline sets the dtype: nothing runs after the copy
         SkipCounts.__init__(self)
+
+    def task_index(self, index: list[int]) -> list[int]:
+        """The base dataset's indices of a batch of the Subset's (``index_map``), else ``index``."""
+        return index if self.index_map is None else self.index_map(index)
 
     @property
     def parent_binds(self) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufeed._observe.memory import format_bytes
+from gpufeed.image._fill import base_source
 from gpufeed.sources import ImageFolder, ImageSource, LMDBDataset
 
 __all__ = ["READ_CONCURRENCIES", "ReadsAhead", "cache_bytes_needed", "reads_ahead", "reads_dominate",
@@ -142,9 +143,16 @@ def cache_bytes_needed(dataset: Any) -> tuple[int | None, str]:
     with a random one (``RandomResizedCrop``) the encoded bytes: the files' sizes for an
     ``ImageFolder``, the database file for an ``LMDBDataset``, otherwise the mean size of up to
     256 samples (32 for an ``ImageFolder`` over a URL) read evenly across the dataset times its
-    length. None: not an image dataset with
-    a transform (no fast path, so no cache).
+    length. A ``Subset`` of one (``random_split``'s) needs its share: the base dataset's bytes
+    times the Subset's fraction of its samples. None: not an image dataset with a transform
+    (no fast path, so no cache).
     """
+    base = base_source(dataset)
+    if base is not dataset and isinstance(base, ImageSource):
+        needed, what = cache_bytes_needed(base)
+        if needed is None or len(base) == 0:
+            return needed, what
+        return needed * len(dataset) // len(base), f"a Subset of {len(dataset)} of the {what}"
     transform = getattr(dataset, "transform", None)
     if not isinstance(dataset, ImageSource) or transform is None:
         return None, "cache_bytes applies to gpufeed image datasets with a transform only"

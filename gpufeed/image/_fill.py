@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import Subset
 
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
 from gpufeed.image._auto_reads import AutoReads
@@ -440,6 +441,20 @@ class WorkerReads:
             self.ahead.stop()
 
 
+MAX_SUBSETS = 64  # Subsets of Subsets deeper than this are not followed (a cycle, or a mistake)
+
+
+def base_source(dataset: Any) -> Any:
+    """The dataset under ``dataset``'s chain of ``torch.utils.data.Subset``s (``dataset`` itself
+    when it is none): a filler reads the gpufeed dataset a loader's Subset is cut from, the
+    task's indices being already that dataset's (``gpufeed._fastpath.subsets``)."""
+    for _ in range(MAX_SUBSETS):
+        if not isinstance(dataset, Subset):
+            break
+        dataset = dataset.dataset
+    return dataset
+
+
 class ReadsOwner:
     """What a filler that reads in its worker shares (``ImageFiller``, ``SampleFiller``): one
     OpenCV thread per worker, and this process's ``WorkerReads`` in ``_reads``, made at its
@@ -504,6 +519,7 @@ class ImageFiller(ReadsOwner):
 
     def prefetch(self, source: Any, indices: list[int], task: ImageTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it)."""
+        source = base_source(source)
         return begin_reads(self.worker_reads().for_source(source), source, indices, task)
 
     def fill(self, source: Any, indices: list[int], task: ImageTask, w: SlotWriter,
@@ -513,6 +529,7 @@ class ImageFiller(ReadsOwner):
         ``prefetched``: what :meth:`prefetch` returned for this task; ``more``: takes the
         tasks that reached the worker since, so their reads begin during this fill."""
         plan = self.plan
+        source = base_source(source)
         layout = plan.layout(len(indices))
         if layout.planned_bytes > w.capacity:
             raise ValueError(

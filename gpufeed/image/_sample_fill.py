@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, add_note, describe_callable, shorten
-from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, read_ahead
+from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, base_source, read_ahead
 from gpufeed.image._malloc import keep_freed_memory
 from gpufeed.image._reads import BatchReads, ReadAhead
 from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
@@ -297,6 +297,7 @@ class SampleFiller(ReadsOwner):
     def prefetch(self, source: Any, indices: list[int], task: SampleTask) -> BatchReads | None:
         """Start the task's reads (after those of the tasks begun before it): the samples the
         cache did not supply."""
+        source = base_source(source)
         return read_ahead(self.worker_reads().for_source(source), source,
                           misses(indices, {pos for pos, _, _ in task.given}))
 
@@ -305,6 +306,7 @@ class SampleFiller(ReadsOwner):
              ) -> tuple[Any, SampleReport]:
         """The batch of ``indices`` (``more``: takes the tasks that reached the worker since, so
         their reads begin during this fill)."""
+        source = base_source(source)
         supplied = None
         if task.given:  # the cache's blobs, which the parent wrote at the start of the slot
             buf = w.buffer

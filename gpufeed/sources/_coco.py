@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.decoders import read_header
 from gpufeed.decoders._header import Buffer
+from gpufeed.errors import DecodeError
 from gpufeed.image.detection._sample import Boxes, Mask
 from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, rle_string, segmentation_rle
 from gpufeed.sources._detection import DetectionSource
@@ -202,6 +204,16 @@ def _compact_coords(coords: np.ndarray) -> np.ndarray:
     return coords
 
 
+def _stated_size(img: dict[str, Any]) -> tuple[int, int]:
+    """(height, width) of an ``images`` entry; (-1, -1) when absent or not positive ints (the
+    file's header says it then)."""
+    h, w = img.get("height"), img.get("width")
+    if isinstance(h, int) and isinstance(w, int) and not isinstance(h, bool) and not isinstance(w, bool) \
+            and h > 0 and w > 0:
+        return h, w
+    return -1, -1
+
+
 class CocoDetection(DetectionSource):
     """COCO detection/instance segmentation: the images under ``root`` named by ``annFile``'s
     ``images``, with their ``annotations``.
@@ -249,6 +261,7 @@ class CocoDetection(DetectionSource):
     def _parse(self, data: dict[str, Any]) -> None:
         ann_file = self.ann_file
         file_of: dict[int, str] = {}
+        size_of: dict[int, tuple[int, int]] = {}
         for j, img in enumerate(data.get("images", [])):
             if not isinstance(img, dict):
                 raise ValueError(f"{ann_file}: `images[{j}]` must be an object. "
@@ -261,6 +274,7 @@ class CocoDetection(DetectionSource):
                 raise ValueError(f"{ann_file}: `images[{j}].file_name` must be a string. "
                                  f"Found: {name!r}.")
             file_of[image_id] = name  # a repeated id: the last entry, as pycocotools
+            size_of[image_id] = _stated_size(img)
         ids = sorted(file_of)
         position = {image_id: k for k, image_id in enumerate(ids)}
         parser = _Parser(ann_file)
@@ -282,6 +296,7 @@ class CocoDetection(DetectionSource):
 
         self._ids = share(np.asarray(ids, dtype=np.int64))
         self._paths = PathTable(os.path.join(self.root, file_of[k]) for k in ids)
+        self._sizes = share(np.asarray([size_of[k] for k in ids], dtype=np.int64).reshape(-1, 2))
         self._offsets = share(offsets)
         self._bbox = flat(parser.bbox, np.float64, (-1, 4))
         self._bbox_int = flat(parser.bbox_int, np.bool_)
@@ -310,6 +325,45 @@ class CocoDetection(DetectionSource):
 
     def describe(self, index: int) -> str:
         return self._paths[index]
+
+    def get_height_and_width(self, index: int) -> tuple[int, int]:
+        """(height, width) in pixels of sample ``index``'s image, from the annotation file's
+        ``images`` entry (read from the file's header where the entry has none), without
+        decoding it: what torchvision's detection references ask a dataset for to group images
+        by aspect ratio (``GroupedBatchSampler``). As stored: EXIF orientation is ignored, as
+        the samples ignore it."""
+        h, w = (int(v) for v in self._sizes[index])
+        if h > 0:
+            return h, w
+        with open(self._paths[index], "rb") as f:
+            try:
+                header = read_header(f.read())
+            except DecodeError as exc:
+                raise DecodeError(f"cannot read the size of {self._paths[index]} (sample index "
+                                  f"{index}; its `images` entry has no height and width): {exc}") from exc
+        return header.encoded_height, header.encoded_width
+
+    @property
+    def coco(self) -> Any:
+        """The annotation file as a ``pycocotools.coco.COCO`` (torchvision's ``CocoDetection.coco``:
+        ``getAnnIds``, ``loadAnns``, ``imgs``...), loaded at first use in each process and never
+        sent to workers (the samples come from gpufeed's own parse). Needs pycocotools."""
+        loaded = self.__dict__.get("_coco")
+        if loaded is None:
+            try:
+                from pycocotools.coco import COCO
+            except ImportError as exc:
+                raise ImportError(f"CocoDetection.coco is a pycocotools COCO object, and pycocotools "
+                                  f"is not installed ({exc}). Install it: pip install pycocotools. "
+                                  "The samples themselves do not need it.") from exc
+            loaded = COCO(self.ann_file)
+            self.__dict__["_coco"] = loaded
+        return loaded
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_coco", None)  # loaded again where it is used (it holds the whole file)
+        return state
 
     def record(self, index: int) -> tuple[int, int]:
         """The annotation range of sample ``index`` (what :meth:`target_of` takes)."""

@@ -59,6 +59,42 @@ def test_loader_batches_match_torchvisions_wrapped_coco(coco, name):
     fast = gpufeed.FastLoader(ours, batch_size=4, num_workers=2, collate_fn=collate)
     assert fast.stats()["path"] == "image"
     ref = DataLoader(theirs, batch_size=4, num_workers=0, collate_fn=collate)
+    assert _compare(fast, ref) == len(theirs)
+
+
+def _with_annotations(dataset):
+    """The detection references' ``_coco_remove_images_without_annotations``: a Subset of the
+    images with annotations, found through ``dataset.coco``."""
+    keep = [k for k, image_id in enumerate(dataset.ids)
+            if dataset.coco.loadAnns(dataset.coco.getAnnIds(imgIds=image_id, iscrowd=None))]
+    return torch.utils.data.Subset(dataset, keep)
+
+
+def test_the_references_subset_and_aspect_groups_give_torchvisions_batches(tmp_path):
+    """The references' training set (a Subset without the images that have no annotation) and
+    aspect-ratio groups (torchvision's CocoDetection answers from ``coco.imgs``, gpufeed's from
+    ``get_height_and_width``): the same Subset, the same groups, the same batches."""
+    data = make_coco(tmp_path, 30, seed=6, empty_fraction=0.3, int_box_fraction=0.0)
+    pipeline = _pipelines()["flip_resize"]
+    ours = _with_annotations(gpufeed.CocoDetection(data.root, data.ann_file, transforms=pipeline,
+                                                   target_keys=KEYS))
+    theirs = _with_annotations(datasets.wrap_dataset_for_transforms_v2(
+        datasets.CocoDetection(data.root, data.ann_file, transforms=pipeline), target_keys=KEYS))
+    assert ours.indices == theirs.indices and 0 < len(ours) < 30
+    info = theirs.dataset.coco.imgs
+    tv_wide = [info[theirs.dataset.ids[i]]["width"] > info[theirs.dataset.ids[i]]["height"]
+               for i in theirs.indices]
+    wide = [w > h for h, w in (ours.dataset.get_height_and_width(i) for i in ours.indices)]
+    assert wide == tv_wide
+    groups = ([i for i, w in enumerate(wide) if w], [i for i, w in enumerate(wide) if not w])
+    batches = [group[k:k + 3] for group in groups for k in range(0, len(group), 3)]
+    fast = gpufeed.FastLoader(ours, batch_sampler=batches, num_workers=2, collate_fn=collate)
+    assert fast.stats()["path"] == "image"
+    assert _compare(fast, DataLoader(theirs, batch_sampler=batches, collate_fn=collate)) == len(ours)
+
+
+def _compare(fast, ref) -> int:
+    """Compare the two loaders' batches as the module docstring says; returns the sample count."""
     mismatches: list[str] = []
     diffs = []
     count = 0
@@ -84,8 +120,8 @@ def test_loader_batches_match_torchvisions_wrapped_coco(coco, name):
                 mismatches.append(f"{where}: image {tuple(img.shape)} {img.dtype}")
             else:
                 diffs.append(float((img.float() - ref_img.float()).abs().mean()) * 255)
-    assert count == len(theirs)
     assert mismatches == []
     # gpufeed decodes with libjpeg-turbo/OpenCV and resizes with OpenCV; torchvision with PIL:
     # the existing tolerance for a bilinear resize (1.5 levels) plus the decoders' difference.
     assert max(diffs) < 2.5, diffs
+    return count

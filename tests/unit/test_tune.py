@@ -185,6 +185,11 @@ def test_cache_bytes_needed_by_transform(tmp_path):
     needed, _ = cache_bytes_needed(ImageFolder(tmp_path, transform=ResizeCenterCrop(16, 20)))
     assert needed == 6 * 16 * 16 * 3  # decoded rows for a deterministic transform
     assert cache_bytes_needed(ImageFolder(tmp_path))[0] is None
+    from torch.utils.data import Subset
+
+    subset = Subset(ImageFolder(tmp_path, transform=ResizeCenterCrop(16, 20)), [0, 2, 4])
+    assert cache_bytes_needed(subset) == (3 * 16 * 16 * 3, "a Subset of 3 of the 6 decoded 16x16 rows")
+    assert cache_bytes_needed(Subset(ImageFolder(tmp_path), [0]))[0] is None
     model = CostModel(lambda w: 100 * w)
     result = _tune(model, max_workers=1, dataset=ImageFolder(tmp_path, transform=RandomResizedCrop(16)))
     assert result.recommended_cache_bytes == files
