@@ -87,8 +87,6 @@ def make_coco(root: str | os.PathLike, n_images: int, *,
     integer boxes (int64 boxes in torchvision)."""
     if n_images <= 0:
         raise ValueError(f"`n_images` must be > 0. Found: {n_images}.")
-    from pycocotools import mask as mask_utils
-
     rng = np.random.default_rng(seed)
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
@@ -118,6 +116,8 @@ def make_coco(root: str | os.PathLike, n_images: int, *,
                 seg: Any = _uncompressed_rle(_ellipse_mask(rng, box, (h, w)))
                 ann["iscrowd"] = 1
             elif draw < crowd_fraction + string_rle_fraction:
+                from pycocotools import mask as mask_utils  # only for these (string_rle_fraction)
+
                 rle = mask_utils.encode(np.asfortranarray(_ellipse_mask(rng, box, (h, w))))
                 seg = {"size": [h, w], "counts": rle["counts"].decode("ascii")}
             else:
