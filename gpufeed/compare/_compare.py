@@ -60,6 +60,23 @@ class RoundResult:
     mean_pss_bytes: float
     peak_footprint_bytes: int  # PSS with shared memory counted whole, mapped or not
     teardown_s: float  # dropping the loader until its worker processes are gone
+    # CPU over the steady state (the first batch excluded): its samples, and the CPU seconds of
+    # the whole process tree (workers and this process) and of this process alone
+    steady_samples: int = 0
+    cpu_s: float = 0.0
+    parent_cpu_s: float = 0.0
+
+    @property
+    def cpu_ms_per_sample(self) -> float:
+        """CPU milliseconds of the process tree (parent and workers) per steady-state sample
+        (nan without one): what a loader costs, which load beside it changes less than its rate."""
+        return 1e3 * self.cpu_s / self.steady_samples if self.steady_samples else float("nan")
+
+    @property
+    def parent_cpu_ms_per_sample(self) -> float:
+        """This process's share of :attr:`cpu_ms_per_sample` (the consumer's work and the
+        harness's memory sampler included)."""
+        return 1e3 * self.parent_cpu_s / self.steady_samples if self.steady_samples else float("nan")
 
     @property
     def batches_per_s(self) -> float:
@@ -107,6 +124,11 @@ class LoaderSummary:
         return statistics.median(r.startup_s for r in self.rounds)
 
     @property
+    def median_cpu_ms_per_sample(self) -> float:
+        """Median over the rounds of the tree's CPU milliseconds per steady-state sample."""
+        return statistics.median(r.cpu_ms_per_sample for r in self.rounds)
+
+    @property
     def min_batches_per_s(self) -> float:
         """Slowest round's batches per second."""
         return min(r.batches_per_s for r in self.rounds)
@@ -139,6 +161,7 @@ class LoaderSummary:
             "median_samples_per_s": self.median_samples_per_s,
             "median_total_batches_per_s": self.median_total_batches_per_s,
             "median_startup_s": self.median_startup_s,
+            "median_cpu_ms_per_sample": self.median_cpu_ms_per_sample,
             "min_batches_per_s": self.min_batches_per_s,
             "max_batches_per_s": self.max_batches_per_s,
             "peak_pss_bytes": self.peak_pss_bytes,
@@ -150,6 +173,8 @@ class LoaderSummary:
                     "batches_per_s": r.batches_per_s,
                     "samples_per_s": r.samples_per_s,
                     "total_batches_per_s": r.total_batches_per_s,
+                    "cpu_ms_per_sample": r.cpu_ms_per_sample,
+                    "parent_cpu_ms_per_sample": r.parent_cpu_ms_per_sample,
                 }
                 for r in self.rounds
             ],
@@ -224,7 +249,7 @@ class CompareResult:
         w = max(len("loader"), *(len(s.name) for s in self.loaders))
         header = (
             f"{'loader':<{w}} {'batches/s':>10} {'min..max':>13} {'images/s':>9} {'startup':>8} "
-            f"{'peak PSS':>10} {'footprint':>10} {'speed x':>8} {'PSS x':>6} {'fp x':>5}"
+            f"{'peak PSS':>10} {'footprint':>10} {'speed x':>8} {'PSS x':>6} {'fp x':>5} {'cpu/img':>8}"
         )
         lines = [header, "-" * len(header)]
         for s in self.loaders:
@@ -233,14 +258,16 @@ class CompareResult:
                 f"{s.name:<{w}} {s.median_batches_per_s:>10.1f} {spread:>13} "
                 f"{s.median_samples_per_s:>9.0f} {s.median_startup_s:>7.2f}s "
                 f"{format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10} "
-                f"{self.ratio(s.name):>8.2f} {self.memory_ratio(s.name):>6.2f} {self.footprint_ratio(s.name):>5.2f}"
+                f"{self.ratio(s.name):>8.2f} {self.memory_ratio(s.name):>6.2f} {self.footprint_ratio(s.name):>5.2f} "
+                f"{s.median_cpu_ms_per_sample:>6.2f}ms"
             )
         per = "one epoch" if self.num_batches is None else f"{self.num_batches} batches"
         lines.append(
             f"({self.num_rounds} rounds of {per} per loader, alternating, after "
             f"{self.num_warmup_rounds} warm-up round(s); medians; ratios vs {self.baseline}; "
             "batches/s excludes the first batch, startup is time to it; peak PSS summed over the "
-            "process tree; footprint = that PSS with shared memory counted whole, mapped or not)"
+            "process tree; footprint = that PSS with shared memory counted whole, mapped or not; "
+            "cpu/img: CPU of the process tree per image, first batch excluded)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -321,6 +348,8 @@ def _run_round(
     n_batches = 0
     n_samples = 0
     first_batch_at = 0.0
+    first_samples = 0
+    cpu = _TreeCpu(me)
     loader: Iterable[Any] | None = None
     iterator: Iterator[Any] | None = None
     with PeakPSS(interval_s=sample_interval_s, cpu_share=sampler_cpu_share) as mem:
@@ -334,12 +363,17 @@ def _run_round(
                 n_samples += batch_size_of(batch)
                 n_batches += 1
                 del batch
+                if n_batches > 1:
+                    cpu.update()
                 if n_batches == 1:
+                    cpu.start()  # before the clock: its cost is not steady time
+                    first_samples = n_samples
                     first_batch_at = clock()
                     mem.request()  # the workers are up: sample now, whatever the budget
                 if num_batches is not None and n_batches >= num_batches:
                     break
             t_end = clock()
+            parent_cpu_s, workers_cpu_s = cpu.result()
         except BaseException:
             # Ctrl-C or an error: the traceback keeps the iterator alive, so dropping it would
             # not stop its workers, and waiting for them would take teardown_timeout_s. Stop
@@ -377,7 +411,52 @@ def _run_round(
         mean_pss_bytes=mem.mean_bytes,
         peak_footprint_bytes=mem.peak_footprint_bytes,
         teardown_s=teardown_s,
+        steady_samples=n_samples - first_samples,
+        cpu_s=parent_cpu_s + workers_cpu_s,
+        parent_cpu_s=parent_cpu_s,
     )
+
+
+class _TreeCpu:
+    """CPU seconds (user + system) of this process and of the descendants alive at
+    :meth:`start`, from there on. Each descendant is read again at every :meth:`update` (one
+    ``/proc`` read each), so one that exits (a worker at the end of its epoch) keeps what it ran
+    up to its last reading; a descendant started later (a replaced worker) is not counted."""
+
+    def __init__(self, me: psutil.Process) -> None:
+        self.me = me
+        self.own: float | None = None  # None until start()
+        self.kids: list[psutil.Process] = []
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    @staticmethod
+    def _seconds(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return times.user + times.system
+
+    def start(self) -> None:
+        self.own = self._seconds(self.me)
+        for child in self.me.children(recursive=True):
+            try:
+                self.first[child.pid] = self.last[child.pid] = self._seconds(child)
+            except psutil.Error:
+                continue
+            self.kids.append(child)
+
+    def update(self) -> None:
+        for child in self.kids:
+            try:
+                self.last[child.pid] = self._seconds(child)
+            except psutil.Error:
+                continue  # gone: its last reading stands
+
+    def result(self) -> tuple[float, float]:
+        """(this process's, the descendants') CPU seconds since :meth:`start`."""
+        if self.own is None:
+            return 0.0, 0.0
+        self.update()
+        return self._seconds(self.me) - self.own, sum(self.last[pid] - t for pid, t in self.first.items())
 
 
 def stop_workers(iterator: Iterator[Any] | None) -> None:

@@ -293,3 +293,48 @@ def test_compare_validates_arguments() -> None:
         compare({"a": f}, baseline="b")
     with pytest.raises(ValueError, match="factories"):
         compare({})
+
+
+class _Spinning(torch.utils.data.Dataset):
+    """Each item burns ``cpu_s`` of its process's CPU time (measured on the CPU clock, so a
+    busy machine makes it take longer, never count less)."""
+
+    def __init__(self, n: int, cpu_s: float) -> None:
+        self.n, self.cpu_s = n, cpu_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.process_time() + self.cpu_s
+        while time.process_time() < end:
+            pass
+        return torch.tensor(i)
+
+
+@pytest.mark.timeout(120)
+def test_cpu_per_sample_counts_the_workers_and_the_parent() -> None:
+    per_item = 0.01
+    spin_parent = 0.02
+
+    def consume(batch):
+        end = time.process_time() + spin_parent
+        while time.process_time() < end:
+            pass
+
+    def factory():
+        # one worker, one batch ahead: batches 2-5 are asked for after the first is handed out
+        return torch.utils.data.DataLoader(_Spinning(24, per_item), batch_size=4, num_workers=1,
+                                           prefetch_factor=1)
+
+    result = compare({"spin": factory}, num_rounds=1, num_warmup_rounds=0, sample_interval_s=0.05,
+                     consume=consume)
+    r = result.summary("spin").rounds[0]
+    assert r.steady_samples == 20  # 6 batches of 4, the first excluded
+    # the consumer's spin on the 5 steady batches ran in the parent, the 16 items of batches 2-5
+    # spun in the worker after the first batch was handed out
+    assert r.parent_cpu_ms_per_sample >= 1e3 * spin_parent * 5 / 20 * 0.99
+    assert r.cpu_ms_per_sample >= r.parent_cpu_ms_per_sample + 1e3 * per_item * 16 / 20 * 0.99
+    assert result.summary("spin").median_cpu_ms_per_sample == r.cpu_ms_per_sample
+    assert "cpu/img" in result.format_table()
+    assert json.loads(json.dumps(result.to_dict()))["loaders"][0]["median_cpu_ms_per_sample"] > 0
