@@ -364,7 +364,7 @@ def _run_round(
                 n_batches += 1
                 del batch
                 if n_batches > 1:
-                    cpu.update()
+                    cpu.update()  # throttled
                 if n_batches == 1:
                     cpu.start()  # before the clock: its cost is not steady time
                     first_samples = n_samples
@@ -373,7 +373,7 @@ def _run_round(
                 if num_batches is not None and n_batches >= num_batches:
                     break
             t_end = clock()
-            parent_cpu_s, workers_cpu_s = cpu.result()
+            parent_cpu_s = cpu.parent_s()
         except BaseException:
             # Ctrl-C or an error: the traceback keeps the iterator alive, so dropping it would
             # not stop its workers, and waiting for them would take teardown_timeout_s. Stop
@@ -393,6 +393,7 @@ def _run_round(
                 f"{teardown_timeout_s:.0f}s after the loader was dropped"
             )
             teardown_s = time.perf_counter() - t_td
+        workers_cpu_s = cpu.workers_s()
     if n_batches == 0:
         raise ValueError(f"loader {name!r} yielded no batches")
     if num_batches is not None and n_batches < num_batches:
@@ -418,17 +419,27 @@ def _run_round(
 
 
 class _TreeCpu:
-    """CPU seconds (user + system) of this process and of the descendants alive at
-    :meth:`start`, from there on. Each descendant is read again at every :meth:`update` (one
-    ``/proc`` read each), so one that exits (a worker at the end of its epoch) keeps what it ran
-    up to its last reading; a descendant started later (a replaced worker) is not counted."""
+    """CPU seconds (user + system) of this process from :meth:`start` to :meth:`parent_s`, and
+    of its descendants from :meth:`start` to :meth:`workers_s` (called once they are gone).
+
+    A direct child that has exited and been reaped (a worker at the end of its epoch) is counted
+    through this process's reaped-children time, which then holds its whole life: its CPU at
+    :meth:`start` is taken off. Any other descendant counts from its readings at :meth:`start`
+    and its last one (:meth:`update`, at most every ``UPDATE_S``; a zombie's is still
+    readable). A child started and reaped during the round (a replaced worker) is counted whole;
+    a grandchild started then is not."""
+
+    UPDATE_S = 0.05  # one /proc read per descendant (~20 us): not after every batch of a fast loader
 
     def __init__(self, me: psutil.Process) -> None:
         self.me = me
         self.own: float | None = None  # None until start()
+        self.reaped = 0.0
         self.kids: list[psutil.Process] = []
+        self.direct: set[int] = set()
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
+        self.read_at = 0.0
 
     @staticmethod
     def _seconds(proc: psutil.Process) -> float:
@@ -436,27 +447,56 @@ class _TreeCpu:
         return times.user + times.system
 
     def start(self) -> None:
-        self.own = self._seconds(self.me)
+        times = self.me.cpu_times()
+        self.own, self.reaped = times.user + times.system, times.children_user + times.children_system
         for child in self.me.children(recursive=True):
             try:
                 self.first[child.pid] = self.last[child.pid] = self._seconds(child)
+                if child.ppid() == self.me.pid:
+                    self.direct.add(child.pid)
             except psutil.Error:
                 continue
             self.kids.append(child)
+        self.read_at = time.perf_counter()
 
-    def update(self) -> None:
+    def update(self, force: bool = False) -> None:
+        if self.own is None or not (force or time.perf_counter() - self.read_at >= self.UPDATE_S):
+            return
         for child in self.kids:
             try:
                 self.last[child.pid] = self._seconds(child)
             except psutil.Error:
                 continue  # gone: its last reading stands
+        self.read_at = time.perf_counter()
 
-    def result(self) -> tuple[float, float]:
-        """(this process's, the descendants') CPU seconds since :meth:`start`."""
+    def parent_s(self) -> float:
+        """This process's CPU seconds since :meth:`start` (0.0 without one)."""
         if self.own is None:
-            return 0.0, 0.0
-        self.update()
-        return self._seconds(self.me) - self.own, sum(self.last[pid] - t for pid, t in self.first.items())
+            return 0.0
+        self.update(force=True)
+        return self._seconds(self.me) - self.own
+
+    def workers_s(self) -> float:
+        """The descendants' CPU seconds since :meth:`start` (0.0 without one), their exits
+        included."""
+        if self.own is None:
+            return 0.0
+        times = self.me.cpu_times()
+        total = times.children_user + times.children_system - self.reaped
+        for child in self.kids:
+            pid = child.pid
+            try:
+                child.status()
+            except psutil.NoSuchProcess:
+                if pid in self.direct:  # reaped: its whole life is in `total`
+                    total -= self.first[pid]
+                    continue
+            try:
+                self.last[pid] = self._seconds(child)
+            except psutil.Error:
+                pass
+            total += self.last[pid] - self.first[pid]
+        return total
 
 
 def stop_workers(iterator: Iterator[Any] | None) -> None:
