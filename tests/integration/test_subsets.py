@@ -93,6 +93,17 @@ def test_a_subset_loader_resumes_exactly_and_caches_by_base_index(folder):
     assert all(same(a, b) for a, b in zip(epochs, [list(uncached), list(uncached)]))
 
 
+def test_a_subsets_decoded_cache_makes_batches_in_the_parent_with_the_base_labels(folder):
+    deterministic = gpufeed.ImageFolder(folder.root, transform=gpufeed.ResizeCenterCrop(24, 28))
+    subset = Subset(deterministic, [7, 3, 25, 11, 0, 19])
+    cached = gpufeed.FastLoader(subset, batch_size=3, num_workers=2, cache_bytes=64 << 20, persistent_workers=True)
+    first, second = list(cached), list(cached)  # the second epoch: every row a hit, made in the parent
+    assert cached.stats()["cache_hits"] >= len(subset)
+    want = list(gpufeed.FastLoader(deterministic, batch_size=3, sampler=subset.indices))
+    assert same(first, want) and same(second, want)
+    assert torch.cat([labels for _, labels in second]).tolist() == [deterministic.targets[i] for i in subset.indices]
+
+
 def test_a_subset_index_out_of_range_is_an_index_error_naming_it(folder):
     with pytest.raises(IndexError, match=f"hold {len(folder) + 3}, outside its dataset of {len(folder)}"):
         gpufeed.FastLoader(Subset(folder, [0, len(folder) + 3]), batch_size=2)
