@@ -338,3 +338,35 @@ def test_cpu_per_sample_counts_the_workers_and_the_parent() -> None:
     assert result.summary("spin").median_cpu_ms_per_sample == r.cpu_ms_per_sample
     assert "cpu/img" in result.format_table()
     assert json.loads(json.dumps(result.to_dict()))["loaders"][0]["median_cpu_ms_per_sample"] > 0
+
+
+def test_workers_delivering_in_step_are_not_over_counted() -> None:
+    """Two workers that hand over their batches together every 0.1 s make 20 batches a second.
+    The window from the first batch to the last would count the batch that came with the first
+    (made before the window opened): 11 batches in 0.5 s, 22 a second. The fitted rate is 20."""
+    clock = ManualClock()
+
+    def in_step():
+        def gen():
+            for i in range(12):
+                if i and i % 2 == 0:
+                    clock.advance(0.1)
+                yield torch.full((8, 3), i)
+        return gen()
+
+    def alternating():
+        def gen():
+            for i in range(12):
+                if i:
+                    clock.advance(0.05)
+                yield torch.full((8, 3), i)
+        return gen()
+
+    result = compare({"in step": in_step, "alternating": alternating}, num_rounds=1, num_warmup_rounds=0,
+                     sample_interval_s=0.01, clock=clock.now)
+    for name in ("in step", "alternating"):
+        r = result.summary(name).rounds[0]
+        assert r.batches_per_s == pytest.approx(20.0, rel=0.02), name
+        assert r.samples_per_s == pytest.approx(160.0, rel=0.02), name
+    assert result.summary("in step").rounds[0].steady_s == pytest.approx(0.5)  # 11 batches after the first
+    assert result.ratio("in step", "alternating") == pytest.approx(1.0, rel=0.02)
