@@ -302,7 +302,7 @@ def format_report(run: ImageBenchResult) -> str:
         row += f" {format_bytes(s.peak_pss_bytes):>10} {format_bytes(s.peak_footprint_bytes):>10}"
         row += "".join(f" {res.memory_ratio(s.name, r):>11.2f}x" for r in refs)
         lines.append(row)
-    lines.append("(images/s: median steady rate, first batch excluded; startup: loader + workers + "
+    lines.append("(images/s: median steady rate, fitted to the batches' arrival times; startup: loader + workers + "
                  "first batch, paid every round; w/ start: images/s including it; memory: peak over "
                  "rounds, summed over the process tree; footprint counts shared memory whole"
                  + ("; x f32: over FastLoader NCHW float32; float output is ImageNet-normalized"

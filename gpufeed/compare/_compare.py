@@ -60,8 +60,8 @@ class RoundResult:
     mean_pss_bytes: float
     peak_footprint_bytes: int  # PSS with shared memory counted whole, mapped or not
     teardown_s: float  # dropping the loader until its worker processes are gone
-    # CPU over the steady state (the first batch excluded): its samples, and the CPU seconds of
-    # the whole process tree (workers and this process) and of this process alone
+    # the steady window (first batch to last): the samples after the first batch, and the CPU
+    # seconds of the whole process tree (workers and this process) and of this process alone
     steady_samples: int = 0
     cpu_s: float = 0.0
     parent_cpu_s: float = 0.0
