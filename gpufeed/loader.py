@@ -544,8 +544,9 @@ def explain(target: Any) -> str:
     """
     if isinstance(target, DataLoader):
         return explain_loader(target, isinstance(target, FastLoader))
-    if isinstance(fast_dataset(target), (ImageSource, DetectionSource)):
-        return explain_dataset(fast_dataset(target))
+    dataset = fast_dataset(target)
+    if isinstance(dataset, (ImageSource, DetectionSource)):
+        return explain_dataset(dataset)
     return explain_transform(target)
 
 

@@ -19,7 +19,7 @@ from gpufeed._engine.plugin import Completed, FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
 from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
 from gpufeed._fastpath.samples import sample_path_blocker, warn_generic_path
-from gpufeed._fastpath.subsets import SubsetIndex, fast_dataset, subset_index
+from gpufeed._fastpath.subsets import SubsetIndex, SubsetMapped, fast_dataset, subset_index
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.cuda._transform import GpuTransform
@@ -277,7 +277,7 @@ class ParentBatch:
     rows: list[Any]  # the cached rows, in batch order
 
 
-class ImageFeed(SkipCounts, FillPlugin):
+class ImageFeed(SkipCounts, SubsetMapped, FillPlugin):
     """Parent side of the image path (the engine's ``FillPlugin``): cache look-ups before
     dispatch, cache fills after; ``filler`` is the worker side. ``index_map``: the loader's
     dataset is a Subset of ``source``; the tasks carry ``source``'s indices (``task_index``)."""
@@ -292,10 +292,6 @@ class ImageFeed(SkipCounts, FillPlugin):
         self.cache = cache if plan.cache else None
         SkipCounts.__init__(self)
         self._label_table = _label_table(source) if plan.targets == "labels" else None
-
-    def task_index(self, index: list[int]) -> list[int]:
-        """The base dataset's indices of a batch of the Subset's (``index_map``), else ``index``."""
-        return index if self.index_map is None else self.index_map(index)
 
     @property
     def parent_binds(self) -> bool:

@@ -21,7 +21,7 @@ import torch
 from gpufeed._engine.plugin import FillPlugin, LookUp, PassTag
 from gpufeed._fastpath.counts import SkipCounts
 from gpufeed._fastpath.host_cache import make_host_cache, put_staged, source_parts, write_hits
-from gpufeed._fastpath.subsets import SubsetIndex, fast_dataset, subset_index
+from gpufeed._fastpath.subsets import SubsetIndex, SubsetMapped, fast_dataset, subset_index
 from gpufeed.cache import HostCache
 from gpufeed.cache._shared import CacheNamespace, fingerprint
 from gpufeed.errors import GpufeedWarning, describe_callable
@@ -140,7 +140,7 @@ def explain_samples(dataset: DetectionSource) -> Sequence[str]:
     return lines
 
 
-class SampleFeed(SkipCounts, FillPlugin):
+class SampleFeed(SkipCounts, SubsetMapped, FillPlugin):
     """Parent side of the per-sample path (the engine's ``FillPlugin``): per-task epochs, the
     host cache of each sample's read (looked up at submission, the hits written at the start of
     the task's slot; the reads a worker staged there added when the batch is handed out), and
@@ -155,10 +155,6 @@ class SampleFeed(SkipCounts, FillPlugin):
         self.cache = cache if plan.cache else None
         self.gpu_transform = None  # the pipeline sets the dtype: nothing runs after the copy
         SkipCounts.__init__(self)
-
-    def task_index(self, index: list[int]) -> list[int]:
-        """The base dataset's indices of a batch of the Subset's (``index_map``), else ``index``."""
-        return index if self.index_map is None else self.index_map(index)
 
     @property
     def parent_binds(self) -> bool:

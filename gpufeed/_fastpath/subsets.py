@@ -25,7 +25,7 @@ from gpufeed.image._fill import MAX_SUBSETS, base_source
 from gpufeed.sources import ImageSource
 from gpufeed.sources._detection import DetectionSource
 
-__all__ = ["SubsetIndex", "fast_dataset", "subset_index"]
+__all__ = ["SubsetIndex", "SubsetMapped", "fast_dataset", "subset_index"]
 
 
 def fast_dataset(dataset: Any) -> Any:
@@ -55,6 +55,17 @@ class SubsetIndex:
             raise IndexError(f"the sampler gave index {shorten(index)} to a Subset of length "
                              f"{len(self.indices)}: {exc}. The sampler must give positions in "
                              f"the Subset, 0 to {len(self.indices) - 1}.") from exc
+
+
+class SubsetMapped:
+    """What a feed (the engine's ``FillPlugin``) adds to map its tasks' indices: ``index_map``
+    set when the loader's dataset is a Subset of the feed's source."""
+
+    index_map: SubsetIndex | None = None
+
+    def task_index(self, index: list[int]) -> list[int]:
+        """The base dataset's indices of a batch of the Subset's (``index_map``), else ``index``."""
+        return index if self.index_map is None else self.index_map(index)
 
 
 def _level(subset: Subset, size: int) -> np.ndarray:

@@ -354,8 +354,8 @@ class CocoDetection(DetectionSource):
                 from pycocotools.coco import COCO
             except ImportError as exc:
                 raise ImportError(f"CocoDetection.coco is a pycocotools COCO object, and pycocotools "
-                                  f"is not installed ({exc}). Install it: pip install pycocotools. "
-                                  "The samples themselves do not need it.") from exc
+                                  f"is not installed ({exc}). Install it: pip install pycocotools "
+                                  "(gpufeed's masks need it too).") from exc
             loaded = COCO(self.ann_file)
             self.__dict__["_coco"] = loaded
         return loaded
