@@ -113,6 +113,7 @@ def main() -> None:
         summary.update(world=accelerator.num_processes, resumed_from_step=resumed_from, last_step=step,
                        steps_per_rank=steps, loader=type(train_loader).__name__, images=stats["images"])
         print("SUMMARY " + json.dumps(summary), flush=True)
+    accelerator.wait_for_everyone()  # every rank done with gloo before any tears it down
     accelerator.end_training()
 
 
