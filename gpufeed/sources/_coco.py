@@ -11,7 +11,6 @@ see ``gpufeed.sources._shared``), not COCO's dict of dicts.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from typing import Any
@@ -23,7 +22,17 @@ from gpufeed.decoders import read_header
 from gpufeed.decoders._header import Buffer
 from gpufeed.errors import DecodeError
 from gpufeed.image.detection._sample import Boxes, Mask
-from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, rle_string, segmentation_rle
+from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, segmentation_rle
+from gpufeed.sources._coco_parse import (
+    MISSING_BITS,
+    POLYGONS,
+    RLE_LIST,
+    RLE_STRING,
+    SIZE_FIRST,
+    gc_paused,
+    parse_annotations,
+    read_json,
+)
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.sources._detection_items import (
     check_transform_args,
@@ -37,11 +46,6 @@ from gpufeed.sources._shared import share
 
 __all__ = ["CocoDetection"]
 
-# Segmentation kinds: a list of polygons, an RLE with list counts, an RLE with string counts.
-POLYGONS, RLE_LIST, RLE_STRING, NO_SEGMENTATION = 0, 1, 2, 3
-SIZE_FIRST = 0x10  # flag on an RLE's kind: its JSON object lists `size` before `counts`
-# Bits of `_missing`: the annotation lacks this optional key.
-_MISSING_BITS = {"area": 1, "iscrowd": 2, "segmentation": 4}
 _WRAPPER_KEYS = {"image_id", "boxes", "masks", "labels"}
 
 
@@ -64,122 +68,6 @@ def _target_keys(target_keys: Any) -> set[str]:
     return keys
 
 
-class _Parser:
-    """One pass over the annotation JSON into flat lists (then arrays)."""
-
-    def __init__(self, ann_file: str) -> None:
-        self.ann_file = ann_file
-        self.bbox: list[list[float]] = []
-        self.bbox_int: list[bool] = []
-        self.category: list[int] = []
-        self.iscrowd: list[int] = []
-        self.area: list[float] = []
-        self.area_int: list[bool] = []
-        self.missing: list[int] = []
-        self.kind: list[int] = []
-        self.seg_lo: list[int] = []
-        self.seg_hi: list[int] = []
-        self.seg_size: list[tuple[int, int]] = []
-        self.coords: list[float] = []
-        self.poly_ends: list[int] = []
-        self.rle_blob = bytearray()
-
-    def fail(self, where: str, what: str) -> ValueError:
-        return ValueError(f"{self.ann_file}: `{where}` {what}")
-
-    def annotation(self, j: int, ann: Any) -> None:
-        where = f"annotations[{j}]"
-        if not isinstance(ann, dict):
-            raise self.fail(where, f"must be an object. Found: {type(ann).__name__}.")
-        bbox = ann.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
-            raise self.fail(f"{where}.bbox", f"must be 4 numbers [x, y, w, h]. Found: {bbox!r}.")
-        self.bbox.append(bbox)
-        self.bbox_int.append(all(isinstance(v, int) for v in bbox))
-        cat = ann.get("category_id")
-        if not isinstance(cat, int) or isinstance(cat, bool):
-            raise self.fail(f"{where}.category_id", f"must be an integer. Found: {cat!r}.")
-        self.category.append(cat)
-        missing = 0
-        crowd = ann.get("iscrowd")
-        if crowd is None:
-            missing |= _MISSING_BITS["iscrowd"]
-        elif not isinstance(crowd, int):
-            raise self.fail(f"{where}.iscrowd", f"must be 0 or 1. Found: {crowd!r}.")
-        self.iscrowd.append(int(crowd or 0))
-        area = ann.get("area")
-        if area is None:
-            missing |= _MISSING_BITS["area"]
-        elif not isinstance(area, (int, float)):
-            raise self.fail(f"{where}.area", f"must be a number. Found: {area!r}.")
-        self.area.append(float(area or 0.0))
-        self.area_int.append(isinstance(area, int))
-        seg = ann.get("segmentation")
-        if seg is None:
-            missing |= _MISSING_BITS["segmentation"]
-        self.missing.append(missing)
-        self.segmentation(f"{where}.segmentation", seg)
-
-    def segmentation(self, where: str, seg: Any) -> None:
-        size, size_first = (0, 0), False
-        if seg is None:
-            kind, lo, hi = NO_SEGMENTATION, 0, 0
-        elif isinstance(seg, list):
-            kind, lo = POLYGONS, len(self.poly_ends)
-            for poly in seg:
-                if not isinstance(poly, list) or not all(isinstance(v, (int, float)) for v in poly):
-                    raise self.fail(where, f"must be a list of polygons [x0, y0, x1, y1, ...] or "
-                                           f"an RLE object. Found: {str(seg)[:80]}.")
-                self.coords.extend(poly)
-                self.poly_ends.append(len(self.coords))
-            hi = len(self.poly_ends)
-        elif isinstance(seg, dict):
-            counts, got = seg.get("counts"), seg.get("size")
-            if not (isinstance(got, list) and len(got) == 2 and all(isinstance(v, int) for v in got)):
-                raise self.fail(f"{where}.size", f"must be [height, width]. Found: {got!r}.")
-            size = (got[0], got[1])
-            keys = list(seg)
-            size_first = "counts" in seg and keys.index("size") < keys.index("counts")
-            if isinstance(counts, str):
-                kind, lo = RLE_STRING, len(self.rle_blob)
-                self.rle_blob += counts.encode("ascii")
-                hi = len(self.rle_blob)
-            elif isinstance(counts, list) and all(
-                    isinstance(v, int) and 0 <= v < 1 << 32 for v in counts):
-                # kept compressed (lossless for run lengths); the list is rebuilt on request
-                kind, lo = RLE_LIST, len(self.rle_blob)
-                self.rle_blob += rle_string(counts)
-                hi = len(self.rle_blob)
-            else:
-                raise self.fail(f"{where}.counts", f"must be a string or a list of run lengths "
-                                                   f"(0 to 2**32 - 1). "
-                                                   f"Found: {str(counts)[:80]}.")
-        else:
-            raise self.fail(where, f"must be a list of polygons or an RLE object. "
-                                   f"Found: {type(seg).__name__}.")
-        self.kind.append(kind | (SIZE_FIRST if isinstance(seg, dict) and size_first else 0))
-        self.seg_lo.append(lo)
-        self.seg_hi.append(hi)
-        self.seg_size.append(size)
-
-
-def _read_json(ann_file: str) -> dict[str, Any]:
-    with open(ann_file, "rb") as f:
-        try:
-            data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{ann_file}: not a valid JSON file ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{ann_file}: a COCO annotation file holds a JSON object with `images` "
-                         f"and `annotations`. Found: a JSON {type(data).__name__}.")
-    for key in ("images", "annotations"):
-        if not isinstance(data.get(key, []), list):
-            raise ValueError(f"{ann_file}: `{key}` must be a list. "
-                             f"Found: {type(data[key]).__name__}.")
-    return data
-
-
 def _torchvision_key_order(target_keys: Any) -> tuple[str, ...] | None:
     """The order of the raw keys in torchvision's wrapped ``CocoDetection`` targets (the keys
     its wrapper factory parsed, less the ones it adds), or None where that cannot be read."""
@@ -192,26 +80,6 @@ def _torchvision_key_order(target_keys: Any) -> tuple[str, ...] | None:
         return tuple(cells["target_keys"] - _WRAPPER_KEYS)
     except Exception:  # noqa: BLE001 - another torchvision: the fixed order
         return None
-
-
-def _compact_coords(coords: np.ndarray) -> np.ndarray:
-    """Polygon coordinates as int32 hundredths where that is lossless (COCO's are given to two
-    decimals: ``round(x * 100) / 100`` is then the same double as ``x``), else float64."""
-    if coords.size and np.abs(coords).max() < 2**31 / 100:
-        centi = np.round(coords * 100)
-        if np.array_equal(centi / 100.0, coords):
-            return centi.astype(np.int32)
-    return coords
-
-
-def _stated_size(img: dict[str, Any]) -> tuple[int, int]:
-    """(height, width) of an ``images`` entry; (-1, -1) when absent or not positive ints (the
-    file's header says it then)."""
-    h, w = img.get("height"), img.get("width")
-    if isinstance(h, int) and isinstance(w, int) and not isinstance(h, bool) and not isinstance(w, bool) \
-            and h > 0 and w > 0:
-        return h, w
-    return -1, -1
 
 
 class CocoDetection(DetectionSource):
@@ -256,62 +124,22 @@ class CocoDetection(DetectionSource):
             else tuple(target_keys)
         self._extra_keys = tuple(keys - _WRAPPER_KEYS)
         self._extra_order: tuple[int, tuple[str, ...]] | None = None  # (pid, torchvision's order)
-        self._parse(_read_json(self.ann_file))
+        with gc_paused():
+            self._parse(read_json(self.ann_file))
 
     def _parse(self, data: dict[str, Any]) -> None:
-        ann_file = self.ann_file
-        file_of: dict[int, str] = {}
-        size_of: dict[int, tuple[int, int]] = {}
-        for j, img in enumerate(data.get("images", [])):
-            if not isinstance(img, dict):
-                raise ValueError(f"{ann_file}: `images[{j}]` must be an object. "
-                                 f"Found: {type(img).__name__}.")
-            image_id, name = img.get("id"), img.get("file_name")
-            if not isinstance(image_id, int) or isinstance(image_id, bool):
-                raise ValueError(f"{ann_file}: `images[{j}].id` must be an integer. "
-                                 f"Found: {image_id!r}.")
-            if not isinstance(name, str):
-                raise ValueError(f"{ann_file}: `images[{j}].file_name` must be a string. "
-                                 f"Found: {name!r}.")
-            file_of[image_id] = name  # a repeated id: the last entry, as pycocotools
-            size_of[image_id] = _stated_size(img)
-        ids = sorted(file_of)
-        position = {image_id: k for k, image_id in enumerate(ids)}
-        parser = _Parser(ann_file)
-        owner: list[int] = []
-        for j, ann in enumerate(data.get("annotations", [])):
-            image_id = ann.get("image_id") if isinstance(ann, dict) else None
-            if image_id not in position:
-                continue  # an annotation of no listed image: never returned
-            owner.append(position[image_id])
-            parser.annotation(j, ann)
-        order = np.argsort(np.asarray(owner, dtype=np.int64), kind="stable")
-        counts = np.bincount(np.asarray(owner, dtype=np.int64), minlength=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-
-        def flat(values: Any, dtype: Any, shape: tuple[int, ...] = (-1,)) -> Any:
-            arr = np.asarray(values, dtype=dtype).reshape(shape)
-            return share(arr[order] if len(order) else arr)
-
-        self._ids = share(np.asarray(ids, dtype=np.int64))
-        self._paths = PathTable(os.path.join(self.root, file_of[k]) for k in ids)
-        self._sizes = share(np.asarray([size_of[k] for k in ids], dtype=np.int64).reshape(-1, 2))
-        self._offsets = share(offsets)
-        self._bbox = flat(parser.bbox, np.float64, (-1, 4))
-        self._bbox_int = flat(parser.bbox_int, np.bool_)
-        self._category = flat(parser.category, np.int64)
-        self._iscrowd = flat(parser.iscrowd, np.int64)
-        self._area = flat(parser.area, np.float64)
-        self._area_int = flat(parser.area_int, np.bool_)
-        self._missing = flat(parser.missing, np.uint8)
-        self._kind = flat(parser.kind, np.uint8)
-        self._seg_lo = flat(parser.seg_lo, np.int64)
-        self._seg_hi = flat(parser.seg_hi, np.int64)
-        self._seg_size = flat(parser.seg_size, np.int64, (-1, 2))
-        self._coords = share(_compact_coords(np.asarray(parser.coords, dtype=np.float64)))
-        self._poly_off = share(np.concatenate(([0], np.asarray(parser.poly_ends, np.int64))))
-        self._rle_blob = share(np.frombuffer(bytes(parser.rle_blob), dtype=np.uint8))
+        t = parse_annotations(self.ann_file, data)
+        self._ids = share(t.ids)
+        self._paths = PathTable(os.path.join(self.root, name) for name in t.files)
+        self._sizes = share(t.sizes)
+        self._offsets = share(t.offsets)
+        self._bbox, self._bbox_int = share(t.bbox), share(t.bbox_int)
+        self._category, self._iscrowd = share(t.category), share(t.iscrowd)
+        self._area, self._area_int = share(t.area), share(t.area_int)
+        self._missing, self._kind = share(t.missing), share(t.kind)
+        self._seg_lo, self._seg_hi, self._seg_size = share(t.seg_lo), share(t.seg_hi), share(t.seg_size)
+        self._coords, self._poly_off = share(t.coords), share(t.poly_off)
+        self._rle_blob = share(t.rle_blob)
 
     # -- the DetectionSource protocol ---------------------------------------------------------
 
@@ -423,7 +251,7 @@ class CocoDetection(DetectionSource):
         return Boxes(xywh.astype(np.float64), "XYXY", canvas, dtype=dtype)
 
     def _check_present(self, index: int, lo: int, hi: int, key: str) -> None:
-        bad = np.flatnonzero(self._missing[lo:hi] & _MISSING_BITS[key])
+        bad = np.flatnonzero(self._missing[lo:hi] & MISSING_BITS[key])
         if len(bad):
             raise ValueError(f"{self.ann_file}: an annotation of image id {int(self._ids[index])} "
                              f"({self.describe(index)}) has no `{key}`, which `target_keys` asks "
@@ -455,7 +283,7 @@ class CocoDetection(DetectionSource):
 
     def _raw(self, index: int, key: str, lo: int, hi: int) -> list[Any]:
         """One of COCO's own keys, a list over the image's annotations."""
-        if key in _MISSING_BITS:
+        if key in MISSING_BITS:
             self._check_present(index, lo, hi, key)
         if key == "segmentation":
             return [self._segmentation(a) for a in range(lo, hi)]

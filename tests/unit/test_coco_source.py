@@ -194,6 +194,77 @@ def test_errors_name_the_file_and_the_key(tmp_path, coco):
     assert ds.describe(0) in str(info.value) + "".join(getattr(info.value, "__notes__", []))
 
 
+def _first_polygon(raw):
+    """(annotation index, the annotation) of the first one with polygons."""
+    return next((j, a) for j, a in enumerate(raw["annotations"]) if isinstance(a["segmentation"], list))
+
+
+@pytest.mark.parametrize("bad", ["12.5", None, [1.0, 2.0], {"x": 1}])
+def test_a_polygon_coordinate_that_is_not_a_number_is_named(tmp_path, coco, bad):
+    # the coordinates are checked in bulk (numpy's inferred dtype); the error still names the entry
+    raw = _json(coco)
+    j, ann = _first_polygon(raw)
+    ann["segmentation"][0][3] = bad
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=rf"bad.json: `annotations\[{j}\].segmentation` must be a list of polygons"):
+        CocoDetection(tmp_path, path)
+
+
+def test_polygon_coordinates_of_any_json_number_parse_as_before(tmp_path, coco):
+    # booleans (a JSON number to Python's isinstance), integers, and integers past 64 bits: the
+    # bulk check leaves them to the per-value path, which takes them as numbers
+    raw = _json(coco)
+    j, ann = _first_polygon(raw)
+    poly = ann["segmentation"][0]
+    poly[:4] = [True, 7, 2**70, -(2**65)]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(raw))
+    ds = CocoDetection(coco.root, path, target_keys=["segmentation"])  # no masks of such polygons
+    i = ds.ids.index(ann["image_id"])
+    segs = ds.target_of(i, ds.record(i), (1, 1))["segmentation"]
+    assert [1.0, 7.0, float(2**70), -float(2**65)] in [p[:4] for s in segs for p in s]
+
+
+def test_chunked_parsing_gives_the_same_tables_and_names_entries_in_later_chunks(tmp_path, coco, monkeypatch):
+    from gpufeed.sources import _coco_parse
+
+    raw = _json(coco)
+    whole = _coco_parse.parse_annotations("a.json", json.loads(json.dumps(raw)))
+    monkeypatch.setattr(_coco_parse, "CHUNK", 3)  # the JSON's entries flushed (and dropped) 3 at a time
+    data = json.loads(json.dumps(raw))
+    chunked = _coco_parse.parse_annotations("a.json", data)
+    assert data["annotations"] == [None] * len(raw["annotations"])
+    for name in ("ids", "sizes", "offsets", "bbox", "bbox_int", "category", "iscrowd", "area", "area_int",
+                 "missing", "kind", "seg_lo", "seg_hi", "seg_size", "coords", "poly_off", "rle_blob"):
+        a, b = getattr(whole, name), getattr(chunked, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    j = [k for k, a in enumerate(raw["annotations"]) if isinstance(a["segmentation"], list)][-1]
+    raw["annotations"][j]["segmentation"][-1][0] = "x"
+    with pytest.raises(ValueError, match=rf"`annotations\[{j}\].segmentation`"):
+        _coco_parse.parse_annotations("a.json", raw)
+
+
+def test_the_collector_is_paused_while_the_file_is_parsed_and_restored_after(coco, monkeypatch):
+    import gc
+
+    from gpufeed.sources import _coco_parse
+
+    seen = []
+    real = _coco_parse.parse_annotations
+    monkeypatch.setattr("gpufeed.sources._coco.parse_annotations",
+                        lambda *a: seen.append(gc.isenabled()) or real(*a))
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            CocoDetection(coco.root, coco.ann_file)
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False, False]
+
+
 def test_segmentation_pairs_by_stem_and_masks_as_palette_indices(tmp_path):
     from PIL import Image
 
