@@ -22,6 +22,7 @@ from gpufeed.decoders import read_header
 from gpufeed.decoders._header import Buffer
 from gpufeed.errors import DecodeError
 from gpufeed.image.detection._sample import Boxes, Mask
+from gpufeed.sources._coco_cache import cached_tables
 from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, segmentation_rle
 from gpufeed.sources._coco_parse import (
     MISSING_BITS,
@@ -29,6 +30,7 @@ from gpufeed.sources._coco_parse import (
     RLE_LIST,
     RLE_STRING,
     SIZE_FIRST,
+    CocoTables,
     gc_paused,
     parse_annotations,
     read_json,
@@ -105,12 +107,18 @@ class CocoDetection(DetectionSource):
 
     ``read_concurrency`` / ``read_budget_bytes``: reads in flight per worker and their byte
     budget, as for :class:`~gpufeed.sources.ImageSource` (None: read ahead once reads stall).
+
+    ``index_cache``: a file path where the parsed annotation tables are kept between runs (a
+    plain ``.npz``, not a pickle), used while the annotation file's bytes are unchanged (its
+    SHA-1), rewritten otherwise: a train2017-sized file then builds in about 2 s instead of
+    about 23 (``gpufeed.sources._coco_cache``).
     """
 
     def __init__(self, root: str | os.PathLike, annFile: str | os.PathLike,  # noqa: N803 - torchvision's name
                  transform: Any = None, target_transform: Any = None, transforms: Any = None,
                  target_keys: Any = None, *, read_concurrency: int | None = None,
-                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES) -> None:
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
+                 index_cache: str | os.PathLike | None = None) -> None:
         check_transform_args(transform, target_transform, transforms)
         self.set_read_options(read_concurrency, read_budget_bytes)
         self.root = os.fspath(root)
@@ -124,11 +132,15 @@ class CocoDetection(DetectionSource):
             else tuple(target_keys)
         self._extra_keys = tuple(keys - _WRAPPER_KEYS)
         self._extra_order: tuple[int, tuple[str, ...]] | None = None  # (pid, torchvision's order)
-        with gc_paused():
-            self._parse(read_json(self.ann_file))
+        self.index_cache = None if index_cache is None else os.fspath(index_cache)
 
-    def _parse(self, data: dict[str, Any]) -> None:
-        t = parse_annotations(self.ann_file, data)
+        def parse() -> CocoTables:
+            with gc_paused():
+                return parse_annotations(self.ann_file, read_json(self.ann_file))
+
+        self._parse(cached_tables(self.index_cache, self.ann_file, parse))
+
+    def _parse(self, t: CocoTables) -> None:
         self._ids = share(t.ids)
         self._paths = PathTable(os.path.join(self.root, name) for name in t.files)
         self._sizes = share(t.sizes)

@@ -318,3 +318,64 @@ def test_spawned_dataloader_workers_get_the_same_samples(coco):
         assert torch.equal(image, expect_image) and list(target) == list(expect_target)
         for key in target:
             assert torch.equal(torch.as_tensor(target[key]), torch.as_tensor(expect_target[key]))
+
+
+def _targets(ds):
+    return [ds.target_of(i, ds.record(i), (1, 1)) for i in range(len(ds))]
+
+
+def test_the_index_cache_keeps_the_tables_until_the_file_changes(tmp_path, coco, monkeypatch):
+    from gpufeed.sources import _coco
+
+    keys = ["boxes", "labels", "segmentation", "area", "iscrowd"]
+    cache = tmp_path / "coco.npz"
+    built = CocoDetection(coco.root, coco.ann_file, target_keys=keys, index_cache=cache)
+    assert cache.exists()
+    real = _coco.parse_annotations
+
+    def refuse(*args):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(_coco, "parse_annotations", refuse)
+    hit = CocoDetection(coco.root, coco.ann_file, target_keys=keys, index_cache=cache)
+    assert list(hit.ids) == list(built.ids)
+    assert [hit.describe(i) for i in range(len(hit))] == [built.describe(i) for i in range(len(built))]
+    mine, theirs = _targets(hit), _targets(built)
+    for a, b in zip(mine, theirs, strict=True):
+        assert list(a) == list(b) and a.get("segmentation") == b.get("segmentation")
+        assert a.get("area") == b.get("area") and a.get("iscrowd") == b.get("iscrowd")
+    # the same size and time, other bytes: the digest tells them apart
+    raw = _json(coco)
+    raw["annotations"][0]["category_id"] = 91 if raw["annotations"][0]["category_id"] != 91 else 92
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(raw))
+    monkeypatch.setattr(_coco, "parse_annotations", real)
+    changed = CocoDetection(coco.root, edited, target_keys=["labels"], index_cache=cache)
+    image = changed.ids.index(raw["annotations"][0]["image_id"])
+    assert raw["annotations"][0]["category_id"] in changed.target_of(image, changed.record(image), (1, 1))["labels"].tolist()
+
+
+def test_a_damaged_index_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, coco):
+    from gpufeed.sources import _coco_cache
+    from gpufeed.sources._index_cache import IndexCacheWarning
+
+    cache = tmp_path / "coco.npz"
+    cache.write_bytes(b"not an npz")
+    with pytest.warns(IndexCacheWarning, match="not a valid gpufeed-coco"):
+        CocoDetection(coco.root, coco.ann_file, index_cache=cache)
+    digest = _coco_cache.file_digest(str(coco.ann_file))
+    assert _coco_cache.load_tables(str(cache), digest) is not None  # rewritten
+    arrays = dict(np.load(cache))
+    arrays["category"] = arrays["category"][:-1]  # tables that do not add up
+    np.savez(cache, **arrays)
+    with pytest.warns(IndexCacheWarning, match="table category"):
+        assert _coco_cache.load_tables(str(cache), digest) is None
+
+
+def test_the_index_cache_stores_every_table():
+    import dataclasses
+
+    from gpufeed.sources import _coco_cache
+    from gpufeed.sources._coco_parse import CocoTables
+
+    assert {f.name for f in dataclasses.fields(CocoTables)} == {*_coco_cache._LAYOUT, "files"}

@@ -1,0 +1,129 @@
+"""``CocoDetection(..., index_cache=PATH)``: the parsed annotation tables kept in a file.
+
+Parsing a COCO file of train2017's size takes about 23 s and peaks at about 4.3 GB here
+(``benchmarks/results/coco-parse.md``); every rank of a job and every run does it again. With
+``index_cache`` the tables (:class:`~gpufeed.sources._coco_parse.CocoTables`) are written once to
+an ``.npz`` archive, read with ``allow_pickle=False`` (plain arrays, never a pickle), format
+"gpufeed-coco" version 1: each table under its own name, the image file names as one UTF-8
+``files_blob`` cut at ``files_offsets``, and a ``meta`` JSON array holding the format, version and
+the SHA-1 of the annotation file's bytes.
+
+The file is used only when its digest equals the annotation file's, so any change to the
+annotation file (even one that keeps its size and time) rebuilds the tables. Hashing reads
+the whole file; that costs about 1 s for 610 MB, against the parse it replaces.
+The file is written atomically beside its final name (``_npz.write_npz``); a file that is not a
+valid cache (corrupt, foreign, another version, inconsistent tables) is ignored with an
+:class:`~gpufeed.sources._index_cache.IndexCacheWarning` and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from gpufeed.sources._coco_parse import CocoTables
+from gpufeed.sources._index_cache import IndexCacheWarning
+from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
+
+__all__ = ["cached_tables", "file_digest", "load_tables", "save_tables"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "gpufeed-coco"
+VERSION = 1
+
+#: table -> (dtype, trailing shape, what its length counts): "images", "images+1", "annotations",
+#: "polygons+1", or None (any length)
+_LAYOUT: dict[str, tuple[Any, tuple[int, ...], str | None]] = {
+    "ids": (np.int64, (), "images"), "sizes": (np.int64, (2,), "images"),
+    "offsets": (np.int64, (), "images+1"), "bbox": (np.float64, (4,), "annotations"),
+    "bbox_int": (np.bool_, (), "annotations"), "category": (np.int64, (), "annotations"),
+    "iscrowd": (np.int64, (), "annotations"), "area": (np.float64, (), "annotations"),
+    "area_int": (np.bool_, (), "annotations"), "missing": (np.uint8, (), "annotations"),
+    "kind": (np.uint8, (), "annotations"), "seg_lo": (np.int64, (), "annotations"),
+    "seg_hi": (np.int64, (), "annotations"), "seg_size": (np.int64, (2,), "annotations"),
+    "coords": (None, (), None), "poly_off": (np.int64, (), None), "rle_blob": (np.uint8, (), None),
+}
+
+
+def file_digest(path: str, chunk_bytes: int = 16 << 20) -> str:
+    """SHA-1 of the file's bytes (hex), read in chunks."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _meta(digest: str) -> dict[str, Any]:
+    return {"format": FORMAT, "version": VERSION, "sha1": digest}
+
+
+def save_tables(path: str, digest: str, tables: CocoTables) -> None:
+    """Write ``tables`` (parsed from an annotation file whose SHA-1 is ``digest``) to ``path``;
+    a failure is logged, not raised."""
+    arrays = {name: getattr(tables, name) for name in _LAYOUT}
+    encoded = [name.encode("utf-8") for name in tables.files]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    arrays["files_blob"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    arrays["files_offsets"] = offsets
+    arrays["meta"] = meta_array(_meta(digest))
+    write_npz(path, arrays, "the COCO index cache", "; the next run parses the annotation file again")
+
+
+def load_tables(path: str, digest: str) -> CocoTables | None:
+    """The tables ``path`` holds for an annotation file whose SHA-1 is ``digest``; None when
+    there is no such file, when it was written for other contents, or (with a warning) when it
+    is not a valid cache."""
+    if not os.path.exists(path):
+        return None
+    try:
+        arrays, meta = read_npz(path, FORMAT, VERSION)
+        if meta != _meta(digest):
+            logger.info("COCO index cache %s was written for another annotation file: parsing", path)
+            return None
+        return _tables(arrays)
+    except READ_ERRORS as exc:
+        warnings.warn(f"COCO index cache {path!r} is not a valid {FORMAT} v{VERSION} file "
+                      f"({type(exc).__name__}: {str(exc)[:200]}); ignoring it, parsing the annotation "
+                      f"file and rewriting it", IndexCacheWarning, stacklevel=3)
+        return None
+
+
+def _tables(arrays: dict[str, np.ndarray]) -> CocoTables:
+    """The tables of a read cache, every array's dtype, shape and offsets checked (ValueError)."""
+    ids, offsets = arrays["ids"], arrays["offsets"]
+    counts = {"images": len(ids), "images+1": len(ids) + 1,
+              "annotations": int(offsets[-1]) if len(offsets) else -1}
+    for name, (dtype, tail, count) in _LAYOUT.items():
+        a = arrays[name]
+        if (dtype is not None and a.dtype != dtype) or a.shape[1:] != tail or (
+                count is not None and len(a) != counts[count]):
+            raise ValueError(f"table {name} is {a.dtype}{a.shape}")
+    if arrays["coords"].dtype not in (np.int32, np.float64):
+        raise ValueError(f"coords are {arrays['coords'].dtype}")
+    files_blob, files_offsets = arrays["files_blob"], arrays["files_offsets"]
+    if files_offsets.shape != (len(ids) + 1,) or (len(files_offsets) and files_offsets[-1] != len(files_blob)):
+        raise ValueError(f"file names: {files_offsets.shape} offsets over {len(files_blob)} bytes")
+    raw = files_blob.tobytes()
+    files = [raw[a:b].decode("utf-8") for a, b in zip(files_offsets[:-1].tolist(), files_offsets[1:].tolist())]
+    return CocoTables(files=files, **{name: arrays[name] for name in _LAYOUT})
+
+
+def cached_tables(path: str | None, ann_file: str, parse: Any) -> CocoTables:
+    """``parse()`` (the annotation file's tables), through the cache file ``path`` when given."""
+    if path is None:
+        return parse()
+    digest = file_digest(ann_file)
+    tables = load_tables(path, digest)
+    if tables is None:
+        tables = parse()
+        save_tables(path, digest, tables)
+    return tables
+
