@@ -11,17 +11,23 @@ the SHA-1 of the annotation file's bytes.
 The file is used only when its digest equals the annotation file's, so any change to the
 annotation file (even one that keeps its size and time) rebuilds the tables. Hashing reads
 the whole file; that costs about 1 s for 610 MB, against the parse it replaces.
-The file is written atomically beside its final name (``_npz.write_npz``); a file that is not a
-valid cache (corrupt, foreign, another version, inconsistent tables) is ignored with an
+When no valid cache exists, one process at a time builds it (an flock on ``PATH.lock``): the
+other ranks of a job wait, then read it. The file is written atomically beside its final name
+(``_npz.write_npz``); a file that is not a valid cache (corrupt, foreign, another version,
+inconsistent tables) is ignored with an
 :class:`~gpufeed.sources._index_cache.IndexCacheWarning` and rewritten.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
+import time
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -116,14 +122,55 @@ def _tables(arrays: dict[str, np.ndarray]) -> CocoTables:
     return CocoTables(files=files, **{name: arrays[name] for name in _LAYOUT})
 
 
-def cached_tables(path: str | None, ann_file: str, parse: Any) -> CocoTables:
-    """``parse()`` (the annotation file's tables), through the cache file ``path`` when given."""
+#: longest wait (s) for another process building the same cache before building it too
+LOCK_WAIT_S = 1800.0
+_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def _built_by_one(path: str, wait_s: float) -> Iterator[None]:
+    """Hold ``PATH.lock`` (flock): the ranks of a job that find no cache wait while one of them
+    builds it, then read it, instead of each parsing the file at once (each peaking at about
+    the JSON's size). A holder that dies releases the lock (the kernel drops its flock); after
+    ``wait_s`` of a live holder, or where the lock file cannot be made, this one proceeds
+    without it."""
+    try:
+        fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as exc:
+        logger.info("COCO index cache %s: no lock file (%s); building without it", path, exc)
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    logger.warning("COCO index cache %s: another process has been building it for "
+                                   "over %.0f s; building it here too", path, wait_s)
+                    break
+                time.sleep(_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def cached_tables(path: str | None, ann_file: str, parse: Callable[[], CocoTables],
+                  wait_s: float = LOCK_WAIT_S) -> CocoTables:
+    """``parse()`` (the annotation file's tables), through the cache file ``path`` when given;
+    one process at a time looks the cache up and builds it (:func:`_built_by_one`)."""
     if path is None:
         return parse()
     digest = file_digest(ann_file)
     tables = load_tables(path, digest)
-    if tables is None:
-        tables = parse()
-        save_tables(path, digest, tables)
+    if tables is not None:
+        return tables
+    with _built_by_one(path, wait_s):
+        tables = load_tables(path, digest)  # written while this one waited
+        if tables is None:
+            tables = parse()
+            save_tables(path, digest, tables)
     return tables
 

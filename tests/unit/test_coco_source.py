@@ -352,7 +352,8 @@ def test_the_index_cache_keeps_the_tables_until_the_file_changes(tmp_path, coco,
     monkeypatch.setattr(_coco, "parse_annotations", real)
     changed = CocoDetection(coco.root, edited, target_keys=["labels"], index_cache=cache)
     image = changed.ids.index(raw["annotations"][0]["image_id"])
-    assert raw["annotations"][0]["category_id"] in changed.target_of(image, changed.record(image), (1, 1))["labels"].tolist()
+    labels = changed.target_of(image, changed.record(image), (1, 1))["labels"].tolist()
+    assert raw["annotations"][0]["category_id"] in labels
 
 
 def test_a_damaged_index_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, coco):
@@ -379,3 +380,66 @@ def test_the_index_cache_stores_every_table():
     from gpufeed.sources._coco_parse import CocoTables
 
     assert {f.name for f in dataclasses.fields(CocoTables)} == {*_coco_cache._LAYOUT, "files"}
+
+
+def test_ranks_without_a_cache_wait_for_the_one_building_it(tmp_path, coco, monkeypatch):
+    import fcntl
+    import os
+    import threading
+
+    from gpufeed.sources import _coco_cache
+    from gpufeed.sources._coco_parse import parse_annotations, read_json
+
+    cache = str(tmp_path / "coco.npz")
+    ann = str(coco.ann_file)
+    digest = _coco_cache.file_digest(ann)
+    parsed = []
+
+    def parse():
+        parsed.append(1)
+        return parse_annotations(ann, read_json(ann))
+
+    holder = os.open(cache + ".lock", os.O_CREAT | os.O_RDWR)  # another rank, building
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    polling = threading.Event()
+    real_sleep = _coco_cache.time.sleep
+    monkeypatch.setattr(_coco_cache.time, "sleep", lambda s: (polling.set(), real_sleep(s)))
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(_coco_cache.cached_tables(cache, ann, parse)))
+    waiter.start()
+    assert polling.wait(30), "the second rank did not wait on the lock"
+    _coco_cache.save_tables(cache, digest, parse_annotations(ann, read_json(ann)))  # the holder's
+    os.close(holder)
+    waiter.join(30)
+    assert not waiter.is_alive() and parsed == [] and np.array_equal(got[0].category, parse().category)
+
+
+def test_a_builder_that_dies_releases_the_lock_and_a_stuck_one_is_outwaited(tmp_path, coco):
+    import os
+    import subprocess
+    import sys
+
+    from gpufeed.sources import _coco_cache
+    from gpufeed.sources._coco_parse import parse_annotations, read_json
+
+    cache = str(tmp_path / "coco.npz")
+    ann = str(coco.ann_file)
+    code = ("import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, cache + ".lock"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        parsed = []
+        tables = _coco_cache.cached_tables(cache, ann, lambda: parsed.append(1) or parse_annotations(
+            ann, read_json(ann)), wait_s=0.0)  # a live holder, no patience: built here too
+        assert parsed == [1] and len(tables.ids) == len(_json(coco)["images"])
+        os.remove(cache)
+        child.kill()
+        child.wait(30)
+        _coco_cache.cached_tables(cache, ann, lambda: parsed.append(2) or parse_annotations(ann, read_json(ann)))
+        assert parsed == [1, 2] and os.path.exists(cache)  # the killed holder's lock went with it
+    finally:
+        child.kill()
+        child.wait(30)
+        child.stdout.close()
