@@ -251,10 +251,13 @@ def test_worker_death_in_a_mixed_epoch_reruns_its_batches(image_root):
             killed += 1
             _wait_dead(pid)  # so the next __next__ sees its sentinel, whatever it still owes
     assert_same(got, batches(plain))
-    # (rarely the second death is seen only by the next epoch's first poll: never lost, but
-    # not necessarily counted by the end of this one)
-    assert killed == 2 and it.worker_restarts >= 1
+    assert killed == 2
     assert cached.stats()["parent_batches"] == k // 2
+    # A worker killed after it had sent everything it owed is seen dead at a later poll, which
+    # may be the next epoch's (on a loaded host both were: 0 restarts counted in this one); it
+    # is never lost: by the end of the next epoch both are replaced, and its batches are right.
+    assert_same(batches(cached), batches(plain))
+    assert cached.stats()["worker_restarts"] == 2
     cached.close()
     assert live_children() == []
 
