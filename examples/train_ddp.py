@@ -118,6 +118,9 @@ def main() -> None:
         summary = {"world": world, "resumed_from_step": resumed_from, "last_step": step, "per_rank": counts,
                    "final_loss": float(loss.item()), "stats": {k: loader.stats()[k] for k in ("batches", "images")}}
         print("SUMMARY " + json.dumps(summary), flush=True)
+    # every rank here before any tears gloo down: a rank still in the collective layer when its
+    # peer destroys the group aborts at exit ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
