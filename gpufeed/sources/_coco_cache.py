@@ -4,9 +4,9 @@ Parsing a COCO file of train2017's size takes about 23 s and peaks at about 4.3 
 (``benchmarks/results/coco-parse.md``); every rank of a job and every run does it again. With
 ``index_cache`` the tables (:class:`~gpufeed.sources._coco_parse.CocoTables`) are written once to
 an ``.npz`` archive, read with ``allow_pickle=False`` (plain arrays, never a pickle), format
-"gpufeed-coco" version 1: each table under its own name, the image file names as one UTF-8
-``files_blob`` cut at ``files_offsets``, and a ``meta`` JSON array holding the format, version and
-the SHA-1 of the annotation file's bytes.
+"gpufeed-coco" version 1: each table under its own name, the image file names as a
+:class:`~gpufeed.sources._paths.PathTable`'s ``files_blob`` cut at ``files_offsets``, and a
+``meta`` JSON array holding the format, version and the SHA-1 of the annotation file's bytes.
 
 The file is used only when its digest equals the annotation file's, so any change to the
 annotation file (even one that keeps its size and time) rebuilds the tables. Hashing reads
@@ -35,6 +35,7 @@ import numpy as np
 from gpufeed.sources._coco_parse import CocoTables
 from gpufeed.sources._index_cache import IndexCacheWarning
 from gpufeed.sources._npz import READ_ERRORS, meta_array, read_npz, write_npz
+from gpufeed.sources._paths import PathTable
 
 __all__ = ["cached_tables", "file_digest", "load_tables", "save_tables"]
 
@@ -43,8 +44,8 @@ logger = logging.getLogger(__name__)
 FORMAT = "gpufeed-coco"
 VERSION = 1
 
-#: table -> (dtype, trailing shape, what its length counts): "images", "images+1", "annotations",
-#: "polygons+1", or None (any length)
+#: table -> (dtype (None: checked apart), trailing shape, what its length counts: "images",
+#: "images+1", "annotations", or None (any length))
 _LAYOUT: dict[str, tuple[Any, tuple[int, ...], str | None]] = {
     "ids": (np.int64, (), "images"), "sizes": (np.int64, (2,), "images"),
     "offsets": (np.int64, (), "images+1"), "bbox": (np.float64, (4,), "annotations"),
@@ -74,11 +75,8 @@ def save_tables(path: str, digest: str, tables: CocoTables) -> None:
     """Write ``tables`` (parsed from an annotation file whose SHA-1 is ``digest``) to ``path``;
     a failure is logged, not raised."""
     arrays = {name: getattr(tables, name) for name in _LAYOUT}
-    encoded = [name.encode("utf-8") for name in tables.files]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    arrays["files_blob"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-    arrays["files_offsets"] = offsets
+    files = PathTable(tables.files)
+    arrays["files_blob"], arrays["files_offsets"] = np.asarray(files.blob), np.asarray(files.offsets)
     arrays["meta"] = meta_array(_meta(digest))
     write_npz(path, arrays, "the COCO index cache", "; the next run parses the annotation file again")
 
@@ -114,12 +112,10 @@ def _tables(arrays: dict[str, np.ndarray]) -> CocoTables:
             raise ValueError(f"table {name} is {a.dtype}{a.shape}")
     if arrays["coords"].dtype not in (np.int32, np.float64):
         raise ValueError(f"coords are {arrays['coords'].dtype}")
-    files_blob, files_offsets = arrays["files_blob"], arrays["files_offsets"]
-    if files_offsets.shape != (len(ids) + 1,) or (len(files_offsets) and files_offsets[-1] != len(files_blob)):
-        raise ValueError(f"file names: {files_offsets.shape} offsets over {len(files_blob)} bytes")
-    raw = files_blob.tobytes()
-    files = [raw[a:b].decode("utf-8") for a, b in zip(files_offsets[:-1].tolist(), files_offsets[1:].tolist())]
-    return CocoTables(files=files, **{name: arrays[name] for name in _LAYOUT})
+    files = PathTable.from_arrays(arrays["files_blob"], arrays["files_offsets"])  # checks the offsets
+    if len(files) != len(ids):
+        raise ValueError(f"{len(files)} file names for {len(ids)} images")
+    return CocoTables(files=files.tolist(), **{name: arrays[name] for name in _LAYOUT})
 
 
 #: longest wait (s) for another process building the same cache before building it too
@@ -157,6 +153,16 @@ def _built_by_one(path: str, wait_s: float) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, modification time in ns) of the file at ``path``; None when there is none.
+    A cache is replaced whole (``os.replace``), so a new one has a new inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def cached_tables(path: str | None, ann_file: str, parse: Callable[[], CocoTables],
                   wait_s: float = LOCK_WAIT_S) -> CocoTables:
     """``parse()`` (the annotation file's tables), through the cache file ``path`` when given;
@@ -164,11 +170,14 @@ def cached_tables(path: str | None, ann_file: str, parse: Callable[[], CocoTable
     if path is None:
         return parse()
     digest = file_digest(ann_file)
+    seen = _stamp(path)
     tables = load_tables(path, digest)
     if tables is not None:
         return tables
     with _built_by_one(path, wait_s):
-        tables = load_tables(path, digest)  # written while this one waited
+        # written while this one waited (read again only then: a stale or damaged file is
+        # read, and warned about, once)
+        tables = load_tables(path, digest) if _stamp(path) != seen else None
         if tables is None:
             tables = parse()
             save_tables(path, digest, tables)

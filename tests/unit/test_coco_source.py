@@ -386,6 +386,7 @@ def test_ranks_without_a_cache_wait_for_the_one_building_it(tmp_path, coco, monk
     import fcntl
     import os
     import threading
+    import types
 
     from gpufeed.sources import _coco_cache
     from gpufeed.sources._coco_parse import parse_annotations, read_json
@@ -402,8 +403,9 @@ def test_ranks_without_a_cache_wait_for_the_one_building_it(tmp_path, coco, monk
     holder = os.open(cache + ".lock", os.O_CREAT | os.O_RDWR)  # another rank, building
     fcntl.flock(holder, fcntl.LOCK_EX)
     polling = threading.Event()
-    real_sleep = _coco_cache.time.sleep
-    monkeypatch.setattr(_coco_cache.time, "sleep", lambda s: (polling.set(), real_sleep(s)))
+    clock = _coco_cache.time  # the module's view of it only, not time.sleep for the process
+    monkeypatch.setattr(_coco_cache, "time", types.SimpleNamespace(
+        monotonic=clock.monotonic, sleep=lambda s: (polling.set(), clock.sleep(s))))
     got = []
     waiter = threading.Thread(target=lambda: got.append(_coco_cache.cached_tables(cache, ann, parse)))
     waiter.start()
