@@ -34,6 +34,14 @@ generators seeded alike, and the same ``collate_fn`` for every loader of a recip
 - ``det_hflip``, ``det_ssdlite``, ``det_multiscale`` (``--recipes`` only; no goal, no
   Albumentations peer): the references' other presets (:func:`reference_preset`), image sizes
   kept, the SSD recipe's keys, loaders and collate;
+- ``seg_preset`` (``--recipes`` only; no goal): image + palette PNG mask pairs through the
+  segmentation references' preset object, ``SegmentationPresetTrain(base_size=520,
+  crop_size=480)`` (``benchmarks/_presets.py``; backend PIL, as the references' ``train.py``
+  passes it): RandomResize(260, 1040), RandomHorizontalFlip, PadIfSmaller(480, fill 255 for the
+  mask, 0 else), RandomCrop(480), PILToTensor, ToDtype(image float32 scaled, mask int64),
+  Normalize(ImageNet), ToPureTensor; the loaders of ``sem_seg`` and ``default_collate`` (fixed
+  480 x 480 crops: the references' ``utils.collate_fn`` pads to the largest, which is stacking
+  here); the Albumentations peer :func:`albu_seg_preset`;
 - ``sem_seg``: image + palette PNG mask pairs; RandomResizedCrop(256), RandomHorizontalFlip,
   ToImage, ToDtype(float32, scale=True), ToPureTensor on (image, ``tv_tensors.Mask``);
   DataLoader over :class:`SegmentationPairs` (PIL image and mask, the mask wrapped as
@@ -72,6 +80,8 @@ from benchmarks.tasks import Factories, Row, Task, format_rows, row_report
 
 SSD_SIZE = (320, 320)
 CROP = 256
+SEG_BASE, SEG_CROP = 520, 480  # the segmentation references' train.py: base_size, crop_size
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # the segmentation preset's Normalize
 MEAN = (123.0, 117.0, 104.0)  # the references' zoom-out fill (0-255; v2 fills the image with 0)
 SSD_KEYS = ("boxes", "labels", "image_id")
 INST_KEYS = ("boxes", "labels", "masks")
@@ -184,6 +194,24 @@ def albu_sem_seg() -> Any:
                       A.ToFloat(max_value=255.0), ToTensorV2()])
 
 
+def albu_seg_preset() -> Any:
+    """The segmentation references' preset, equivalent not identical: SmallestMaxSize to a
+    shorter side drawn from 260-1039 (RandomResize(260, 1040)), HorizontalFlip, PadIfNeeded to
+    480 x 480 at the bottom right (fill 0, mask 255), RandomCrop((480, 480)), Normalize
+    (ImageNet's mean and std on the 0-1 scale), ToTensorV2."""
+    import albumentations as A
+    import cv2
+    from albumentations.pytorch import ToTensorV2
+
+    mean, std = IMAGENET
+    return A.Compose([
+        A.SmallestMaxSize(max_size=list(range(SEG_BASE // 2, 2 * SEG_BASE))), A.HorizontalFlip(p=0.5),
+        A.PadIfNeeded(min_height=SEG_CROP, min_width=SEG_CROP, position="top_left",
+                      border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=255),
+        A.RandomCrop(SEG_CROP, SEG_CROP), A.Normalize(mean=mean, std=std), ToTensorV2(),
+    ])
+
+
 def _cv2_one_thread(worker_id: int) -> None:
     """DataLoader ``worker_init_fn`` of the Albumentations loaders: cv2 single-threaded."""
     import cv2
@@ -256,10 +284,11 @@ class SegmentationPairs(torch.utils.data.Dataset):
 
 class AlbuSegmentation(torch.utils.data.Dataset):
     """(image, mask) pairs: the image read with cv2, the palette mask's indices with PIL,
-    through an Albumentations pipeline; returns (image, mask (1, H, W) uint8)."""
+    through an Albumentations pipeline; returns (image, mask (1, H, W) uint8, or ``mask_dtype``)."""
 
-    def __init__(self, data: SegmentationData, transform: Any) -> None:
+    def __init__(self, data: SegmentationData, transform: Any, mask_dtype: torch.dtype = torch.uint8) -> None:
         self.images, self.masks, self.transform = data.images, data.masks, transform
+        self.mask_dtype = mask_dtype
 
     def __len__(self) -> int:
         return len(self.images)
@@ -269,7 +298,8 @@ class AlbuSegmentation(torch.utils.data.Dataset):
 
         mask = np.asarray(Image.open(self.masks[index]))
         out = self.transform(image=_read_rgb(self.images[index]), mask=mask)
-        return out["image"], out["mask"][None]  # (1, H, W), as the Mask of SegmentationPairs
+        # (1, H, W), as the Mask of SegmentationPairs
+        return out["image"], torch.as_tensor(out["mask"][None]).to(self.mask_dtype)
 
 
 # -- loaders, rows ------------------------------------------------------------------------
@@ -324,6 +354,9 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
     import torchvision
     from torch.utils.data import DataLoader
 
+    if name == "seg_preset":
+        return seg_preset_task(seg, batch_size=batch_size, num_workers=num_workers, seed=seed,
+                               peers_only=peers_only)
     if name in PRESET_RECIPES:
         return preset_task(name, coco, batch_size=batch_size, num_workers=num_workers, seed=seed,
                            peers_only=peers_only)
@@ -365,6 +398,35 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
     ))
 
 
+def seg_preset_task(seg: SegmentationData, *, batch_size: int, num_workers: int, seed: int = 0,
+                    peers_only: bool = False) -> Task:
+    """The ``seg_preset`` recipe: the segmentation references' preset object through
+    DataLoader over :class:`SegmentationPairs`, FastLoader over ``gpufeed.SegmentationDataset``
+    and the Albumentations peer; three rows, no goal."""
+    from torch.utils.data import DataLoader
+
+    from benchmarks._presets import SegmentationPresetTrain
+
+    name = "seg_preset"
+    preset = SegmentationPresetTrain(base_size=SEG_BASE, crop_size=SEG_CROP)
+    kw = lambda: _loader_kw(batch_size, num_workers, seed, _default_collate)  # noqa: E731 - a fresh generator per loader
+    albu = AlbuSegmentation(seg, albu_seg_preset(), mask_dtype=torch.int64)
+    loaders: Factories = {
+        f"{name} DataLoader": lambda: Counted(DataLoader(SegmentationPairs(seg, preset), **kw())),
+        f"{name} Albumentations": lambda: Counted(DataLoader(albu, **kw(), worker_init_fn=_cv2_one_thread)),
+    }
+    if not peers_only and gpufeed_available("sem_seg"):
+        import gpufeed
+
+        ours = gpufeed.SegmentationDataset(list(seg.images), list(seg.masks), transforms=preset)
+        loaders[f"{name} gpufeed"] = lambda: Counted(gpufeed.FastLoader(ours, **kw(), seed=seed))
+    return Task(loaders, (
+        Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader"),
+        Row(f"{name} vs Albumentations (equivalent)", f"{name} gpufeed", f"{name} Albumentations"),
+        Row(f"{name} Albumentations vs DataLoader", f"{name} Albumentations", f"{name} DataLoader"),
+    ))
+
+
 def preset_task(name: str, coco: CocoData, *, batch_size: int, num_workers: int, seed: int = 0,
                 peers_only: bool = False) -> Task:
     """A references' preset recipe (:data:`PRESET_RECIPES`): DataLoader over torchvision's
@@ -395,12 +457,13 @@ RECIPES = {
     "sem_seg": "image + palette mask pairs, RandomResizedCrop(256) + flip",
 }
 
-#: the references' other detection presets (``--recipes``; not in the default run): DataLoader
-#: only, no goal
+#: the references' other detection presets and the segmentation train preset (``--recipes``; not
+#: in the default run): no goal; DataLoader only, and Albumentations too for ``seg_preset``
 PRESET_RECIPES = {
     "det_hflip": "COCO boxes, the references' hflip preset (sizes kept)",
     "det_ssdlite": "COCO boxes, the references' ssdlite preset (IoU crop + flip, sizes kept)",
     "det_multiscale": "COCO boxes, the references' multiscale preset (shortest side 480-800)",
+    "seg_preset": "image + palette mask pairs, the segmentation references' train preset (crop 480)",
 }
 
 

@@ -49,6 +49,9 @@ def op_cases() -> list[tuple[str, dict[str, Any]]]:
         ("Resize", dict(size=(320, 320))),
         ("RandomResizedCrop", dict(size=256)),
         ("RandomAffine", dict(degrees=15, translate=(0.1, 0.1), scale=(0.8, 1.2))),
+        # the segmentation references' preset (base 520, crop 480)
+        ("RandomResize", dict(min_size=260, max_size=1040)),
+        ("RandomCrop", dict(size=480, pad_if_needed=True)),
     ]
 
 

@@ -18,8 +18,11 @@ pytest.importorskip("torchvision", reason="torchvision is not installed in this 
 pytest.importorskip("pycocotools", reason="pycocotools is not installed in this venv (.venv-tv has it)")
 pytest.importorskip("albumentations", reason="albumentations is not installed in this venv (.venv-tv has it)")
 
+import torch  # noqa: E402
+
 import gpufeed  # noqa: E402
 from benchmarks import _coco_data, detection, detection_ops  # noqa: E402
+from benchmarks import _presets as presets
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,7 +94,7 @@ def test_detection_ops_runs_a_tiny_configuration(tmp_path, capsys):
     assert rc == 0
     names = [name for name, _ in detection_ops.op_cases()] + ["COCO masks"]
     for name in names:
-        (line,) = [ln for ln in lines if ln.startswith(name)]
+        (line,) = [ln for ln in lines if ln.startswith((f"{name}(", f"{name}:"))]
         assert re.search(r" \d+\.\d\dx", line) or "not in this checkout" in line or "refused" in line
 
 
@@ -103,14 +106,23 @@ def test_the_references_other_presets_run_as_recipes_without_goals(tmp_path, cap
     capsys.readouterr()
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert sorted(rows) == sorted(f"{name} vs DataLoader" for name in detection.PRESET_RECIPES)
-    for row in rows.values():
-        assert row["target"] is None and row["status"] == "no target" and row["ours_images_per_s"] > 0
+    seg = ("seg_preset vs Albumentations (equivalent)", "seg_preset Albumentations vs DataLoader")
+    assert sorted(rows) == sorted([f"{name} vs DataLoader" for name in detection.PRESET_RECIPES] + list(seg))
+    for name, row in rows.items():
+        assert row["target"] is None and row["status"] == "no target"
+        assert row["ours_images_per_s"] > 0 and row["peer_images_per_s"] > 0, name
     for kind in ("hflip", "ssdlite", "multiscale"):  # translated: the fast path, no op as given
         dataset = gpufeed.CocoDetection(str(tmp_path / "data" / "coco" / "images"),
                                         str(tmp_path / "data" / "coco" / "instances.json"),
                                         transforms=detection.reference_preset(kind))
         assert "as given" not in gpufeed.explain(dataset)
+    seg = _coco_data.prepare(tmp_path / "data", 6)[1]
+    preset = presets.SegmentationPresetTrain(base_size=detection.SEG_BASE, crop_size=detection.SEG_CROP)
+    assert "as given" not in gpufeed.explain(gpufeed.SegmentationDataset(list(seg.images), list(seg.masks),
+                                                                         transforms=preset))
+    image, mask = detection.AlbuSegmentation(seg, detection.albu_seg_preset(), mask_dtype=torch.int64)[0]
+    assert image.shape == (3, 480, 480) and image.dtype == torch.float32
+    assert mask.shape == (1, 480, 480) and mask.dtype == torch.int64
 
 
 def test_the_cache_benchmark_runs_a_tiny_configuration(tmp_path, capsys):

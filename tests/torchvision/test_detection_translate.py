@@ -5,7 +5,7 @@ as given the translation returns exactly what torchvision's pipeline returns (th
 Sample <-> tv_tensors and the output stage).
 
 Real torchvision (``make test`` runs this folder in ``.venv-tv``); the presets are re-created in
-tests/torchvision/_detection_presets.py.
+benchmarks/_presets.py (the benchmarks run them too).
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ import torchvision.transforms.v2 as T  # noqa: E402
 from PIL import Image  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 
+from benchmarks._presets import (  # noqa: E402
+    DetectionPresetEval,
+    DetectionPresetTrain,
+    FixedSizeCrop,
+    PadIfSmaller,
+    SegmentationPresetEval,
+    SegmentationPresetTrain,
+)
 from gpufeed.image.detection import Boxes, KeyPoints, Mask, Sample  # noqa: E402
 from gpufeed.image.detection._as_given import AsGiven, from_torchvision, to_torchvision  # noqa: E402
 from gpufeed.image.detection._refs import PadIfSmaller as GfPadIfSmaller  # noqa: E402
@@ -35,14 +43,6 @@ from gpufeed.image.detection._translate import (  # noqa: E402
     _flatten,
     build_joint,
     translate_detection,
-)
-from tests.torchvision._detection_presets import (  # noqa: E402
-    DetectionPresetEval,
-    DetectionPresetTrain,
-    FixedSizeCrop,
-    PadIfSmaller,
-    SegmentationPresetEval,
-    SegmentationPresetTrain,
 )
 
 POLICIES = ("hflip", "ssd", "ssdlite", "multiscale", "lsj")

@@ -1,8 +1,10 @@
-"""Local re-creations of the detection and segmentation presets of torchvision's references
+"""Re-creations of the detection and segmentation presets of torchvision's references
 (``references/detection/presets.py`` and ``transforms.py``, ``references/segmentation/presets.py``
 and ``v2_extras.py``: script folders, not a package), v2 only (``use_v2=True``): same class
 names, op sequences, defaults and attributes, built from real torchvision ops; the helpers
-``FixedSizeCrop`` and ``PadIfSmaller`` written anew with the same behaviour."""
+``FixedSizeCrop`` and ``PadIfSmaller`` written anew with the same behaviour. The translation
+tests (``tests/torchvision/test_detection_translate.py``) and the ``seg_preset`` recipe of
+``benchmarks/detection.py`` use them."""
 
 from __future__ import annotations
 
