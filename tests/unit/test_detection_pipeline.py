@@ -70,6 +70,30 @@ def test_normalize_as_torchvision():
     assert torch.equal(image, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("scale", [True, False])
+def test_normalize_by_byte_table_is_the_ops_bit_for_bit(dtype, scale):
+    # float32/float64 convert and normalize through a table of the 256 byte values per
+    # channel; it must give torch's ToDtype + Normalize exactly, for every byte value
+    s = _sample(40, 53)
+    s.image.reshape(-1, 3)[:256] = np.arange(256, dtype=np.uint8)[:, None]
+    given = []
+
+    def alloc(shape, dt):
+        given.append(torch.empty(shape, dtype=dt))
+        return given[-1]
+
+    for mean, std in (((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), ((0.5,) * 3, (0.5,) * 3),
+                      ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375))):
+        image, _ = DetectionPipeline(image_dtype=dtype, scale=scale, normalize=(mean, std)).output(s, alloc)
+        want = _chw(s).to(dtype)
+        if scale:
+            want = want.mul_(1.0 / 255)
+        want = want.sub_(torch.tensor(mean, dtype=dtype).view(-1, 1, 1)).div_(torch.tensor(std, dtype=dtype).view(-1, 1, 1))
+        assert image.dtype == dtype and image is given[0] and torch.equal(image, want)
+        given.clear()
+
+
 def test_mask_dtype():
     s = _sample()
     _, target = DetectionPipeline(mask_dtype=torch.int64).output(s)

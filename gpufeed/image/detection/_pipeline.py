@@ -4,6 +4,7 @@ returns (tensors, or ``tv_tensors`` until a ``ToPureTensor``)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,41 @@ def _planes_into(img: np.ndarray, chw: torch.Tensor, out: torch.Tensor, scale: b
             part.copy_(torch.from_numpy(plane))
     if scale:
         out.mul_(1.0 / 255.0)
+
+
+def _normalize_(out: torch.Tensor, normalize: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
+    """torchvision's ``Normalize`` in place: ``out.sub_(mean).div_(std)`` per channel."""
+    mean, std = (torch.tensor(v, dtype=out.dtype).view(-1, 1, 1) for v in normalize)
+    out.sub_(mean).div_(std)
+
+
+#: Output dtypes whose byte -> value table OpenCV's LUT can hold.
+_TABLE_DTYPES = (torch.float32, torch.float64)
+
+
+@functools.lru_cache(maxsize=32)
+def _value_table(dtype: torch.dtype, scale: bool,
+                 normalize: tuple[tuple[float, ...], tuple[float, ...]]) -> tuple[np.ndarray, ...]:
+    """Per channel, the 256 values the general output path (``_planes_into`` then
+    ``_normalize_``) gives each byte value: it runs on an image holding every byte once, and
+    its ops are element-wise, so the table's values are those of any image, bit for bit."""
+    every = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)  # (1, 256, 3)
+    table = torch.empty((3, 1, 256), dtype=dtype)
+    _planes_into(every, torch.from_numpy(every).permute(2, 0, 1), table, scale=scale)
+    _normalize_(table, normalize)
+    return tuple(np.ascontiguousarray(plane.reshape(256)) for plane in table.numpy())
+
+
+def _table_into(img: np.ndarray, out: torch.Tensor, table: tuple[np.ndarray, ...]) -> None:
+    """``out[c] = table[c][img[..., c]]``: the conversion and normalization in one pass over
+    the output (against three: 0.72 -> 0.44 ms at 480 x 480, one thread, the output in cache)."""
+    import cv2
+
+    arr = out.numpy()
+    for plane, part, values in zip(cv2.split(np.ascontiguousarray(img)), arr, table, strict=True):
+        result = cv2.LUT(plane, values, dst=part)
+        if result is not part:  # OpenCV allocated instead of writing in place
+            np.copyto(part, result.reshape(part.shape))
 
 
 @dataclass(frozen=True)
@@ -110,6 +146,7 @@ class DetectionPipeline:
         img = sample.image
         h, w = img.shape[:2]
         chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
+        normalized = False
         if img.dtype != np.uint8:  # left float by an op as given: already converted
             dtype = self.image_dtype if self.image_dtype.is_floating_point else chw.dtype
             out = chw.to(dtype, copy=True)
@@ -117,10 +154,17 @@ class DetectionPipeline:
                 out = _new(alloc, tuple(out.shape), out.dtype).copy_(out)
         else:
             out = _new(alloc, (3, h, w), self.image_dtype)
-            _planes_into(img, chw, out, scale=self.image_dtype.is_floating_point and self.scale)
-        if self.normalize is not None and out.dtype.is_floating_point:
-            mean, std = (torch.tensor(v, dtype=out.dtype).view(-1, 1, 1) for v in self.normalize)
-            out.sub_(mean).div_(std)
+            scale = self.image_dtype.is_floating_point and self.scale
+            if self.normalize is not None and out.dtype in _TABLE_DTYPES and img.ndim == 3 \
+                    and img.shape[2] == 3 and img.size:
+                # a value per byte and channel: converted and normalized in one pass
+                key = (tuple(self.normalize[0]), tuple(self.normalize[1]))
+                _table_into(img, out, _value_table(out.dtype, scale, key))
+                normalized = True
+            else:
+                _planes_into(img, chw, out, scale=scale)
+        if self.normalize is not None and out.dtype.is_floating_point and not normalized:
+            _normalize_(out, self.normalize)
         target = map_leaves(sample.target, lambda leaf: self._leaf(leaf, alloc))
         if self.pure or self.plain_image:
             return out, target
