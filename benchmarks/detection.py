@@ -339,7 +339,7 @@ def gpufeed_available(recipe: str) -> bool:
     """Whether this checkout's gpufeed has the dataset class ``recipe`` needs."""
     import gpufeed
 
-    return hasattr(gpufeed, "SegmentationDataset" if recipe == "sem_seg" else "CocoDetection")
+    return hasattr(gpufeed, "SegmentationDataset" if recipe in SEGMENTATION else "CocoDetection")
 
 
 def _loader_kw(batch_size: int, num_workers: int, seed: int, collate: Callable[..., Any]) -> dict[str, Any]:
@@ -350,32 +350,36 @@ def _loader_kw(batch_size: int, num_workers: int, seed: int, collate: Callable[.
 def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size: int, num_workers: int,
                 seed: int = 0, peers_only: bool = False) -> Task:
     """The loaders (DataLoader, Albumentations, and FastLoader unless unavailable or
-    ``peers_only``) and rows of recipe ``name``."""
+    ``peers_only``) and rows of recipe ``name`` (goals for :data:`RECIPES` only)."""
     import torchvision
     from torch.utils.data import DataLoader
 
-    if name == "seg_preset":
-        return seg_preset_task(seg, batch_size=batch_size, num_workers=num_workers, seed=seed,
-                               peers_only=peers_only)
-    if name in PRESET_RECIPES:
+    if name in PRESET_RECIPES and name not in SEGMENTATION:
         return preset_task(name, coco, batch_size=batch_size, num_workers=num_workers, seed=seed,
                            peers_only=peers_only)
-    if name not in RECIPES:
+    if name not in RECIPES and name not in SEGMENTATION:
         raise ValueError(f"`recipes` must name recipes of {sorted(RECIPES) + sorted(PRESET_RECIPES)}. "
                          f"Found: {name!r}.")
-    collate = _default_collate if name == "sem_seg" else zip_collate
+    collate = _default_collate if name in SEGMENTATION else zip_collate
     kw = lambda: _loader_kw(batch_size, num_workers, seed, collate)  # noqa: E731 - a fresh generator per loader
     if name == "sem_seg":
-        transforms = crop_flip()
-        theirs: Any = SegmentationPairs(seg, transforms)
+        transforms: Any = crop_flip()
         albu: Any = AlbuSegmentation(seg, albu_sem_seg())
+    elif name == "seg_preset":
+        from benchmarks._presets import SegmentationPresetTrain
+
+        transforms = SegmentationPresetTrain(base_size=SEG_BASE, crop_size=SEG_CROP)
+        albu = AlbuSegmentation(seg, albu_seg_preset(), mask_dtype=torch.int64)
     else:
         transforms = ssd_preset() if name == "det_ssd" else crop_flip()
         keys = list(SSD_KEYS if name == "det_ssd" else INST_KEYS)
+        albu = AlbuCoco(coco, albu_ssd() if name == "det_ssd" else albu_inst_seg(), masks=name == "inst_seg")
+    if name in SEGMENTATION:
+        theirs: Any = SegmentationPairs(seg, transforms)
+    else:
         theirs = torchvision.datasets.wrap_dataset_for_transforms_v2(
             torchvision.datasets.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms),
             target_keys=keys)
-        albu = AlbuCoco(coco, albu_ssd() if name == "det_ssd" else albu_inst_seg(), masks=name == "inst_seg")
     loaders: Factories = {
         f"{name} DataLoader": lambda: Counted(DataLoader(theirs, **kw())),
         f"{name} Albumentations": lambda: Counted(DataLoader(albu, **kw(), worker_init_fn=_cv2_one_thread)),
@@ -383,46 +387,17 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
     if not peers_only and gpufeed_available(name):
         import gpufeed
 
-        if name == "sem_seg":
-            ours = gpufeed.SegmentationDataset(list(seg.images), list(seg.masks), transforms=transforms)
+        if name in SEGMENTATION:
+            ours: Any = gpufeed.SegmentationDataset(list(seg.images), list(seg.masks), transforms=transforms)
         else:
             ours = gpufeed.CocoDetection(str(coco.root), str(coco.ann_file), transforms=transforms,
                                          target_keys=keys)
         loaders[f"{name} gpufeed"] = lambda: Counted(gpufeed.FastLoader(ours, **kw(), seed=seed))
-    goals = DETECTION_GOALS
+    goals: dict[str, float | None] = dict(DETECTION_GOALS) if name in RECIPES else {}
     return Task(loaders, (
-        Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader", goals["vs DataLoader"]),
+        Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader", goals.get("vs DataLoader")),
         Row(f"{name} vs Albumentations (equivalent)", f"{name} gpufeed", f"{name} Albumentations",
-            goals["vs Albumentations"]),
-        Row(f"{name} Albumentations vs DataLoader", f"{name} Albumentations", f"{name} DataLoader"),
-    ))
-
-
-def seg_preset_task(seg: SegmentationData, *, batch_size: int, num_workers: int, seed: int = 0,
-                    peers_only: bool = False) -> Task:
-    """The ``seg_preset`` recipe: the segmentation references' preset object through
-    DataLoader over :class:`SegmentationPairs`, FastLoader over ``gpufeed.SegmentationDataset``
-    and the Albumentations peer; three rows, no goal."""
-    from torch.utils.data import DataLoader
-
-    from benchmarks._presets import SegmentationPresetTrain
-
-    name = "seg_preset"
-    preset = SegmentationPresetTrain(base_size=SEG_BASE, crop_size=SEG_CROP)
-    kw = lambda: _loader_kw(batch_size, num_workers, seed, _default_collate)  # noqa: E731 - a fresh generator per loader
-    albu = AlbuSegmentation(seg, albu_seg_preset(), mask_dtype=torch.int64)
-    loaders: Factories = {
-        f"{name} DataLoader": lambda: Counted(DataLoader(SegmentationPairs(seg, preset), **kw())),
-        f"{name} Albumentations": lambda: Counted(DataLoader(albu, **kw(), worker_init_fn=_cv2_one_thread)),
-    }
-    if not peers_only and gpufeed_available("sem_seg"):
-        import gpufeed
-
-        ours = gpufeed.SegmentationDataset(list(seg.images), list(seg.masks), transforms=preset)
-        loaders[f"{name} gpufeed"] = lambda: Counted(gpufeed.FastLoader(ours, **kw(), seed=seed))
-    return Task(loaders, (
-        Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader"),
-        Row(f"{name} vs Albumentations (equivalent)", f"{name} gpufeed", f"{name} Albumentations"),
+            goals.get("vs Albumentations")),
         Row(f"{name} Albumentations vs DataLoader", f"{name} Albumentations", f"{name} DataLoader"),
     ))
 
@@ -465,6 +440,10 @@ PRESET_RECIPES = {
     "det_multiscale": "COCO boxes, the references' multiscale preset (shortest side 480-800)",
     "seg_preset": "image + palette mask pairs, the segmentation references' train preset (crop 480)",
 }
+
+#: the recipes on image + mask pairs (``SegmentationPairs`` / ``gpufeed.SegmentationDataset``,
+#: ``default_collate``)
+SEGMENTATION = ("sem_seg", "seg_preset")
 
 
 def reports(result: Any, rows: Sequence[Row], loaders: Factories) -> list[dict[str, Any]]:

@@ -26,6 +26,11 @@ def _new(alloc: Alloc | None, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     return torch.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
 
 
+def _is_rgb(img: np.ndarray) -> bool:
+    """Whether ``img`` is a non-empty (H, W, 3) image, which the plane-wise conversions take."""
+    return img.size > 0 and img.ndim == 3 and img.shape[2] == 3
+
+
 def _planes_into(img: np.ndarray, chw: torch.Tensor, out: torch.Tensor, scale: bool = False) -> None:
     """``out.copy_(chw)`` (``chw``: the (H, W, 3) uint8 ``img`` seen as CHW) plane by plane:
     OpenCV splits the channels, then each plane converts contiguously. The same values; the
@@ -35,7 +40,7 @@ def _planes_into(img: np.ndarray, chw: torch.Tensor, out: torch.Tensor, scale: b
     ``scale``: then ``out.mul_(1 / 255)``, for a float32 or float64 ``out`` in the same pass
     (numpy multiplies in that dtype by the scale rounded to it: torch's values bit for bit;
     0.13 -> 0.10 ms at 256 x 256)."""
-    if img.size == 0 or img.ndim != 3 or img.shape[2] != 3:
+    if not _is_rgb(img):
         out.copy_(chw)
     else:
         import cv2
@@ -155,8 +160,7 @@ class DetectionPipeline:
         else:
             out = _new(alloc, (3, h, w), self.image_dtype)
             scale = self.image_dtype.is_floating_point and self.scale
-            if self.normalize is not None and out.dtype in _TABLE_DTYPES and img.ndim == 3 \
-                    and img.shape[2] == 3 and img.size:
+            if self.normalize is not None and out.dtype in _TABLE_DTYPES and _is_rgb(img):
                 # a value per byte and channel: converted and normalized in one pass
                 key = (tuple(self.normalize[0]), tuple(self.normalize[1]))
                 _table_into(img, out, _value_table(out.dtype, scale, key))
