@@ -41,21 +41,24 @@ generators seeded alike, and the same ``collate_fn`` for every loader of a recip
   mask, 0 else), RandomCrop(480), PILToTensor, ToDtype(image float32 scaled, mask int64),
   Normalize(ImageNet), ToPureTensor; the loaders of ``sem_seg`` and ``default_collate`` (fixed
   480 x 480 crops: the references' ``utils.collate_fn`` pads to the largest, which is stacking
-  here); the Albumentations peer :func:`albu_seg_preset`;
+  here); the Albumentations peer ``_albu.albu_seg_preset``;
 - ``sem_seg``: image + palette PNG mask pairs; RandomResizedCrop(256), RandomHorizontalFlip,
   ToImage, ToDtype(float32, scale=True), ToPureTensor on (image, ``tv_tensors.Mask``);
   DataLoader over :class:`SegmentationPairs` (PIL image and mask, the mask wrapped as
   torchvision's VOCSegmentation wrapper does); FastLoader over ``gpufeed.SegmentationDataset(
   images, masks, transforms=...)``; ``default_collate`` (fixed 256 x 256 outputs).
 
-The Albumentations loaders (:class:`AlbuCoco`, :class:`AlbuSegmentation`: cv2 reads, masks of
-COCO objects from pycocotools, cv2 single-threaded in each DataLoader worker as Albumentations
-advises) run :func:`albu_ssd` / :func:`albu_inst_seg` / :func:`albu_sem_seg`: their ops'
-nearest equivalents (each function's docstring), bilinear resampling without antialiasing.
+The Albumentations peers (``benchmarks/_albu.py``: cv2 reads, masks of COCO objects from
+pycocotools, cv2 single-threaded in each DataLoader worker as Albumentations advises) run their
+ops' nearest equivalents (each function's docstring) twice: with Albumentations' default
+bilinear resampling, which does not antialias a shrink (the cheaper pipeline; "Albumentations"),
+and with ``area_for_downscale="image"`` (``INTER_AREA`` for a shrinking image: "Albumentations
+antialiased"), nearer torchvision's antialiased pixels (``_albu.resampling_gap``, printed by
+``detection_ops.py``).
 
 Goals (``benchmarks/_goals.py``, :data:`DETECTION_GOALS`): FastLoader >= 2.0x DataLoader and
->= 1.5x Albumentations images/s, for every recipe; the Albumentations-vs-DataLoader row has no
-goal (context). Until ``gpufeed.CocoDetection`` / ``gpufeed.SegmentationDataset`` exist in the
+>= 1.5x Albumentations images/s (its default pipeline), for every recipe; the rows against the
+antialiased peer and Albumentations-vs-DataLoader have no goal (context). Until ``gpufeed.CocoDetection`` / ``gpufeed.SegmentationDataset`` exist in the
 checkout (or with ``--peers-only``) the gpufeed rows print "gpufeed side: not available in this
 checkout" and the peers still run. Needs ``.venv-tv`` (torchvision, pycocotools,
 albumentations==2.0.8: ``make`` installs them there).
@@ -73,6 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks._albu import AlbuCoco, AlbuSegmentation, albu_crop_flip, albu_seg_preset, albu_ssd, cv2_one_thread
 from benchmarks._coco_data import CocoData, SegmentationData, prepare
 from benchmarks._common import uptime
 from benchmarks._goals import DETECTION_GOALS
@@ -147,123 +151,6 @@ def crop_flip() -> Any:
                       V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
 
 
-# -- Albumentations equivalents -------------------------------------------------------------
-
-def _bbox_params() -> Any:
-    import albumentations as A
-
-    # min 1 px a side: SanitizeBoundingBoxes' default min_size
-    return A.BboxParams(format="pascal_voc", label_fields=["labels", "ids"], min_width=1, min_height=1,
-                        clip=True)
-
-
-def albu_ssd() -> Any:
-    """SSD, equivalent not identical: ColorJitter with RandomPhotometricDistort's ranges (all four
-    at once, p=0.5) and ChannelShuffle(0.5); CropAndPad(percent 0-150% a side, fill 0 as
-    torchvision's zoom-out gives, p=0.5) for the zoom-out (canvas 1-4x); BBoxSafeRandomCrop for
-    the IoU crop (keeps every box); HorizontalFlip; Resize(320, 320); ToFloat; ToTensorV2."""
-    import albumentations as A
-    from albumentations.pytorch import ToTensorV2
-
-    return A.Compose([
-        A.ColorJitter(brightness=(0.875, 1.125), contrast=(0.5, 1.5), saturation=(0.5, 1.5),
-                      hue=(-0.05, 0.05), p=0.5),
-        A.ChannelShuffle(p=0.5),
-        A.CropAndPad(percent=(0.0, 1.5), keep_size=False, sample_independently=True, fill=0,
-                     fill_mask=0, p=0.5),
-        A.BBoxSafeRandomCrop(),
-        A.HorizontalFlip(p=0.5), A.Resize(*SSD_SIZE), A.ToFloat(max_value=255.0), ToTensorV2(),
-    ], bbox_params=_bbox_params())
-
-
-def albu_inst_seg() -> Any:
-    """RandomResizedCrop((256, 256)), HorizontalFlip, ToFloat, ToTensorV2, boxes and masks."""
-    import albumentations as A
-    from albumentations.pytorch import ToTensorV2
-
-    return A.Compose([A.RandomResizedCrop((CROP, CROP)), A.HorizontalFlip(p=0.5),
-                      A.ToFloat(max_value=255.0), ToTensorV2()], bbox_params=_bbox_params())
-
-
-def albu_sem_seg() -> Any:
-    """RandomResizedCrop((256, 256)), HorizontalFlip, ToFloat, ToTensorV2, one mask."""
-    import albumentations as A
-    from albumentations.pytorch import ToTensorV2
-
-    return A.Compose([A.RandomResizedCrop((CROP, CROP)), A.HorizontalFlip(p=0.5),
-                      A.ToFloat(max_value=255.0), ToTensorV2()])
-
-
-def albu_seg_preset() -> Any:
-    """The segmentation references' preset, equivalent not identical: SmallestMaxSize to a
-    shorter side drawn from 260-1039 (RandomResize(260, 1040)), HorizontalFlip, PadIfNeeded to
-    480 x 480 at the bottom right (fill 0, mask 255), RandomCrop((480, 480)), Normalize
-    (ImageNet's mean and std on the 0-1 scale), ToTensorV2."""
-    import albumentations as A
-    import cv2
-    from albumentations.pytorch import ToTensorV2
-
-    mean, std = IMAGENET
-    return A.Compose([
-        A.SmallestMaxSize(max_size=list(range(SEG_BASE // 2, 2 * SEG_BASE))), A.HorizontalFlip(p=0.5),
-        A.PadIfNeeded(min_height=SEG_CROP, min_width=SEG_CROP, position="top_left",
-                      border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=255),
-        A.RandomCrop(SEG_CROP, SEG_CROP), A.Normalize(mean=mean, std=std), ToTensorV2(),
-    ])
-
-
-def _cv2_one_thread(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` of the Albumentations loaders: cv2 single-threaded."""
-    import cv2
-
-    cv2.setNumThreads(0)
-
-
-def _read_rgb(path: str) -> np.ndarray:
-    import cv2
-
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise OSError(f"cv2 could not read {path}")
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-
-
-class AlbuCoco(torch.utils.data.Dataset):
-    """COCO images read with cv2, their objects (XYXY boxes, category ids, and with ``masks``
-    the objects' masks from pycocotools' ``annToMask``) through an Albumentations pipeline;
-    returns (image, {"boxes", "labels", and "masks" with ``masks``, else "image_id"})."""
-
-    def __init__(self, data: CocoData, transform: Any, masks: bool) -> None:
-        from pycocotools.coco import COCO
-
-        self.coco = COCO(str(data.ann_file))
-        self.ids = sorted(self.coco.imgs)
-        self.root, self.transform, self.masks = data.root, transform, masks
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
-        image_id = self.ids[index]
-        anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=image_id))
-        image = _read_rgb(str(self.root / self.coco.imgs[image_id]["file_name"]))
-        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)]
-        args: dict[str, Any] = dict(image=image, bboxes=np.asarray(boxes, np.float32).reshape(-1, 4),
-                                    labels=[a["category_id"] for a in anns], ids=list(range(len(anns))))
-        if self.masks:
-            args["masks"] = [self.coco.annToMask(a) for a in anns]
-        out = self.transform(**args)
-        target = {"boxes": torch.as_tensor(np.asarray(out["bboxes"], np.float32).reshape(-1, 4)),
-                  "labels": torch.as_tensor(out["labels"], dtype=torch.int64)}
-        if not self.masks:  # det_ssd's target keys: boxes, labels, image_id
-            target["image_id"] = image_id
-        else:  # the masks of the boxes kept
-            kept = [int(i) for i in out["ids"]]
-            target["masks"] = (torch.stack([torch.as_tensor(out["masks"][i]) for i in kept]) if kept
-                               else torch.zeros((0, CROP, CROP), dtype=torch.uint8))
-        return out["image"], target
-
-
 class SegmentationPairs(torch.utils.data.Dataset):
     """(image, mask) file pairs read with PIL, the mask as ``tv_tensors.Mask`` (1, H, W) of
     class indices (torchvision's VOCSegmentation and its v2 wrapper), through ``transforms``."""
@@ -280,26 +167,6 @@ class SegmentationPairs(torch.utils.data.Dataset):
 
         image = Image.open(self.images[index]).convert("RGB")
         return self.transforms(image, tv_tensors.Mask(Image.open(self.masks[index])))
-
-
-class AlbuSegmentation(torch.utils.data.Dataset):
-    """(image, mask) pairs: the image read with cv2, the palette mask's indices with PIL,
-    through an Albumentations pipeline; returns (image, mask (1, H, W) uint8, or ``mask_dtype``)."""
-
-    def __init__(self, data: SegmentationData, transform: Any, mask_dtype: torch.dtype = torch.uint8) -> None:
-        self.images, self.masks, self.transform = data.images, data.masks, transform
-        self.mask_dtype = mask_dtype
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        from PIL import Image
-
-        mask = np.asarray(Image.open(self.masks[index]))
-        out = self.transform(image=_read_rgb(self.images[index]), mask=mask)
-        # (1, H, W), as the Mask of SegmentationPairs
-        return out["image"], torch.as_tensor(out["mask"][None]).to(self.mask_dtype)
 
 
 # -- loaders, rows ------------------------------------------------------------------------
@@ -349,8 +216,9 @@ def _loader_kw(batch_size: int, num_workers: int, seed: int, collate: Callable[.
 
 def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size: int, num_workers: int,
                 seed: int = 0, peers_only: bool = False) -> Task:
-    """The loaders (DataLoader, Albumentations, and FastLoader unless unavailable or
-    ``peers_only``) and rows of recipe ``name`` (goals for :data:`RECIPES` only)."""
+    """The loaders (DataLoader, Albumentations with and without antialiasing, and FastLoader
+    unless unavailable or ``peers_only``) and rows of recipe ``name`` (goals for :data:`RECIPES`
+    only; the goal against Albumentations is on its default, unantialiased pipeline)."""
     import torchvision
     from torch.utils.data import DataLoader
 
@@ -362,18 +230,13 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
                          f"Found: {name!r}.")
     collate = _default_collate if name in SEGMENTATION else zip_collate
     kw = lambda: _loader_kw(batch_size, num_workers, seed, collate)  # noqa: E731 - a fresh generator per loader
-    if name == "sem_seg":
-        transforms: Any = crop_flip()
-        albu: Any = AlbuSegmentation(seg, albu_sem_seg())
-    elif name == "seg_preset":
+    if name == "seg_preset":
         from benchmarks._presets import SegmentationPresetTrain
 
-        transforms = SegmentationPresetTrain(base_size=SEG_BASE, crop_size=SEG_CROP)
-        albu = AlbuSegmentation(seg, albu_seg_preset(), mask_dtype=torch.int64)
+        transforms: Any = SegmentationPresetTrain(base_size=SEG_BASE, crop_size=SEG_CROP)
     else:
         transforms = ssd_preset() if name == "det_ssd" else crop_flip()
         keys = list(SSD_KEYS if name == "det_ssd" else INST_KEYS)
-        albu = AlbuCoco(coco, albu_ssd() if name == "det_ssd" else albu_inst_seg(), masks=name == "inst_seg")
     if name in SEGMENTATION:
         theirs: Any = SegmentationPairs(seg, transforms)
     else:
@@ -382,8 +245,11 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
             target_keys=keys)
     loaders: Factories = {
         f"{name} DataLoader": lambda: Counted(DataLoader(theirs, **kw())),
-        f"{name} Albumentations": lambda: Counted(DataLoader(albu, **kw(), worker_init_fn=_cv2_one_thread)),
     }
+    for suffix, antialias in (("", False), (" antialiased", True)):
+        albu = albu_dataset(name, coco, seg, antialias=antialias)
+        loaders[f"{name} Albumentations{suffix}"] = (
+            lambda albu=albu: Counted(DataLoader(albu, **kw(), worker_init_fn=cv2_one_thread)))
     if not peers_only and gpufeed_available(name):
         import gpufeed
 
@@ -398,8 +264,22 @@ def recipe_task(name: str, coco: CocoData, seg: SegmentationData, *, batch_size:
         Row(f"{name} vs DataLoader", f"{name} gpufeed", f"{name} DataLoader", goals.get("vs DataLoader")),
         Row(f"{name} vs Albumentations (equivalent)", f"{name} gpufeed", f"{name} Albumentations",
             goals.get("vs Albumentations")),
+        Row(f"{name} vs Albumentations antialiased", f"{name} gpufeed", f"{name} Albumentations antialiased"),
         Row(f"{name} Albumentations vs DataLoader", f"{name} Albumentations", f"{name} DataLoader"),
     ))
+
+
+def albu_dataset(name: str, coco: CocoData, seg: SegmentationData, *, antialias: bool) -> Any:
+    """Recipe ``name``'s Albumentations peer (``benchmarks/_albu.py``) on the recipe's data;
+    ``antialias``: shrinking resizes by ``INTER_AREA`` (``area_for_downscale="image"``)."""
+    if name == "sem_seg":
+        return AlbuSegmentation(seg, albu_crop_flip(CROP, boxes=False, antialias=antialias))
+    if name == "seg_preset":
+        return AlbuSegmentation(seg, albu_seg_preset(SEG_BASE, SEG_CROP, IMAGENET, antialias=antialias),
+                                mask_dtype=torch.int64)
+    if name == "det_ssd":
+        return AlbuCoco(coco, albu_ssd(SSD_SIZE, antialias=antialias), masks=False)
+    return AlbuCoco(coco, albu_crop_flip(CROP, boxes=True, antialias=antialias), masks=True)
 
 
 def preset_task(name: str, coco: CocoData, *, batch_size: int, num_workers: int, seed: int = 0,

@@ -4,7 +4,8 @@ the same name and arguments (``gpufeed.image.detection``, or its private modules
 not exported yet: :func:`joint_op`) on a ``Sample`` (HWC uint8, ``Boxes``,
 a dense ``Mask``, labels) with the masks read out (``Mask.dense``, as the output stage does);
 and COCO mask decoding: pycocotools' full decode of every object (torchvision's v2 wrapper)
-against gpufeed's lazy decode of the rows and columns a RandomResizedCrop(256) keeps. One
+against gpufeed's lazy decode of the rows and columns a RandomResizedCrop(256) keeps; and
+how far the Albumentations peers' resampling is from torchvision's (``_albu.resampling_gap``). One
 thread (torch and OpenCV), ms per image, alternating rounds, medians; one run.
 
     PYTHONPATH=$PWD .venv-tv/bin/python -m benchmarks.detection_ops [OUT] [--images 16]
@@ -265,6 +266,19 @@ def build_pairs(coco: CocoData, images: int, ops: list[str] | None = None) -> li
     return pairs
 
 
+def resampling_line(coco: CocoData, images: int) -> str:
+    """The Albumentations peers' resampling against torchvision's (``_albu.resampling_gap``) on
+    the first ``images`` COCO images."""
+    from benchmarks._albu import resampling_gap
+    from benchmarks.detection import CROP
+
+    paths = sorted(str(p) for p in coco.root.glob("*.jpg"))[:images]
+    gap = resampling_gap(paths, CROP)
+    return (f"resampling: a random box to {CROP} x {CROP}, mean |difference| from torchvision's antialiased "
+            f"resized_crop over {len(paths)} images: Albumentations bilinear {gap['linear']:.2f} levels, "
+            f"area_for_downscale='image' {gap['area']:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import cv2
     import torch
@@ -275,14 +289,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-images", type=int, default=384, help="the data set's size (detection.py's)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=32)
-    parser.add_argument("--ops", help="comma-separated op names (and 'decode'); default all")
+    parser.add_argument("--ops", help="comma-separated op names (and 'decode', 'resampling'); default all")
     args = parser.parse_args(argv)
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     coco, _ = prepare(args.out, max(args.data_images, args.images))
     ops = [o for o in args.ops.split(",") if o] if args.ops else None
-    for line in measure(build_pairs(coco, args.images, ops), args.rounds, args.reps):
+    pairs = build_pairs(coco, args.images, ops)
+    for line in measure(pairs, args.rounds, args.reps) if pairs else ():
         print(line)
+    if ops is None or "resampling" in ops:
+        print(resampling_line(coco, args.images))
     print(f"({args.images} images of 480-640 px, {args.rounds} rounds x {args.reps} calls, one thread; "
           f"gpufeed ms: the op, its image made contiguous and its masks read out (once per pipeline "
           f"in a loader, here once per op); w/o masks: without that read-out)")
