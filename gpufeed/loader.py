@@ -66,7 +66,9 @@ class FastLoader(ResumableLoader, DataLoader[T_co]):
         dtype: image path: output dtype, ``torch.uint8`` (default without normalize), float32,
             float16 or bfloat16 (floats without normalize are ``x / 255``).
         on_error: image path: ``"raise"`` (default) an error naming the file and sample index, or
-            ``"skip"``: leave undecodable samples out of their batch, count and log them.
+            ``"skip"``: leave out of their batch, count and log the samples that do not decode
+            or whose file cannot be read (gone, a directory, no permission; a remote read that
+            failed for good). Other read errors (I/O errors) are raised either way.
         cache_bytes: image path: budget of the host cache, an int (bytes), a size like
             ``"2GB"``, or a share of available memory like ``"60%"``. None: no cache. Over a
             detection dataset it keeps each sample's encoded bytes and record. A uint8

@@ -19,7 +19,7 @@ def write(text: str) -> None:
 def add_on_error(parser: argparse.ArgumentParser, what: str = "FastLoader") -> None:
     """``--on-error {raise,skip}``: the loader's ``on_error`` for a command that loads images."""
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                        help=f"a file that does not decode: raise (stop, naming the file and its "
+                        help=f"a file that does not decode or cannot be read: raise (stop, naming the file and its "
                              f"sample index) or skip (leave it out and count it), as {what}'s "
                              f"on_error (default raise)")
 

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Subset
 
-from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, shorten
+from gpufeed.errors import SKIP_HINT, DecodeError, shorten
 from gpufeed.image._auto_reads import AutoReads
 from gpufeed.image._batch_ops import BatchOp, MixParams, batch_rng
 from gpufeed.image._normalize import Normalize, affine, check_image_output, convert_, work_dtype
-from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image._reads import BatchReads, ReadAhead, skip_failed_read
 from gpufeed.image._slot import SlotLayout, slot_layout
 from gpufeed.image._targets import TARGET_ROUTES, collate_targets
 from gpufeed.image._views import MultiView
@@ -265,8 +265,8 @@ def _fill(
         else:
             try:
                 data, targets[pos] = reads.next()
-            except ReadError as exc:  # a remote read failed for good (its message names it)
-                if plan.on_error == "raise":
+            except OSError as exc:  # a remote read failed for good, a file gone or unreadable...
+                if not skip_failed_read(exc, plan.on_error, source.describe(index), index):
                     raise
                 report.errors.append((index, source.describe(index), str(exc)))
                 report.read_s += time.perf_counter() - t0

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufeed._engine.threads import ThreadGroup
+from gpufeed.errors import SKIP_HINT, ReadError, add_note
 
 READ_POOL = "gpufeed-read"
 MORE_POLL_S = 0.002  # while waiting for a read with room for more, how often to look for tasks
@@ -299,3 +300,34 @@ class BatchReads:
             owner.previous_max = self.max_seen
         owner._open_max = max((b.max_seen for b in owner.open), default=0)
         owner.fill()
+
+
+#: A read's errors that are its file's own and stay on a retry: the sample is left out of its
+#: batch under ``on_error="skip"`` (a remote read that failed for good raises ``ReadError``).
+FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def where() -> str:
+    """The process running this, for messages: "worker 1 (pid 4242)" or "the main process (pid
+    4242)"."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    who = "the main process" if info is None else f"worker {info.id}"
+    return f"{who} (pid {os.getpid()})"
+
+
+def skip_failed_read(exc: OSError, on_error: str, describe: str, index: int) -> bool:
+    """Whether to leave out sample ``index`` (``describe``: its file) whose read raised ``exc``:
+    under ``on_error="skip"``, a ``ReadError`` or one of :data:`FILE_ERRORS` (a file gone, a
+    directory, no permission). Otherwise the caller re-raises ``exc``, which this notes with
+    the sample, the process and, for a file's own error, the fix (a ``ReadError`` names them)."""
+    own = isinstance(exc, (ReadError, *FILE_ERRORS))
+    if on_error == "skip" and own:
+        return True
+    if not isinstance(exc, ReadError):
+        fix = (f" Check the file, or pass {SKIP_HINT} to leave such samples out of their batch."
+               if own else "")
+        add_note(exc, f"gpufeed: the read of sample index {index} ({describe}) failed in {where()}.{fix}")
+    return False
+

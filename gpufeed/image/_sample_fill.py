@@ -13,7 +13,6 @@ the engine packs what it returns. Results depend only on (seed, epoch, sample in
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 import time
@@ -22,12 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import get_worker_info
 
-from gpufeed.errors import SKIP_HINT, DecodeError, ReadError, add_note, describe_callable, shorten
+from gpufeed.errors import SKIP_HINT, DecodeError, add_note, describe_callable, shorten
 from gpufeed.image._fill import ReadsOwner, SequentialReads, WorkerReads, base_source, read_ahead
 from gpufeed.image._malloc import keep_freed_memory
-from gpufeed.image._reads import BatchReads, ReadAhead
+from gpufeed.image._reads import BatchReads, ReadAhead, skip_failed_read, where
 from gpufeed.image.detection._pipeline import Alloc, DetectionPipeline
 from gpufeed.image.detection._sample import sample_rng
 from gpufeed.image.detection._source_rows import (
@@ -116,12 +114,6 @@ def from_blob(blob: Any) -> tuple[Any, Any]:
     return view[start:start + n], pickle.loads(view[start + n:])
 
 
-def _where() -> str:
-    info = get_worker_info()
-    who = "the main process" if info is None else f"worker {info.id}"
-    return f"{who} (pid {os.getpid()})"
-
-
 def _decode_error(source: Any, index: int, exc: DecodeError) -> DecodeError:
     return DecodeError(
         f"cannot decode {source.describe(index)} (sample index {index}): {exc}. Check or remove "
@@ -166,7 +158,7 @@ def _sample(plan: SamplePlan, source: Any, index: int, data: Any, record: Any, e
 
 def _note_stage(exc: BaseException, stage: str, source: Any, index: int) -> None:
     add_note(exc, f"gpufeed: raised in {stage} of sample index {index} ({source.describe(index)}), "
-                  f"in {_where()}.")
+                  f"in {where()}.")
 
 
 def misses(indices: list[int], supplied: Container[int] | None) -> list[int]:
@@ -198,7 +190,14 @@ def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: Sample
                 if supplied and pos in supplied:
                     data, record = from_blob(supplied[pos])
                 else:
-                    data, record = order.next()
+                    try:
+                        data, record = order.next()
+                    except OSError as exc:  # a remote read failed for good, a file gone...
+                        if not skip_failed_read(exc, plan.on_error, source.describe(index), index):
+                            raise
+                        report.errors.append((index, source.describe(index), str(exc)))
+                        report.read_s += time.perf_counter() - t0
+                        continue
                     blob = None if stage is None else cache_blob(data, record)
                     placed = None if blob is None or stage is None else stage(pos, blob)
                     if placed is not None:
@@ -206,7 +205,7 @@ def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: Sample
                 report.read_s += time.perf_counter() - t0
                 samples.append(_sample(plan, source, index, data, record, task.epoch,
                                        None if alloc is None else alloc(pos), report))
-            except (ReadError, DecodeError) as exc:
+            except DecodeError as exc:
                 if plan.on_error == "raise":
                     raise
                 report.errors.append((index, source.describe(index), str(exc)))
@@ -221,7 +220,7 @@ def fill_samples(plan: SamplePlan, source: Any, indices: list[int], task: Sample
         batch = plan.collate_fn(samples) if samples else []
     except Exception as exc:
         add_note(exc, f"gpufeed: raised in collate_fn ({describe_callable(plan.collate_fn)}) on the "
-                      f"batch of sample indices {shorten(indices)}, in {_where()}.")
+                      f"batch of sample indices {shorten(indices)}, in {where()}.")
         raise
     report.post_s = time.perf_counter() - t1
     return batch, report
