@@ -58,9 +58,10 @@ antialiased"), nearer torchvision's antialiased pixels (``_albu.resampling_gap``
 
 Goals (``benchmarks/_goals.py``, :data:`DETECTION_GOALS`): FastLoader >= 2.0x DataLoader and
 >= 1.5x Albumentations images/s (its default pipeline), for every recipe; the rows against the
-antialiased peer and Albumentations-vs-DataLoader have no goal (context). Until ``gpufeed.CocoDetection`` / ``gpufeed.SegmentationDataset`` exist in the
-checkout (or with ``--peers-only``) the gpufeed rows print "gpufeed side: not available in this
-checkout" and the peers still run. Needs ``.venv-tv`` (torchvision, pycocotools,
+antialiased peer and Albumentations-vs-DataLoader have no goal (context). Until
+``gpufeed.CocoDetection`` / ``gpufeed.SegmentationDataset`` exist in the checkout (or with
+``--peers-only``) the gpufeed rows print "gpufeed side: not available in this checkout" and the
+peers still run. Needs ``.venv-tv`` (torchvision, pycocotools,
 albumentations==2.0.8: ``make`` installs them there).
 """
 
@@ -73,7 +74,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks._albu import AlbuCoco, AlbuSegmentation, albu_crop_flip, albu_seg_preset, albu_ssd, cv2_one_thread

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import serve  # the sibling benchmark: its services and generator
+from benchmarks import _serve_load as serve  # serve.py's services and generator
+from benchmarks.serve_models import SPECS
 from gpufeed.synth import make_image_folder  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpufeed-serve-threads-") as tmp:
         make_image_folder(tmp, num_classes=4, per_class=16)
         jpegs = [f.read_bytes() for f in sorted(Path(tmp).rglob("*.jpg"))]
-    spec = serve.SPECS["smallcnn"]
+    spec = SPECS["smallcnn"]
     pipe = serve.Pipeline(spec)
     if a.trivial:
         pipe.preprocess = lambda data: data  # type: ignore[method-assign,assignment,return-value]
