@@ -5,7 +5,7 @@
     GpufeedError (RuntimeError)
     ├── WorkerError            a worker process died or could not be replaced
     ├── LoaderTimeoutError     no batch within ``timeout`` seconds (also a RuntimeError, as in torch)
-    ├── DecodeError (+ValueError)  an image could not be decoded: names the file and sample index
+    ├── DecodeError (+ValueError)  an image (or mask) could not be decoded: names the file and sample index
     ├── ReadError (+OSError)   a sample's bytes could not be read (remote sources, after retries)
     └── BackendUnavailableError    a requested decoder or device is not installed
 
@@ -35,7 +35,9 @@ class LoaderTimeoutError(GpufeedError):
 
 
 class DecodeError(GpufeedError, ValueError):
-    """An encoded image could not be decoded; the message names the file and sample index."""
+    """An encoded image could not be decoded (or a segmentation mask, or decoded to another size
+    than its image's); the message names the file and sample index. The loader's
+    ``on_error="skip"`` leaves such samples out of their batch."""
 
 
 class ReadError(GpufeedError, OSError):

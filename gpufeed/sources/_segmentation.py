@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import shorten
+from gpufeed.errors import SKIP_HINT, DecodeError, shorten
 from gpufeed.image.detection._sample import Mask
 from gpufeed.sources._detection import DetectionSource
 from gpufeed.sources._detection_items import (
@@ -130,19 +130,24 @@ class SegmentationDataset(DetectionSource):
 
     def target_of(self, index: int, record: Any, canvas: tuple[int, int]) -> Mask:
         """The mask (a dense (C, H, W) :class:`Mask`, C = 1 for palette or grayscale PNGs)
-        decoded from ``record`` (its file's bytes); its size must be the image's ``canvas``."""
+        decoded from ``record`` (its file's bytes); its size must be the image's ``canvas``.
+        A mask that does not decode, or has another size, raises ``DecodeError`` (a
+        ``ValueError``), which the loader's ``on_error="skip"`` leaves out as a bad image."""
         encoded = bytes(record)
         indices = png_indices(encoded)
         try:
             data = (indices[None] if indices is not None
                     else mask_array(open_pil(encoded, rgb=False)))
         except (OSError, SyntaxError, ValueError) as exc:
-            raise ValueError(f"cannot decode the mask {self._masks[index]} of sample {index}: "
-                             f"{exc}.") from exc
+            raise DecodeError(f"cannot decode the mask {self._masks[index]} of sample index {index}: "
+                              f"{exc}. Check or remove the pair, or pass {SKIP_HINT} to leave bad "
+                              f"samples out of their batch.") from exc
         if tuple(data.shape[1:]) != tuple(canvas):
-            raise ValueError(f"the mask {self._masks[index]} is {data.shape[2]}x{data.shape[1]} "
-                             f"but its image {self._images[index]} is {canvas[1]}x{canvas[0]} "
-                             f"(WxH): a mask must have its image's size.")
+            raise DecodeError(f"the mask {self._masks[index]} of sample index {index} is "
+                              f"{data.shape[2]}x{data.shape[1]} but its image {self._images[index]} "
+                              f"is {canvas[1]}x{canvas[0]} (WxH): a mask must have its image's size. "
+                              f"Fix or remove the pair, or pass {SKIP_HINT} to leave bad samples out "
+                              f"of their batch.")
         return Mask(data=data)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:

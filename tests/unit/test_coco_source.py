@@ -297,8 +297,9 @@ def test_segmentation_errors_name_the_files(tmp_path):
     small = tmp_path / "small.png"
     small.write_bytes(palette_png(np.zeros((3, 4), np.uint8)))
     ds = SegmentationDataset([seg.image_paths[0]], [small])
-    with pytest.raises(ValueError, match="small.png is 4x3"):
+    with pytest.raises(gpufeed.DecodeError, match="small.png of sample index 0 is 4x3") as info:
         ds.target_of(0, ds.read_item(0)[1], (10, 10))
+    assert isinstance(info.value, ValueError) and "on_error='skip'" in str(info.value)
 
 
 def _as_list(batch):

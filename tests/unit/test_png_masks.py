@@ -262,7 +262,7 @@ def test_segmentation_dataset_decodes_fast_and_names_a_damaged_mask(tmp_path):
         assert torch.equal(mask[0], torch.from_numpy(_pil(seg.mask_paths[i].read_bytes())))
     whole = seg.mask_paths[2].read_bytes()
     seg.mask_paths[2].write_bytes(whole[:len(whole) // 2])
-    with pytest.raises(ValueError, match=re.escape(f"cannot decode the mask {seg.mask_paths[2]}")):
+    with pytest.raises(ValueError, match=re.escape(f"cannot decode the mask {seg.mask_paths[2]} of sample index 2")):
         ds[2]
     data, record = ds.read_item(2)
     with pytest.raises(ValueError, match=seg.mask_paths[2].name):
