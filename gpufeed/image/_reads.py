@@ -330,4 +330,3 @@ def skip_failed_read(exc: OSError, on_error: str, describe: str, index: int) -> 
                if own else "")
         add_note(exc, f"gpufeed: the read of sample index {index} ({describe}) failed in {where()}.{fix}")
     return False
-

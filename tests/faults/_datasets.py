@@ -114,3 +114,17 @@ class Big(Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((self.mb, 1024, 1024), i % 251, dtype=torch.uint8)
+
+
+def segmentation_pairs(root: Path, n: int, seed: int) -> tuple:
+    """``n`` synthetic image + mask pairs in ``root`` as a ``SegmentationDataset`` on gpufeed's
+    path (uint8 output, no op): (dataset, ``SynthSegmentation``, every sample as it reads now),
+    for tests that then damage some of the files."""
+    from gpufeed._synth_coco import make_segmentation
+    from gpufeed.image.detection import DetectionPipeline
+    from gpufeed.sources import SegmentationDataset
+
+    seg = make_segmentation(root, n, seed=seed)
+    ds = SegmentationDataset(list(seg.image_paths), list(seg.mask_paths),
+                             transforms=DetectionPipeline(image_dtype=torch.uint8))
+    return ds, seg, [ds[i] for i in range(len(ds))]

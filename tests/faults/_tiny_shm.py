@@ -26,7 +26,7 @@ def _run(cls) -> dict:
 
 def _detection(root: str) -> dict:
     """CocoDetection of 4 large photos through FastLoader (2 workers, ``tuple(zip(*b))``): the
-    image bytes of each batch and its image ids."""
+    image bytes of each batch and its samples' indices."""
     import tempfile
 
     import torch
@@ -34,22 +34,19 @@ def _detection(root: str) -> dict:
     from gpufeed._synth_coco import make_coco
     from gpufeed.image.detection import DetectionPipeline
     from gpufeed.sources import CocoDetection
+    from tests.integration._detection import tuple_collate
 
     coco = make_coco(tempfile.mkdtemp(dir=root), 4, size=((2200, 2400), (2200, 2400)), seed=1,
                      empty_fraction=0.0)
     ds = CocoDetection(coco.root, coco.ann_file, transforms=DetectionPipeline(image_dtype=torch.float32),
                        target_keys=["boxes", "masks", "image_id"])
-    loader = FastLoader(ds, batch_size=2, num_workers=2, collate_fn=_zip)
+    loader = FastLoader(ds, batch_size=2, num_workers=2, collate_fn=tuple_collate)
     try:
-        batches = [(sum(x.numel() * x.element_size() for x in images), [t["image_id"] for t in targets],
+        batches = [(sum(x.numel() * x.element_size() for x in images),
                     [ds.ids.index(t["image_id"]) for t in targets]) for images, targets in loader]
     except RuntimeError as exc:
         return {"ok": False, "error": str(exc)[-400:]}
-    return {"ok": True, "image_bytes": [b[0] for b in batches], "indices": [b[2] for b in batches]}
-
-
-def _zip(batch: list) -> tuple:
-    return tuple(zip(*batch))
+    return {"ok": True, "image_bytes": [b[0] for b in batches], "indices": [b[1] for b in batches]}
 
 
 def _host_cache() -> dict:

@@ -12,24 +12,17 @@ import pytest
 import torch
 
 from gpufeed import DecodeError, FastLoader
-from gpufeed._synth_coco import make_segmentation, palette_png
-from gpufeed.image.detection import DetectionPipeline
-from gpufeed.sources import SegmentationDataset
+from gpufeed._synth_coco import palette_png
+from tests.faults._datasets import segmentation_pairs
+from tests.integration._detection import tuple_collate
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def tuple_collate(batch):
-    return tuple(zip(*batch))
 
 
 @pytest.fixture
 def pairs(tmp_path):
     """Five pairs: sample 1's mask cut in half, sample 3's mask of another size."""
-    seg = make_segmentation(tmp_path, 5, seed=7)
-    ds = SegmentationDataset(list(seg.image_paths), list(seg.mask_paths),
-                             transforms=DetectionPipeline(image_dtype=torch.uint8))
-    reference = [ds[i] for i in range(len(ds))]
+    ds, seg, reference = segmentation_pairs(tmp_path, 5, seed=7)
     whole = seg.mask_paths[1].read_bytes()
     seg.mask_paths[1].write_bytes(whole[: len(whole) // 2])
     seg.mask_paths[3].write_bytes(palette_png(np.zeros((5, 7), np.uint8)))

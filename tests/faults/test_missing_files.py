@@ -23,14 +23,12 @@ from gpufeed.errors import ReadError
 from gpufeed.image._reads import skip_failed_read
 from gpufeed.image.detection import DetectionPipeline
 from gpufeed.sources import CocoDetection, SegmentationDataset
+from tests.faults._datasets import segmentation_pairs
+from tests.integration._detection import tuple_collate
 
 pytestmark = pytest.mark.timeout(60)
 
 HINT = "on_error='skip'"
-
-
-def tuple_collate(batch):
-    return tuple(zip(*batch))
 
 
 def notes(exc: BaseException) -> str:
@@ -76,10 +74,7 @@ def test_skip_leaves_a_vanished_image_out_counts_and_logs_it(folder, num_workers
 def pairs(tmp_path):
     """Six image + mask pairs; sample 2's mask is made a directory after the dataset is built,
     sample 4's removed."""
-    seg = make_segmentation(tmp_path, 6, seed=5)
-    ds = SegmentationDataset(list(seg.image_paths), list(seg.mask_paths),
-                             transforms=DetectionPipeline(image_dtype=torch.uint8))
-    reference = [ds[i] for i in range(len(ds))]
+    ds, seg, reference = segmentation_pairs(tmp_path, 6, seed=5)
     seg.mask_paths[2].unlink()
     seg.mask_paths[2].mkdir()
     seg.mask_paths[4].unlink()
