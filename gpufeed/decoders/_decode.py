@@ -82,6 +82,8 @@ def decode(data: Buffer, *, min_height: int | None = None, min_width: int | None
     least that large on both axes; other formats at full size.
     ``backend``: None (libjpeg-turbo when it loads, else OpenCV), "turbojpeg" or "opencv"; it
     selects the JPEG decoder: PNG, WebP, BMP, TIFF and CMYK JPEGs always go to OpenCV.
+    Alpha is dropped; 16-bit and float greyscale values are clipped to 0-255 (16-bit colour
+    keeps each value's high byte), as PIL's ``convert("RGB")``, which torchvision's loaders use.
     ``header``: the result of :func:`read_header` for ``data``, if the caller already has it.
     Raises :class:`~gpufeed.errors.DecodeError` on empty, truncated, corrupt or non-image input.
     """
@@ -222,6 +224,8 @@ def decode_planes(data: Buffer, *, header: ImageHeader | None = None,
 def _decode_opencv(buf: memoryview, header: ImageHeader, factor: tuple[int, int]) -> np.ndarray:
     import cv2
 
+    if header.channels == 1 and header.bit_depth > 8:
+        return _deep_grey(buf, header)
     flags = cv2.IMREAD_IGNORE_ORIENTATION
     if factor != (1, 1):
         reduced = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
@@ -239,6 +243,25 @@ def _decode_opencv(buf: memoryview, header: ImageHeader, factor: tuple[int, int]
     if rgb_flag is None:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     return img
+
+
+def _deep_grey(buf: memoryview, header: ImageHeader) -> np.ndarray:
+    """A 16-bit or float greyscale image (PNG, TIFF) as RGB uint8 the way PIL's ``convert("RGB")``
+    makes it, which is what torchvision's loaders give: values clipped to 0-255 (a float
+    truncated towards zero), not scaled. OpenCV's colour decode would keep the high byte, a
+    different picture (16-bit colour PNGs keep their high byte in PIL too, so they need no
+    branch)."""
+    import cv2
+
+    try:
+        img = cv2.imdecode(np.frombuffer(buf, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as exc:
+        raise DecodeError(f"opencv: {str(exc).strip()} ({len(buf)} bytes)") from None
+    if img is None or img.ndim != 2:
+        raise DecodeError(f"opencv: could not decode {len(buf)} bytes of {header.fmt} as a "
+                          f"{header.bit_depth}-bit greyscale image: truncated or corrupt")
+    grey = np.clip(img, 0, 255).astype(np.uint8)  # astype truncates a float towards zero, as PIL
+    return np.repeat(grey[:, :, None], 3, axis=2)
 
 
 def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:

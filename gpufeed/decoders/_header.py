@@ -41,7 +41,9 @@ class ImageHeader:
     JPEG only: ``sampling`` holds each component's (horizontal, vertical) sampling factors as
     stored, and ``colorspace`` the colour space libjpeg decodes it as ("gray", "ycbcr", "rgb",
     "cmyk", "ycck" or "" when unknown), by libjpeg's own rule (JFIF and Adobe markers, then the
-    component ids).
+    component ids). ``bit_depth``: bits per stored sample (8 for JPEG; a PNG's IHDR value; 16 or
+    32 for a 16-bit or float TIFF, read by decoding), which :func:`decode` needs to turn a deep
+    greyscale image into RGB as PIL's ``convert("RGB")`` does.
     """
 
     height: int
@@ -53,6 +55,7 @@ class ImageHeader:
     progressive: bool = False
     sampling: tuple[tuple[int, int], ...] = ()
     colorspace: str = ""
+    bit_depth: int = 8
 
     @property
     def transposed(self) -> bool:
@@ -235,11 +238,11 @@ def _png_header(buf: memoryview) -> ImageHeader:
     length, kind = struct.unpack_from(">I4s", buf, 8)
     if kind != b"IHDR" or length < 13:
         raise DecodeError("png: first chunk is not IHDR: corrupt file")
-    width, height, _, color_type = struct.unpack_from(">IIBB", buf, 16)
+    width, height, bit_depth, color_type = struct.unpack_from(">IIBB", buf, 16)
     if width == 0 or height == 0:
         raise DecodeError(f"png: IHDR gives an empty image ({height}x{width})")
     return ImageHeader(height=height, width=width, fmt="png",
-                       channels=_PNG_CHANNELS.get(color_type, 3))
+                       channels=_PNG_CHANNELS.get(color_type, 3), bit_depth=bit_depth)
 
 
 def _webp_header(buf: memoryview) -> ImageHeader:
@@ -283,4 +286,5 @@ def _header_by_decoding(buf: memoryview) -> ImageHeader:
         raise DecodeError(f"not a recognised image ({len(buf)} bytes starting with {head!r}); "
                           f"OpenCV could not decode it either")
     channels = 1 if img.ndim == 2 else img.shape[2]
-    return ImageHeader(height=img.shape[0], width=img.shape[1], fmt="other", channels=channels)
+    return ImageHeader(height=img.shape[0], width=img.shape[1], fmt="other", channels=channels,
+                       bit_depth=8 * img.dtype.itemsize)

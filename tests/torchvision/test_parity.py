@@ -32,6 +32,7 @@ from gpufeed import (  # noqa: E402
     pack,
     read_header,
 )
+from gpufeed.synth import photo_like  # noqa: E402
 from tests.torchvision._folder import (  # noqa: E402
     EXIF_INDEX,
     MEAN,
@@ -202,3 +203,26 @@ def test_plain_dataloader_gets_what_torchvision_gives(root):
     assert a[0].shape == b[0].shape and a[0].dtype == b[0].dtype and torch.equal(a[1], b[1])
     for x, ref in zip(a[0], b[0]):
         assert mean_abs_levels(x, ref) <= LIMIT
+
+
+def test_deep_greyscale_images_take_the_values_torchvision_gives(tmp_path):
+    """16-bit greyscale PNGs and TIFFs (depth maps, scans): torchvision's loader clips their
+    values to 0-255 (PIL's convert("RGB")); FastLoader's image path gives the same picture,
+    not a rescaled one."""
+    import cv2
+    import numpy as np
+
+    for k, (ext, scale) in enumerate(((".png", 2), (".tiff", 2), (".png", 257))):
+        folder = tmp_path / f"class_{k % 2}"
+        folder.mkdir(exist_ok=True)
+        deep = photo_like(260 + 10 * k, 300, seed=k)[..., 0].astype(np.uint16) * scale
+        cv2.imwrite(str(folder / f"deep_{k}{ext}"), deep)
+    ours = ImageFolder(tmp_path, transform=eval_v2())
+    theirs = tv.datasets.ImageFolder(str(tmp_path), transform=eval_v2())
+    assert ours.samples == theirs.samples and len(ours) == 3
+    loader = FastLoader(ours, batch_size=3, num_workers=2)
+    assert loader._image_path
+    (images, _), = list(loader)
+    for i in range(len(ours)):
+        assert mean_abs_levels(images[i], theirs[i][0]) <= LIMIT, ours.path(i)
+        assert mean_abs_levels(ours[i][0], theirs[i][0]) <= LIMIT, ours.path(i)

@@ -112,6 +112,55 @@ def test_png_variants_decode_exactly():
     assert np.array_equal(decode(rgba.tobytes()), img)  # alpha dropped, as PIL's convert("RGB")
 
 
+def _pil_rgb(data: bytes) -> np.ndarray:
+    pil = pytest.importorskip("PIL.Image", reason="pillow is the reference for deep and low-bit images")
+    return np.asarray(pil.open(io.BytesIO(data)).convert("RGB"))
+
+
+def _cv2_encoded(arr: np.ndarray, ext: str) -> bytes:
+    ok, data = cv2.imencode(ext, arr)
+    assert ok
+    return data.tobytes()
+
+
+_DEEP = np.random.default_rng(3)
+
+
+@pytest.mark.parametrize("name, data", [
+    ("grey16.png", _cv2_encoded(_DEEP.integers(0, 65536, (21, 33)).astype(np.uint16), ".png")),
+    ("grey16-low.png", _cv2_encoded(_DEEP.integers(0, 300, (21, 33)).astype(np.uint16), ".png")),
+    ("rgb16.png", _cv2_encoded(_DEEP.integers(0, 65536, (21, 33, 3)).astype(np.uint16), ".png")),
+    ("rgba16.png", _cv2_encoded(_DEEP.integers(0, 65536, (21, 33, 4)).astype(np.uint16), ".png")),
+    ("grey16.tif", _cv2_encoded(_DEEP.integers(0, 65536, (21, 33)).astype(np.uint16), ".tiff")),
+    ("float.tif", _cv2_encoded((_DEEP.random((21, 33)) * 400 - 50).astype(np.float32), ".tiff")),
+])
+def test_deep_images_decode_as_pil_converts_them(name, data):
+    """16-bit and float greyscale images: PIL's convert("RGB") (what torchvision's loaders give)
+    clips their values to 0-255; OpenCV's colour decode would keep the high byte instead."""
+    header = read_header(data)
+    assert header.bit_depth == (32 if name.startswith("float") else 16)
+    out = decode(data)
+    assert out.shape == (21, 33, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
+    assert np.array_equal(out, _pil_rgb(data))
+
+
+@pytest.mark.parametrize("mode, bits", [("1", 1), ("L", 2), ("L", 4), ("P", 1), ("P", 4)])
+def test_low_bit_pngs_decode_as_pil_converts_them(mode, bits):
+    pil = pytest.importorskip("PIL.Image", reason="pillow writes low-bit PNGs")
+    grey = photo_like(19, 27, seed=bits)[..., 0]
+    if mode == "L":  # levels that a 2- or 4-bit PNG keeps exactly
+        step = 255 // (2 ** bits - 1)
+        image = pil.fromarray((grey >> (8 - bits)) * step)
+    else:
+        image = pil.fromarray(grey).convert(mode) if mode == "1" else pil.fromarray(
+            photo_like(19, 27, seed=bits)).convert("P", palette=pil.ADAPTIVE, colors=2 ** bits)
+    buf = io.BytesIO()
+    image.save(buf, "png", **({"bits": bits} if mode == "L" else {}))
+    data = buf.getvalue()
+    assert read_header(data).bit_depth == bits
+    assert np.array_equal(decode(data), _pil_rgb(data))
+
+
 def test_buffer_types_accepted():
     data = JPEGS["baseline420"]
     ref = decode(data)
