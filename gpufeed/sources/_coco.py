@@ -20,10 +20,10 @@ import torch
 
 from gpufeed.decoders import read_header
 from gpufeed.decoders._header import Buffer
-from gpufeed.errors import DecodeError
+from gpufeed.errors import SKIP_HINT, DecodeError
 from gpufeed.image.detection._sample import Boxes, Mask
 from gpufeed.sources._coco_cache import cached_tables
-from gpufeed.sources._coco_masks import CocoPlanes, rle_counts, segmentation_rle
+from gpufeed.sources._coco_masks import CocoPlanes, check_rle, rle_counts, segmentation_rle
 from gpufeed.sources._coco_parse import (
     MISSING_BITS,
     POLYGONS,
@@ -229,8 +229,7 @@ class CocoDetection(DetectionSource):
             target["boxes"] = self._boxes(lo, hi, canvas)
         if "masks" in keys:
             self._check_present(index, lo, hi, "segmentation")
-            rles = [self._rle(a, canvas) for a in range(lo, hi)]
-            target["masks"] = Mask(lazy=CocoPlanes(rles, canvas))
+            target["masks"] = Mask(lazy=self._planes(index, lo, hi, canvas))
         if "labels" in keys:
             target["labels"] = torch.from_numpy(np.array(self._category[lo:hi], dtype=np.int64))
         for key in self._key_order():
@@ -269,12 +268,31 @@ class CocoDetection(DetectionSource):
                              f"({self.describe(index)}) has no `{key}`, which `target_keys` asks "
                              f"for.")
 
+    def _planes(self, index: int, lo: int, hi: int, canvas: tuple[int, int]) -> CocoPlanes:
+        """The masks of sample ``index``'s annotations ``lo:hi``; a segmentation pycocotools
+        cannot rasterise faithfully raises a DecodeError naming it (``on_error="skip"`` leaves
+        the sample out)."""
+        a = lo
+        try:
+            rles = []
+            for a in range(lo, hi):
+                rles.append(self._rle(a, canvas))
+            return CocoPlanes(rles, canvas)
+        except DecodeError as exc:
+            raise DecodeError(
+                f"{self.ann_file}: the segmentation of image id {int(self._ids[index])}'s annotation "
+                f"{a - lo} (0-based, in the file's order; {self.describe(index)}), sample index "
+                f"{index}: {exc}. "
+                f"Fix or remove that annotation, leave 'masks' out of `target_keys`, or pass "
+                f"{SKIP_HINT} to leave such samples out of their batch.") from None
+
     def _rle(self, a: int, canvas: tuple[int, int]) -> dict[str, Any]:
         """Annotation ``a``'s compressed RLE on ``canvas`` (torchvision's wrapper's rules)."""
         if int(self._kind[a]) & ~SIZE_FIRST == RLE_LIST:  # stored compressed: as frPyObjects
             lo, hi = int(self._seg_lo[a]), int(self._seg_hi[a])
-            return {"size": [int(v) for v in self._seg_size[a]],
-                    "counts": self._rle_blob[lo:hi].tobytes()}
+            size, counts = [int(v) for v in self._seg_size[a]], self._rle_blob[lo:hi].tobytes()
+            check_rle(counts, size)
+            return {"size": size, "counts": counts}
         return segmentation_rle(self._segmentation(a), canvas)
 
     def _segmentation(self, a: int) -> Any:

@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.errors import DecodeError, shorten
+
 #: ``pixels`` binary-searches each selected pixel when they are fewer than 1/this of the pixels
 #: of the columns they span, and expands those columns' runs otherwise.
 _SPARSE_RATIO = 16
 
-__all__ = ["CocoPlanes", "rle_counts", "rle_string", "segmentation_rle"]
+__all__ = ["CocoPlanes", "check_rle", "rle_counts", "rle_string", "segmentation_rle"]
 
 
 def segmentation_rle(segmentation: Any, canvas: tuple[int, int]) -> dict[str, Any]:
@@ -29,13 +31,47 @@ def segmentation_rle(segmentation: Any, canvas: tuple[int, int]) -> dict[str, An
 
     h, w = canvas
     if isinstance(segmentation, dict):
+        check_rle(segmentation["counts"], segmentation["size"])
         if isinstance(segmentation["counts"], (str, bytes)):
             return segmentation
         return mask_utils.frPyObjects(segmentation, h, w)
     if isinstance(segmentation, list):
+        _check_polygons(segmentation)
         return mask_utils.merge(mask_utils.frPyObjects(segmentation, h, w))
     raise ValueError(f"a COCO segmentation must be a dict (RLE) or a list (polygons). "
                      f"Found: {type(segmentation).__name__}.")
+
+
+def _check_polygons(polygons: list[list[float]]) -> None:
+    """Raise a DecodeError where pycocotools' ``frPyObjects`` would raise an error that names
+    nothing (an empty list; a first polygon of 4 numbers or fewer, which it takes for a box or
+    rejects) or never return (a coordinate that is NaN or infinite). Polygons it rasterises,
+    however degenerate, pass: the masks stay torchvision's."""
+    if not polygons:
+        raise DecodeError("the segmentation is an empty list of polygons: a mask needs a polygon "
+                          "of at least 3 points (6 numbers), or an RLE")
+    if len(polygons[0]) <= 4:
+        raise DecodeError(f"its first polygon has {len(polygons[0])} numbers: pycocotools needs "
+                          f"at least 3 points (6 numbers) to rasterise a polygon")
+    for polygon in polygons:
+        if not np.isfinite(np.asarray(polygon, dtype=np.float64)).all():
+            raise DecodeError(f"a polygon has a coordinate that is not a finite number "
+                              f"({shorten(polygon)})")
+
+
+def check_rle(counts: list[int] | str | bytes, size: Any) -> None:
+    """Raise a DecodeError unless the run lengths ``counts`` (a list, or a compressed string)
+    cover the ``size`` = [H, W] mask exactly: pycocotools fills a mask that a short RLE leaves
+    unwritten with whatever memory held, and refuses a long one without saying why."""
+    h, w = (int(v) for v in size)
+    try:
+        runs = np.asarray(counts, dtype=np.int64) if isinstance(counts, list) else rle_counts(counts)
+    except (ValueError, OverflowError) as exc:
+        raise DecodeError(f"its RLE counts cannot be read: {exc}") from None
+    total = int(runs.sum())
+    if (runs < 0).any() or total != h * w:
+        raise DecodeError(f"its RLE's run lengths sum to {total} pixels (negative: "
+                          f"{int((runs < 0).sum())}), but its size {h}x{w} has {h * w}")
 
 
 def rle_counts(counts: str | bytes) -> np.ndarray:
@@ -46,6 +82,8 @@ def rle_counts(counts: str | bytes) -> np.ndarray:
     c = np.frombuffer(raw, dtype=np.uint8).astype(np.int64) - 48
     if c.size == 0:
         return np.zeros(0, dtype=np.int64)
+    if ((c < 0) | (c > 63)).any():
+        raise ValueError(f"RLE counts string {raw[:40]!r} has characters outside '0' to 'o'")
     last = (c & 0x20) == 0  # the last character of each value
     if not last[-1]:
         raise ValueError(f"truncated RLE counts string {raw[:40]!r}")
@@ -91,7 +129,7 @@ class CocoPlanes:
         for rle in rles:
             got = tuple(int(v) for v in rle["size"])
             if got != (h, w):
-                raise ValueError(f"an RLE segmentation of size {got[0]}x{got[1]} (HxW) is on an "
+                raise DecodeError(f"an RLE segmentation of size {got[0]}x{got[1]} (HxW) is on an "
                                  f"image of {h}x{w}: every mask must have the image's size.")
         self._rles = rles
         self._shape = (len(rles), h, w)
