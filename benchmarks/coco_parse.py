@@ -20,6 +20,7 @@ RSS once built (what each worker or rank keeps), and their ratios to gpufeed's.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -106,9 +107,10 @@ def build_once(name: str, root: Path, ann: Path) -> dict[str, Any]:
 
 
 def available(name: str) -> bool:
+    """Whether builder ``name``'s module is installed (found, not imported: an import that fails
+    anyway fails its build, with the child's error)."""
     module = BUILDERS[name][0].split()[1]
-    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, check=False)
-    return probe.returncode == 0
+    return importlib.util.find_spec(module.split(".")[0]) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
