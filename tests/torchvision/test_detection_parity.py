@@ -44,7 +44,13 @@ def _pipelines():
                          V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
     pad_crop = V.Compose([V.Pad([7, 3, 11, 5]), V.CenterCrop((180, 220)), V.ToImage(),
                           V.ToDtype(torch.float32, scale=True)])
-    return {"flip_resize": flip_resize, "formats": formats, "pad_crop": pad_crop}
+    # v2 containers whose draws leave one outcome: gpufeed's containers of joint ops
+    containers = V.Compose([
+        V.RandomApply([V.RandomHorizontalFlip(p=1.0), V.Resize((200, 256))], p=1.0),
+        V.RandomChoice([V.Compose([V.Pad([7, 3, 11, 5]), V.CenterCrop((180, 220))])]),
+        V.RandomOrder([V.RandomVerticalFlip(p=1.0), V.Identity()]),
+        V.ToImage(), V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
+    return {"flip_resize": flip_resize, "formats": formats, "pad_crop": pad_crop, "containers": containers}
 
 
 @pytest.mark.parametrize("name", sorted(_pipelines()))

@@ -8,7 +8,9 @@ A pipeline is a v2 ``Compose``, a list of ops, or one of torchvision's reference
 - part of the output stage: ``ToImage``/``PILToTensor``/``ToTensor`` (gpufeed decodes to RGB
   arrays: which one only decides the image's type), ``ToDtype``/``ConvertImageDtype``,
   ``Normalize`` and ``ToPureTensor``;
-- a gpufeed joint op of the same name and arguments (:data:`JOINT_OPS`, "fast");
+- a gpufeed joint op of the same name and arguments (:data:`JOINT_OPS`, "fast"); a v2
+  ``RandomApply``, ``RandomChoice`` or ``RandomOrder`` whose every op has one becomes gpufeed's
+  container of them (``_containers``, "fast");
 - or :class:`AsGiven`: the op itself on ``tv_tensors``, seeded from the sample ("tensor (as
   given)"): ops gpufeed has no joint op for, and every op that touches the image after the
   dtype conversion (the conversion then runs as given too, so the op sees what it saw).
@@ -29,6 +31,13 @@ import torch
 
 from gpufeed.image.detection import _affine, _boxes, _crops, _geometry, _photometric, _refs
 from gpufeed.image.detection._as_given import AsGiven
+from gpufeed.image.detection._containers import (
+    Compose,
+    Container,
+    RandomApply,
+    RandomChoice,
+    RandomOrder,
+)
 from gpufeed.image.detection._fills import type_name
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import JointOp, Sample
@@ -43,6 +52,13 @@ _CONVERSIONS = frozenset({"ToImage", "PILToTensor", "ToTensor"})
 _TARGET_ONLY = frozenset({"ConvertBoundingBoxFormat", "SanitizeBoundingBoxes",
                           "ClampBoundingBoxes", "ClampKeyPoints", "SanitizeKeyPoints",
                           "SetClampingMode"})
+
+#: v2 containers whose ops gpufeed runs as joint ops when it has a joint op for each
+_CONTAINERS: dict[str, type[Container]] = {
+    "RandomApply": RandomApply, "RandomChoice": RandomChoice, "RandomOrder": RandomOrder}
+#: ops a container cannot hold on the fast path (conversions and the output stage's ops)
+_NOT_INSIDE = _CONVERSIONS | {"ToDtype", "ConvertImageDtype", "Normalize", "ToPureTensor",
+                              "ToPILImage", "Lambda"}
 
 Args = Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]]
 #: a joint op class and the constructor's arguments from a torchvision op
@@ -120,6 +136,44 @@ JOINT_OPS: dict[str, Entry] = {
     # the references' segmentation helper (not torchvision's: recognised by name and shape)
     "PadIfSmaller": (_refs.PadIfSmaller, _attrs("size", "fill")),
 }
+
+
+def _inside(op: Any) -> list[Any]:
+    """Every op inside v2 container ``op``, nested containers' too."""
+    subs = [sub for item in op.transforms for sub in _flatten(item)]
+    return subs + [x for sub in subs if _is_tv(sub) and type(sub).__name__ in _CONTAINERS
+                   for x in _inside(sub)]
+
+
+def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = "image"
+                    ) -> tuple[JointOp | None, str]:
+    """(gpufeed's container of the ops inside v2 container ``op`` (``RandomApply``,
+    ``RandomChoice``, ``RandomOrder``), "") or (None, why not: a conversion, dtype or output
+    op inside). An op inside with a joint op in ``table`` runs fast, another as given on
+    ``kind`` images; a ``Compose`` inside is one unit, an ``Identity`` an empty one."""
+    units: list[JointOp] = []
+    for item in op.transforms:
+        inner: list[JointOp] = []
+        for sub in _flatten(item):
+            sub_name = type(sub).__name__
+            if _is_tv(sub) and sub_name == "Identity":
+                continue
+            if _is_v1(sub) or (_is_tv(sub) and sub_name in _NOT_INSIDE):
+                return None, f"{sub_name} inside it"
+            joint: JointOp | None = None
+            if _is_tv(sub) and sub_name in _CONTAINERS:
+                joint, _ = build_container(sub_name, sub, table, kind)
+            elif _is_tv(sub) or _is_ref(sub, "PadIfSmaller", "size", "fill"):
+                joint, _ = build_joint(sub_name, sub, table)
+            inner.append(joint if joint is not None else AsGiven(sub, kind))
+        units.append(inner[0] if len(inner) == 1 else Compose(tuple(inner)))
+    if not units:
+        return None, "no op inside it"
+    kwargs = {} if name == "RandomOrder" else {"p": op.p}
+    try:
+        return _CONTAINERS[name](tuple(units), **kwargs), ""
+    except (TypeError, ValueError) as exc:
+        return None, f"gpufeed's {name} cannot take these arguments ({exc})"
 
 
 def build_joint(name: str, op: Any, table: Mapping[str, Entry]) -> tuple[JointOp | None, str]:
@@ -252,6 +306,9 @@ def _walk(walk: _Walk, op: Any, pil: bool) -> None:
         walk.blocker = f"{name} is a torchvision.transforms (v1) op, which takes the image only"
     elif tv and name == "Lambda" and pil and not walk.converted:
         walk.blocker = "Lambda given a PIL image (its function may need one)"
+    elif tv and name in _CONTAINERS and pil and not walk.converted and any(
+            not _is_tv(sub) or type(sub).__name__ == "Lambda" for sub in _inside(op)):
+        walk.blocker = f"{name} holds a callable that is not torchvision's, given a PIL image"
     elif tv and name in _CONVERSIONS:
         _conversion(walk, op, name)
     elif tv and name in ("ToDtype", "ConvertImageDtype"):
@@ -332,13 +389,17 @@ def _joint(walk: _Walk, op: Any, name: str) -> None:
     if walk.flushed:
         walk.given(op, "the image is float here")
         return
-    joint, why = build_joint(name, op, walk.table)
+    if name in _CONTAINERS:
+        joint, why = build_container(name, op, walk.table, walk.kind)
+    else:
+        joint, why = build_joint(name, op, walk.table)
     if joint is None:
         walk.given(op, why)
         return
     walk.ops.append(joint)
     walk.fallback.append(AsGiven(op, walk.kind))
-    walk.routes.append((name, f"{getattr(joint, 'where', 'fast')}: gpufeed joint op"))
+    what = f"gpufeed container of {joint.describe()}" if isinstance(joint, Container) else "gpufeed joint op"
+    walk.routes.append((name, f"{getattr(joint, 'where', 'fast')}: {what}"))
 
 
 def translate_detection(pipeline: Any, *, table: Mapping[str, Entry] | None = None
