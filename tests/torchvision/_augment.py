@@ -1,6 +1,9 @@
-"""Shared pieces of the augmentation tests: photo-like rows and difference measures."""
+"""Shared pieces of the augmentation tests: photo-like rows, difference measures, and what
+torchvision's containers run."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -40,3 +43,31 @@ def share_far(a: np.ndarray, b: np.ndarray, levels: int) -> float:
     """Share of pixels with a channel more than ``levels`` apart."""
     assert a.shape == b.shape, (a.shape, b.shape)
     return float((np.abs(a.astype(np.int16) - b.astype(np.int16)) > levels).any(axis=2).mean())
+
+
+class _Mark:
+    """An op that records its index when torchvision's container runs it."""
+
+    def __init__(self, index, seen):
+        self.index, self.seen = index, seen
+
+    def __call__(self, img):
+        self.seen.append(self.index)
+        return img
+
+
+def run_container(make, k: int, n: int) -> list:
+    """What torchvision's container ``make(ops)`` runs on each of ``n`` calls: the tuple of the
+    indices of its ``k`` recording ops, in the order run (torch and random seeded with 0)."""
+    import torch
+
+    seen: list = []
+    container = make([_Mark(i, seen) for i in range(k)])
+    out = []
+    random.seed(0)
+    torch.manual_seed(0)
+    for _ in range(n):
+        seen.clear()
+        container(torch.zeros(3, 2, 2))
+        out.append(tuple(seen))
+    return out

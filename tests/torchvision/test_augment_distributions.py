@@ -24,6 +24,7 @@ from timm.data import random_erasing as timm_re  # noqa: E402
 
 from gpufeed.image import augment as A  # noqa: E402
 from gpufeed.image.augment._policies import augmentation_space  # noqa: E402
+from tests.torchvision._augment import run_container  # noqa: E402
 from tests.torchvision._stats import assert_same_categories, assert_same_continuous  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -285,30 +286,8 @@ def test_timm_auto_augment(config):
             assert_same_categories(a, b, f"{name} argument")
 
 
-class _Mark:
-    """An op that records its index when torchvision's container runs it."""
-
-    def __init__(self, index, seen):
-        self.index, self.seen = index, seen
-
-    def __call__(self, img):
-        self.seen.append(self.index)
-        return img
-
-
-def _run_container(make, k: int, n: int = N) -> list:
-    """What torchvision's container ``make(ops)`` runs on each of ``n`` calls: the tuple of the
-    indices of its ``k`` recording ops, in the order run."""
-    seen: list = []
-    container = make([_Mark(i, seen) for i in range(k)])
-    out = []
-    random.seed(0)
-    torch.manual_seed(0)
-    for _ in range(n):
-        seen.clear()
-        container(torch.zeros(3, 2, 2))
-        out.append(tuple(seen))
-    return out
+def _run_container(make, k: int) -> list:
+    return run_container(make, k, N)
 
 
 def test_containers_choose_as_torchvision():

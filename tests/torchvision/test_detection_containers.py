@@ -7,8 +7,6 @@ of test_detection_parity.py. Needs torchvision (.venv-tv)."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
@@ -25,6 +23,7 @@ from gpufeed.image.detection import AsGiven, JointOp, Sample, translate_detectio
 from gpufeed.image.detection import _containers as C  # noqa: E402
 from gpufeed.image.detection._crops import RandomIoUCrop, RandomZoomOut  # noqa: E402
 from gpufeed.image.detection._sample import Boxes  # noqa: E402
+from tests.torchvision._augment import run_container  # noqa: E402
 from tests.torchvision._stats import assert_same_categories  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,18 +64,6 @@ def test_a_container_holding_a_conversion_runs_as_given_and_one_holding_a_callab
     assert "RandomApply: tensor (as given): gpufeed container of function [tensor (as given)]" in report
 
 
-class _Mark(V.Transform):
-    """A torchvision op that records its index when it runs."""
-
-    def __init__(self, i, seen):
-        super().__init__()
-        self.i, self.seen = i, seen
-
-    def forward(self, *inputs):
-        self.seen.append(self.i)
-        return inputs if len(inputs) > 1 else inputs[0]
-
-
 class _Record(JointOp):
     """A gpufeed joint op that records its index when it runs."""
 
@@ -89,18 +76,6 @@ class _Record(JointOp):
     def apply(self, sample, params):
         self.seen.append(self.i)
         return sample
-
-
-def _theirs(make, k):
-    seen, out = [], []
-    container = make([_Mark(i, seen) for i in range(k)])
-    random.seed(0)
-    torch.manual_seed(0)
-    for _ in range(N):
-        seen.clear()
-        container(torch.zeros(3, 2, 2))
-        out.append(tuple(seen))
-    return out
 
 
 def _ours(make, k):
@@ -124,7 +99,7 @@ def test_the_containers_choose_as_torchvisions(which):
         "choice-uniform": (V.RandomChoice, C.RandomChoice, 3),
         "order": (V.RandomOrder, C.RandomOrder, 3),
     }[which]
-    theirs, ours = _theirs(theirs_make, k), _ours(ours_make, k)
+    theirs, ours = run_container(theirs_make, k, N), _ours(ours_make, k)
     assert_same_categories(ours, theirs, which)
     assert {len(t) for t in ours} == ({0, k} if which == "apply" else {1} if "choice" in which else {k})
 

@@ -17,6 +17,19 @@ def check_p(value: Any, name: str = "p") -> float:
     return float(value)
 
 
+def choice_weights(p: Any, n: int) -> tuple[float, ...] | None:
+    """A ``RandomChoice``'s ``p`` for ``n`` ops as probabilities summing to 1 (None: uniform)."""
+    if p is None:
+        return None
+    try:
+        weights = tuple(float(w) for w in p)
+    except (TypeError, ValueError):
+        weights = ()
+    if len(weights) != n or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"`p` must be None or {n} weights >= 0 with a positive sum. Found: {shorten(p)}.")
+    return tuple(w / sum(weights) for w in weights)
+
+
 def check_number(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
     """A finite number in [lo, hi], as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (

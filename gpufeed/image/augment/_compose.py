@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import shorten
 from gpufeed.image.augment._base import RowOp, _check_ops
-from gpufeed.image.augment._checks import check_p
+from gpufeed.image.augment._checks import check_p, choice_weights
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
@@ -70,18 +69,7 @@ class RandomChoice(RowOp):
     def __post_init__(self) -> None:
         ops = _check_transforms(self.transforms)
         object.__setattr__(self, "transforms", ops)
-        if self.p is None:
-            return
-        try:
-            weights = tuple(float(w) for w in self.p)
-        except (TypeError, ValueError):
-            weights = ()
-        if len(weights) != len(ops) or not all(np.isfinite(w) and w >= 0 for w in weights) or (
-                sum(weights) <= 0):
-            raise ValueError(f"`p` must be None or {len(ops)} weights >= 0 with a positive sum. "
-                             f"Found: {shorten(self.p)}.")
-        total = sum(weights)
-        object.__setattr__(self, "p", tuple(w / total for w in weights))
+        object.__setattr__(self, "p", choice_weights(self.p, len(ops)))
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> Any:
         n = len(self.transforms)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import shorten
+from gpufeed.image.augment._checks import check_p, choice_weights
 from gpufeed.image.detection._sample import JointOp, Sample
 
 __all__ = ["Compose", "Container", "RandomApply", "RandomChoice", "RandomOrder"]
@@ -93,8 +94,7 @@ class RandomApply(Container):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0 <= self.p <= 1:
-            raise ValueError(f"`p` must be a probability in [0, 1]. Found: {shorten(self.p)}.")
+        object.__setattr__(self, "p", check_p(self.p))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         return _seed(rng) if rng.random() < self.p else None
@@ -113,17 +113,7 @@ class RandomChoice(Container):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.p is None:
-            return
-        try:
-            weights = tuple(float(w) for w in self.p)
-        except (TypeError, ValueError):
-            weights = ()
-        if len(weights) != len(self.transforms) or not all(
-                np.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"`p` must be None or {len(self.transforms)} weights >= 0 with a "
-                             f"positive sum. Found: {shorten(self.p)}.")
-        object.__setattr__(self, "p", tuple(w / sum(weights) for w in weights))
+        object.__setattr__(self, "p", choice_weights(self.p, len(self.transforms)))
 
     def draw(self, rng: np.random.Generator, sample: Sample) -> Any:
         n = len(self.transforms)
