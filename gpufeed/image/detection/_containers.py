@@ -4,7 +4,7 @@
 Each holds gpufeed joint ops and is one itself. Its ``draw`` draws what torchvision draws
 (whether the ops run, which op, in which order) and a seed; ``apply`` runs the chosen ops in
 order, each drawing its parameters from a generator of that seed when it runs, on the sample the
-op before it left (an ``RandomIoUCrop`` after a ``RandomZoomOut`` sees the zoomed-out boxes, as
+op before it left (a ``RandomIoUCrop`` after a ``RandomZoomOut`` sees the zoomed-out boxes, as
 in torchvision, whose inner ops draw when they run). The parameters therefore depend on (seed,
 epoch, sample index) only, as every joint op's do.
 """
