@@ -45,7 +45,8 @@ def test_containers_of_ops_gpufeed_has_become_its_containers():
     assert "RandomApply: fast: gpufeed container of RandomZoomOut, RandomIoUCrop" in report, report
     assert ("RandomChoice: fast: gpufeed container of RandomShortestSize, "
             "Compose(RandomResize, RandomCrop), Identity") in report, report
-    assert "RandomPerspective [tensor (as given)]" in report, report
+    assert ("RandomOrder: fast, partly tensor (as given): gpufeed container of ColorJitter, "
+            "RandomHorizontalFlip, RandomPerspective [tensor (as given)]") in report, report
     apply, choice, order = pipeline.ops
     assert isinstance(apply, C.RandomApply) and apply.p == 0.7
     assert isinstance(choice, C.RandomChoice) and choice.p == (0.5, 0.25, 0.25)

@@ -54,9 +54,10 @@ class Container(JointOp):
     def __post_init__(self) -> None:
         ops = _check_ops(self.transforms, isinstance(self, Compose))
         object.__setattr__(self, "transforms", ops)
-        wheres = {getattr(op, "where", "fast") for op in ops}
-        if wheres and "fast" not in wheres:  # nothing inside runs fast: the container neither
-            object.__setattr__(self, "where", sorted(wheres)[0])
+        others = sorted({getattr(op, "where", "fast") for op in ops} - {"fast"})
+        if others:  # nothing inside runs fast: the container neither; some: say so
+            fast = any(getattr(op, "where", "fast") == "fast" for op in ops)
+            object.__setattr__(self, "where", f"fast, partly {others[0]}" if fast else others[0])
 
     def describe(self) -> str:
         """The ops inside, for ``explain``."""
