@@ -9,8 +9,8 @@ A pipeline is a v2 ``Compose``, a list of ops, or one of torchvision's reference
   arrays: which one only decides the image's type), ``ToDtype``/``ConvertImageDtype``,
   ``Normalize`` and ``ToPureTensor``;
 - a gpufeed joint op of the same name and arguments (:data:`JOINT_OPS`, "fast"); a v2
-  ``RandomApply``, ``RandomChoice`` or ``RandomOrder`` whose every op has one becomes gpufeed's
-  container of them (``_containers``, "fast");
+  ``RandomApply``, ``RandomChoice`` or ``RandomOrder`` becomes gpufeed's container of the ops
+  inside (``_containers``: each a joint op where gpufeed has one, else as given inside);
 - or :class:`AsGiven`: the op itself on ``tv_tensors``, seeded from the sample ("tensor (as
   given)"): ops gpufeed has no joint op for, and every op that touches the image after the
   dtype conversion (the conversion then runs as given too, so the op sees what it saw).
@@ -307,7 +307,8 @@ def _walk(walk: _Walk, op: Any, pil: bool) -> None:
     elif tv and name == "Lambda" and pil and not walk.converted:
         walk.blocker = "Lambda given a PIL image (its function may need one)"
     elif tv and name in _CONTAINERS and pil and not walk.converted and any(
-            not _is_tv(sub) or type(sub).__name__ == "Lambda" for sub in _inside(op)):
+            type(sub).__name__ == "Lambda" if _is_tv(sub) else not _is_ref(sub, "PadIfSmaller", "size", "fill")
+            for sub in _inside(op)):
         walk.blocker = f"{name} holds a callable that is not torchvision's, given a PIL image"
     elif tv and name in _CONVERSIONS:
         _conversion(walk, op, name)
