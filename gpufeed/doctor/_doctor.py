@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed._fastpath.subsets import fast_dataset
 from gpufeed._progress import ProgressBar
 from gpufeed.cuda._sync import wait_for_device
 from gpufeed.decoders import read_header
@@ -16,6 +17,7 @@ from gpufeed.doctor._host_load import HostLoad
 from gpufeed.doctor._probe import ProbeResult, TreeProbe
 from gpufeed.doctor._verdict import BOTTLENECKS, decide
 from gpufeed.errors import DecodeError, check_int, is_int, shorten
+from gpufeed.sources import DetectionSource
 from gpufeed.stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Evidence", "Report", "decide", "diagnose"]
@@ -177,8 +179,11 @@ def _int_attr(obj: Any, name: str) -> int:
 
 
 def _image_info(loader: Any, k: int = 16) -> dict[str, Any]:
-    """Stored sizes of ``k`` images spread over an image source, and the transform's output."""
+    """Stored sizes of ``k`` images spread over an image source, and the transform's output;
+    for a detection/segmentation source (the per-sample path), that it is one."""
     dataset = getattr(loader, "dataset", None)
+    if dataset is not None and isinstance(fast_dataset(dataset), DetectionSource):
+        return {"per_sample": True}
     transform = getattr(dataset, "transform", None)
     read = getattr(dataset, "read", None)
     if (dataset is None or transform is None or not callable(read)

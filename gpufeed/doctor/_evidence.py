@@ -23,6 +23,7 @@ class Evidence:
     num_workers: int
     usable_cores: float  # CPUs this process may use (affinity, cgroup quota)
     image_path: bool = False  # the loader took gpufeed's image fast path
+    per_sample: bool = False  # ... in its per-sample form (detection/segmentation datasets)
     samples: int = 0
     fetch_s: float = 0.0
     read_s: float = 0.0

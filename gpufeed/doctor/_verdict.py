@@ -233,6 +233,22 @@ def _reads_ahead(ev: Evidence, rc: int) -> _Ahead | None:
     return _Ahead(rule.read_concurrency, max(pf, rule.prefetch_factor), reason)
 
 
+def _per_sample_stage(reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:
+    """The CPU-bound verdict of a detection/segmentation loader (the per-sample path), whose
+    images keep their annotations: no advice to store them smaller or cache them decoded."""
+    decode, transform = shares.get("decode", 0.0), shares.get("transform", 0.0)
+    reasons.append(f"decode {decode:.0%}, target, joint ops and collate_fn {transform:.0%}, read "
+                   f"{shares.get('read', 0.0):.0%} of worker time")
+    if decode >= transform:
+        return "decode", reasons, (
+            "decode is the cost (a baseline JPEG already decodes only down to the last row the ops "
+            "read): more CPU cores per GPU, or progressive JPEGs re-encoded as baseline ones")
+    return "transform", reasons, (
+        "lower the per-sample op cost: ops that run as given (gpufeed.explain(loader) lists them) "
+        "cost more than translated ones, and a uint8 output, with ToDtype/Normalize on the GPU "
+        "after the batch arrives, saves the float conversion in the workers")
+
+
 def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tuple[str, list[str], str]:
     if not ev.image_path:
         if shares:
@@ -242,6 +258,8 @@ def _cpu_stage(ev: Evidence, reasons: list[str], shares: dict[str, float]) -> tu
             "make per-sample Python cheaper: batch it (__getitems__), move augmentation to the GPU, "
             "or use gpufeed.ImageFolder with a gpufeed transform (the image fast path)")
     decode, transform = shares.get("decode", 0.0), shares.get("transform", 0.0)
+    if ev.per_sample:
+        return _per_sample_stage(reasons, shares)
     split = f"decode {decode:.0%}, crop/resize/normalize {transform:.0%}, read {shares.get('read', 0.0):.0%}"
     if decode >= transform:
         per_image = ev.decode_s / max(ev.samples, 1) * 1e3

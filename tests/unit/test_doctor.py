@@ -87,6 +87,31 @@ def test_cpu_bound_transform_dominant_is_transform():
     assert decide(ev)[0] == "transform"
 
 
+def test_a_per_sample_loader_is_never_told_to_shrink_or_cache_decoded_images():
+    """Detection/segmentation images keep their annotations: packing them smaller would break
+    the boxes, and the per-sample path caches reads, not decoded images."""
+    ev = cpu_bound(per_sample=True, read_s=0.3, decode_s=15.0, transform_s=3.0, pack_s=0.2)
+    bottleneck, reasons, fix = decide(ev)
+    assert bottleneck == "decode" and "--max-side" not in fix and "cache_bytes" not in fix
+    assert "baseline" in fix and any("decode 81%, target, joint ops and collate_fn 16%" in r for r in reasons)
+    bottleneck, _, fix = decide(replace(ev, decode_s=3.0, transform_s=15.0))
+    assert bottleneck == "transform" and "gpufeed.explain(loader)" in fix and "device=" not in fix
+
+
+def test_a_detection_loader_and_its_subset_are_per_sample(tmp_path):
+    from torch.utils.data import Subset
+
+    from gpufeed import CocoDetection, FastLoader
+    from gpufeed._synth_coco import make_coco
+    from gpufeed.doctor._doctor import _image_info
+    from gpufeed.image.detection import DetectionPipeline
+
+    coco = make_coco(tmp_path, 3, seed=1, string_rle_fraction=0.0)
+    ds = CocoDetection(coco.root, coco.ann_file, transforms=DetectionPipeline(), target_keys=["boxes"])
+    for dataset in (ds, Subset(ds, [0, 2])):
+        assert _image_info(FastLoader(dataset, batch_size=2, collate_fn=list)) == {"per_sample": True}
+
+
 def test_generic_dataset_cpu_bound_is_transform():
     ev = cpu_bound(image_path=False, fetch_s=17.0, collate_s=2.0, pack_s=0.5)
     bottleneck, reasons, fix = decide(ev)
