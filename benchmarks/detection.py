@@ -172,8 +172,9 @@ class SegmentationPairs(torch.utils.data.Dataset):
 # -- loaders, rows ------------------------------------------------------------------------
 
 class Counted:
-    """A loader whose batches count their images right: ``batch_size_of`` would take the
-    channel count of ``zip_collate``'s first image; here a batch is a :class:`Batch`."""
+    """A loader whose batches count their images by the collate's own layout (images first):
+    ``batch_size_of`` guesses it from the batch's structure, which a zip of image and mask
+    tensors would mislead; here a batch is a :class:`Batch`."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader

@@ -175,6 +175,15 @@ def test_batch_size_and_touch() -> None:
     assert batch_size_of((t, torch.zeros(4))) == 4
     assert batch_size_of({"x": t}) == 4
     assert batch_size_of([1, 2, 3]) == 3
+    # detection's tuple(zip(*samples)): 2 samples, not the first image's 3 channels
+    images = (torch.zeros(3, 5, 7), torch.zeros(3, 6, 4))
+    targets = ({"boxes": torch.zeros(2, 4)}, {"boxes": torch.zeros(0, 4)})
+    assert batch_size_of((images, targets)) == 2
+    assert batch_size_of([list(images), list(targets), [1, 2]]) == 2
+    # views collated by default_collate: the batch dimension, as before
+    views = [torch.zeros(4, 3, 8, 8), torch.zeros(4, 3, 4, 4)]
+    assert batch_size_of((views, torch.zeros(4))) == 4
+    assert batch_size_of((views, [torch.zeros(4), torch.zeros(4)])) == 4
     assert touch_batch(t) == 0
     assert touch_batch((t[1:], None)) == 6
     assert touch_batch(torch.empty(0, 3)) is None
