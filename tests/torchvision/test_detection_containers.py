@@ -113,7 +113,10 @@ def test_an_inner_op_draws_on_the_sample_the_op_before_it_left():
     op = C.RandomApply((RandomZoomOut(side_range=(2.0, 3.0), p=1.0), RandomIoUCrop()), p=1.0)
     rng = np.random.default_rng(5)
     sizes = [op(sample, rng).image.shape[:2] for _ in range(200)]
-    assert max(h for h, _ in sizes) > 50 or max(w for _, w in sizes) > 70  # a zoomed-out canvas cropped
+    # crops taller than the source and not of the canvas's shape (a crop not taken leaves the
+    # zoomed-out canvas, 50:70 like the source): drawn on the zoomed-out canvas, never on the
+    # source as given to the container (then every crop would fit in 50 x 70)
+    assert any(h > 50 and abs(h / w - 50 / 70) > 0.03 for h, w in sizes), sizes
     params = op.draw(np.random.default_rng(1), sample)
     first, second = op.apply(sample, params), op.apply(sample, params)  # apply draws from params only
     assert np.array_equal(first.image, second.image)

@@ -39,6 +39,9 @@ def _run(ops: Sequence[JointOp], sample: Sample, seed: int) -> Sample:
     return sample
 
 
+_PARTLY = "fast, partly "  # a container's ``where`` when only some of its ops run fast
+
+
 def _seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2**63 - 1))
 
@@ -54,10 +57,11 @@ class Container(JointOp):
     def __post_init__(self) -> None:
         ops = _check_ops(self.transforms, isinstance(self, Compose))
         object.__setattr__(self, "transforms", ops)
-        others = sorted({getattr(op, "where", "fast") for op in ops} - {"fast"})
-        if others:  # nothing inside runs fast: the container neither; some: say so
-            fast = any(getattr(op, "where", "fast") == "fast" for op in ops)
-            object.__setattr__(self, "where", f"fast, partly {others[0]}" if fast else others[0])
+        wheres = [getattr(op, "where", "fast") for op in ops]
+        given = sorted({w.removeprefix(_PARTLY) for w in wheres} - {"fast"})
+        if given:  # nothing inside runs fast: the container neither; some: say so
+            fast = any(w.startswith("fast") for w in wheres)
+            object.__setattr__(self, "where", _PARTLY + given[0] if fast else given[0])
 
     def describe(self) -> str:
         """The ops inside, for ``explain``."""
