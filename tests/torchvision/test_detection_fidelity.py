@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torchvision.transforms.v2 as V  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 
-from gpufeed.image.detection import _boxes, _crops, _geometry  # noqa: E402
+from gpufeed.image.detection import _affine, _boxes, _crops, _geometry  # noqa: E402
 from gpufeed.image.detection._boxes import convert_format  # noqa: E402
 from gpufeed.image.detection._sample import Boxes, KeyPoints, Mask, Sample  # noqa: E402
 from gpufeed.synth import photo_like  # noqa: E402
@@ -293,3 +293,23 @@ def test_integer_boxes_equal_torchvisions_exactly(case, fmt):
         assert got.canvas == tuple(want["boxes"].canvas_size)
         np.testing.assert_array_equal(got.data.astype(np.int64), want["boxes"].numpy(),
                                       err_msg=f"{name} {fmt} seed={seed} params={params}")
+
+
+@pytest.mark.parametrize("name, args", [("Pad", ([2, 7],)), ("Pad", ([3, -4, 5, 6],)), ("CenterCrop", (100,)),
+                                        ("CenterCrop", ((260, 90),))])
+def test_pad_and_center_crop_after_an_expanding_rotation_follow_the_boxes_canvas(name, args):
+    """After ``RandomRotation(expand=True)`` torchvision's boxes and keypoints can have a canvas a
+    pixel off the image's; its pad and centre-crop kernels then work from that canvas (a pad adds
+    to it, a centre crop takes its anchor from it), so ours do too."""
+    rotate = _affine.RandomRotation(degrees=(-170, 170), expand=True)
+    mine, theirs = ours(name, *args), getattr(V, name)(*args)
+    off = 0
+    for seed in range(12):
+        sample = make_sample(seed, FORMATS[seed % 3], CLAMPING[seed % 3])
+        params = rotate.draw(np.random.default_rng(seed), sample)
+        sample = rotate.apply(sample, params)  # test_detection_affine_fidelity checks this step
+        image, target = to_tv(sample)
+        off += sample.target["boxes"].canvas != sample.size
+        compare(mine.apply(sample, mine.draw(np.random.default_rng(0), sample)),
+                *run_tv(theirs, {}, image, target), False, f"{name}{args} seed={seed} {params}")
+    assert off >= 3, "no rotation left the boxes' canvas off the image's: the test checks nothing"

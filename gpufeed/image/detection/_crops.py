@@ -15,7 +15,7 @@ import dataclasses
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+Window = tuple[int, int, int, int]  # (top, left, height, width) in pixels
 def _image_fill(fill: Fill) -> tuple[int, int, int]:
     """An image fill as uint8 per channel (truncated, as torch converts it)."""
     values = [0.0] if fill is None else [fill] if isinstance(fill, (int, float)) else list(fill)
@@ -85,25 +86,27 @@ def _window_index(start: int, length: int, extent: int) -> np.ndarray:
 
 def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any = 0,
                   mask_fill: Any = None, image_kind: str = "Image",
-                  image_window: tuple[int, int] | None = None) -> Sample:
+                  leaf_window: Callable[[tuple[int, int]], Window] | None = None) -> Sample:
     """The window (top, left, h, w) of the image and every leaf (``F.crop``; a constant
     ``F.pad`` is the window (-top_pad, -left_pad, H + pads, W + pads)). ``fill``: the
     transform's fill, resolved by type name by ``_fills.fill_for`` (the image's: ``image_kind``,
-    "Image" or "Tensor"; ``mask_fill``, if given, is the masks'). ``image_window``: another
-    (top, left) for the image and masks than for boxes and keypoints (``F.center_crop``, which
-    computes them differently when it pads)."""
-    itop, ileft = (top, left) if image_window is None else image_window
+    "Image" or "Tensor"; ``mask_fill``, if given, is the masks'). ``leaf_window``: a box or
+    keypoint leaf's own (top, left, h, w) from its canvas, where torchvision's kernel computes
+    it from the canvas rather than the image (``F.pad``, ``F.center_crop``: after an expanding
+    rotation the boxes' canvas can be a pixel off the image's)."""
+    itop, ileft = top, left
     image_fill = _image_fill(fill_for(fill, image_kind))
     window = sample.image_window()
     image = None if window is not None else _window_image(sample.image, itop, ileft, h, w, image_fill)
     mfill = _mask_fill(fill_for(fill, "Mask") if mask_fill is None else mask_fill)
 
     def leaf(x: Any) -> Any:
-        if isinstance(x, Boxes):
-            shift = np.array([left, top, left, top] if x.format == "XYXY" else [left, top, 0, 0])
-            return clamp_boxes(dataclasses.replace(x, data=x.data - shift, canvas=(h, w)))
-        if isinstance(x, KeyPoints):
-            return dataclasses.replace(x, data=x.data - np.array([left, top]), canvas=(h, w))
+        if isinstance(x, (Boxes, KeyPoints)):
+            btop, bleft, bh, bw = (top, left, h, w) if leaf_window is None else leaf_window(x.canvas)
+            if isinstance(x, KeyPoints):
+                return dataclasses.replace(x, data=x.data - np.array([bleft, btop]), canvas=(bh, bw))
+            shift = np.array([bleft, btop, bleft, btop] if x.format == "XYXY" else [bleft, btop, 0, 0])
+            return clamp_boxes(dataclasses.replace(x, data=x.data - shift, canvas=(bh, bw)))
         if isinstance(x, Mask):
             mh, mw = x.size
             out = dataclasses.replace(x)
@@ -159,7 +162,10 @@ def pad_sample(sample: Sample, padding: Sequence[int], fill: Any = 0, padding_mo
     h, w = sample.size
     nh, nw = h + top + bottom, w + left + right
     if padding_mode == "constant":
-        return window_sample(sample, -top, -left, nh, nw, fill, image_kind=image_kind)
+        def leaf_window(canvas: tuple[int, int]) -> Window:
+            return -top, -left, canvas[0] + top + bottom, canvas[1] + left + right
+
+        return window_sample(sample, -top, -left, nh, nw, fill, image_kind=image_kind, leaf_window=leaf_window)
     if any(isinstance(x, (Boxes, KeyPoints)) for x in sample.leaves()):
         raise ValueError(f"Padding mode {padding_mode!r} is not supported with bounding boxes or keypoints.")
     rows, cols = _mode_index(-top, nh, h, padding_mode), _mode_index(-left, nw, w, padding_mode)
@@ -211,14 +217,17 @@ class CenterCrop(JointOp):
     def apply(self, sample: Sample, params: Any) -> Sample:
         ch, cw = self.size
         h, w = sample.size
-        top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
-        itop, ileft = top, left
+        itop, ileft = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
         if ch > h or cw > w:  # the image is padded first, then cropped at the padded centre
             pt = (ch - h) // 2 if ch > h else 0
             pl = (cw - w) // 2 if cw > w else 0
             ph, pw = h + pt + ((ch - h + 1) // 2 if ch > h else 0), w + pl + ((cw - w + 1) // 2 if cw > w else 0)
             itop, ileft = int(round((ph - ch) / 2.0)) - pt, int(round((pw - cw) / 2.0)) - pl
-        return window_sample(sample, top, left, ch, cw, 0, image_window=(itop, ileft))
+
+        def leaf_window(canvas: tuple[int, int]) -> Window:  # center_crop_bounding_boxes' anchor
+            return int(round((canvas[0] - ch) / 2.0)), int(round((canvas[1] - cw) / 2.0)), ch, cw
+
+        return window_sample(sample, itop, ileft, ch, cw, 0, leaf_window=leaf_window)
 
 
 @dataclass(frozen=True)
