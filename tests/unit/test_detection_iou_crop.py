@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from gpufeed.image.detection import Boxes, Sample
-from gpufeed.image.detection._crops import RandomIoUCrop, _iou
+from gpufeed.image.detection._crops import RandomIoUCrop
+
+
+def _iou(xyxy: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """IoU of each (N, 4) XYXY box with one box (torchvision's ``box_iou``)."""
+    lt = np.maximum(xyxy[:, :2], box[:2])
+    rb = np.minimum(xyxy[:, 2:], box[2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=1)
+    area = (xyxy[:, 2] - xyxy[:, 0]) * (xyxy[:, 3] - xyxy[:, 1])
+    return inter / (area + (box[2] - box[0]) * (box[3] - box[1]) - inter)
 
 
 def one_by_one(op: RandomIoUCrop, rng: np.random.Generator, sample: Sample) -> Any:

@@ -161,16 +161,18 @@ def _homogeneous(points: Any) -> Any:
     return torch.cat([points, torch.ones(points.shape[0], 1, dtype=points.dtype)], dim=-1)
 
 
-def _warp_integer_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
-    """``warp_boxes`` for integer boxes, computed as torchvision computes them: cast to float32,
-    torch's float32 matmul, clamped and converted back in float32, then cast back (towards
-    zero). In float64 a corner that lands on a whole number (quarter turns, flips by shear 0)
-    can fall on the other side of it, and the cast then moves the box by a pixel."""
+def _warp_float32_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
+    """``warp_boxes`` for float32 and integer boxes, computed as torchvision computes them: (an
+    integer leaf cast to float32,) torch's float32 matmul, clamped and converted back in
+    float32, (an integer leaf cast back, towards zero). In float64 a corner that lands on a
+    whole number (quarter turns, flips by shear 0) can fall on the other side of it, and the
+    cast then moves the box by a pixel; a float32 box on the canvas' edge can land on the
+    other side of it, and ``SanitizeBoundingBoxes`` then decides otherwise."""
     import torch
 
     matrix, canvas, shift = _forward_float32(geo, boxes.canvas)
-    # whole numbers and halves (CXCYWH): the float32 conversion is exact
-    xyxy = torch.from_numpy(to_xyxy(boxes.data, boxes.format).astype(np.float32))
+    # integer leaves: whole numbers and halves (CXCYWH), so the float32 conversion is exact
+    xyxy = torch.from_numpy(to_xyxy(boxes.data, boxes.format, "float32").astype(np.float32))
     corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]].reshape(-1, 2)
     lo, hi = torch.aminmax(torch.matmul(_homogeneous(corners), matrix).reshape(-1, 4, 2), dim=1)
     out = torch.cat([lo, hi], dim=1)
@@ -183,7 +185,7 @@ def _warp_integer_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
         out[:, 2:].sub_(out[:, :2])
         if boxes.format == "CXCYWH":
             out[:, :2].mul_(2).add_(out[:, 2:]).div_(2)
-    data = out.to(torch.int64).numpy().astype(np.float64)
+    data = (out.to(torch.int64) if is_integer_dtype(boxes.dtype) else out).numpy().astype(np.float64)
     return Boxes(data, boxes.format, canvas, boxes.clamping_mode, boxes.dtype)
 
 
@@ -192,8 +194,8 @@ def warp_boxes(boxes: Boxes, geo: _Geometry) -> Boxes:
     leaf comes back as it is (its canvas too, as torchvision leaves it)."""
     if boxes.data.size == 0:
         return boxes
-    if is_integer_dtype(boxes.dtype):
-        return _warp_integer_boxes(boxes, geo)
+    if is_integer_dtype(boxes.dtype) or boxes.dtype == "float32":
+        return _warp_float32_boxes(boxes, geo)
     fwd, canvas, shift = geo.forward(boxes.canvas)
     xyxy = to_xyxy(boxes.data, boxes.format)
     corners = xyxy[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]  # (N, 4 corners, 2)
@@ -211,15 +213,15 @@ def warp_keypoints(points: KeyPoints, geo: _Geometry) -> KeyPoints:
     """torchvision's ``_affine_keypoints_with_expand`` (not clamped; an empty leaf unchanged)."""
     if points.data.size == 0:
         return points
-    if is_integer_dtype(points.dtype):  # in float32, as torchvision (see _warp_integer_boxes)
+    if is_integer_dtype(points.dtype) or points.dtype == "float32":  # as _warp_float32_boxes
         import torch
 
         matrix, canvas, shift32 = _forward_float32(geo, points.canvas)
         flat = torch.from_numpy(points.data.astype(np.float32).reshape(-1, 2))
-        moved = torch.matmul(_homogeneous(flat), matrix)
+        moved = torch.matmul(_homogeneous(flat), matrix).reshape(points.data.shape)
         if shift32 is not None:
             moved.sub_(shift32)
-        data = moved.reshape(points.data.shape).to(torch.int64).numpy().astype(np.float64)
+        data = (moved.to(torch.int64) if is_integer_dtype(points.dtype) else moved).numpy().astype(np.float64)
         return KeyPoints(data, canvas, points.dtype)
     fwd, canvas, shift = geo.forward(points.canvas)
     data = _apply(points.data, fwd) - shift

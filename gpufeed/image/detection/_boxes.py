@@ -3,7 +3,10 @@ geometric ops use, and the joint ops ``ConvertBoundingBoxFormat``, ``ClampBoundi
 ``ClampKeyPoints``, ``SanitizeBoundingBoxes``, ``SanitizeKeyPoints`` and ``SetClampingMode``.
 
 Coordinates are float64 pixels (edges of pixels at integers, as torchvision's boxes); a box leaf
-keeps its ``dtype`` name and is cast only at the output stage.
+keeps its ``dtype`` name and is cast only at the output stage. A float32 leaf holds float32
+values, and the steps of an op are computed in float32 as torchvision's kernels compute them
+(``math_dtype``), so that thresholds (the canvas' edge in ``SanitizeBoundingBoxes``) decide as
+torchvision's do.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ __all__ = [
     "clamp_boxes",
     "convert_format",
     "first_boxes",
+    "flip_boxes",
     "from_xyxy",
+    "math_dtype",
     "sanitize_valid",
     "to_xyxy",
     "with_boxes",
@@ -53,35 +58,58 @@ def box_format(fmt: Any) -> str:
     return name.upper()
 
 
-def to_xyxy(data: np.ndarray, fmt: str) -> np.ndarray:
-    """(N, 4) boxes in ``fmt`` as XYXY (a new array)."""
-    out = np.array(data, dtype=np.float64).reshape(-1, 4)
+def math_dtype(dtype: str) -> type[np.floating[Any]]:
+    """The numpy type torchvision's box kernels compute a leaf of torch dtype ``dtype`` in, step
+    by step: float32 (or float16) for such leaves, else float64 (integer leaves have their own
+    float32 paths where torchvision casts them)."""
+    return np.float32 if dtype == "float32" else np.float16 if dtype == "float16" else np.float64
+
+
+def to_xyxy(data: np.ndarray, fmt: str, dtype: str = "float64") -> np.ndarray:
+    """(N, 4) boxes in ``fmt`` as XYXY (a new float64 array), each step rounded to the leaf's
+    ``dtype`` as torchvision's in-place conversion computes it (a box on the canvas' edge can
+    land on either side of it by that rounding, and ``SanitizeBoundingBoxes`` then decides)."""
+    out: np.ndarray = np.array(data, dtype=math_dtype(dtype)).reshape(-1, 4)
     if fmt == "XYWH":
         out[:, 2:] += out[:, :2]
     elif fmt == "CXCYWH":
         half = out[:, 2:] / 2
         out[:, :2] -= half
         out[:, 2:] = out[:, :2] + 2 * half
-    return out
+    return out.astype(np.float64)
 
 
-def from_xyxy(xyxy: np.ndarray, fmt: str) -> np.ndarray:
-    """(N, 4) XYXY boxes as ``fmt`` (a new array)."""
-    out = np.array(xyxy, dtype=np.float64).reshape(-1, 4)
+def from_xyxy(xyxy: np.ndarray, fmt: str, dtype: str = "float64") -> np.ndarray:
+    """(N, 4) XYXY boxes as ``fmt`` (a new float64 array), each step rounded to ``dtype``."""
+    out: np.ndarray = np.array(xyxy, dtype=math_dtype(dtype)).reshape(-1, 4)
     if fmt == "XYWH":
         out[:, 2:] -= out[:, :2]
     elif fmt == "CXCYWH":
         wh = out[:, 2:] - out[:, :2]
         out[:, :2] = (out[:, :2] * 2 + wh) / 2
         out[:, 2:] = wh
-    return out
+    return out.astype(np.float64)
 
 
-def convert_format(data: np.ndarray, old: str, new: str) -> np.ndarray:
-    """(N, 4) boxes from format ``old`` to ``new``."""
+def convert_format(data: np.ndarray, old: str, new: str, dtype: str = "float64") -> np.ndarray:
+    """(N, 4) boxes from format ``old`` to ``new`` (float64, each step rounded to ``dtype``)."""
     if old == new:
         return np.array(data, dtype=np.float64).reshape(-1, 4)
-    return from_xyxy(to_xyxy(data, old), new)
+    return from_xyxy(to_xyxy(data, old, dtype), new, dtype)
+
+
+def flip_boxes(boxes: Boxes, horizontal: bool) -> np.ndarray:
+    """The boxes' data flipped across their canvas as torchvision's flip kernels compute it per
+    format (XYWH: the far edge's mirror, then the width kept; CXCYWH: the centre's mirror)."""
+    data: np.ndarray = np.array(boxes.data, dtype=math_dtype(boxes.dtype))
+    a, extent = (0, boxes.canvas[1]) if horizontal else (1, boxes.canvas[0])
+    if boxes.format == "XYXY":
+        data[:, [a, a + 2]] = extent - data[:, [a + 2, a]]
+    elif boxes.format == "XYWH":
+        data[:, a] = extent - (data[:, a] + data[:, a + 2])
+    else:
+        data[:, a] = extent - data[:, a]
+    return data.astype(np.float64)
 
 
 def with_boxes(boxes: Boxes, data: np.ndarray, canvas: tuple[int, int] | None = None) -> Boxes:
@@ -97,11 +125,11 @@ def clamp_boxes(boxes: Boxes, clamping_mode: str | None = "auto") -> Boxes:
     mode = boxes.clamping_mode if clamping_mode == "auto" else clamping_mode
     if mode is None:
         return boxes
-    xyxy = to_xyxy(boxes.data, boxes.format)
+    xyxy = to_xyxy(boxes.data, boxes.format, boxes.dtype)
     h, w = boxes.canvas
     np.clip(xyxy[:, 0::2], 0, w, out=xyxy[:, 0::2])
     np.clip(xyxy[:, 1::2], 0, h, out=xyxy[:, 1::2])
-    return with_boxes(boxes, from_xyxy(xyxy, boxes.format))
+    return with_boxes(boxes, from_xyxy(xyxy, boxes.format, boxes.dtype))
 
 
 def clamp_keypoints(points: KeyPoints) -> KeyPoints:
@@ -124,7 +152,7 @@ def first_boxes(target: Any) -> Boxes | None:
 def sanitize_valid(boxes: Boxes, min_size: float = 1.0, min_area: float = 1.0) -> np.ndarray:
     """(N,) bool: the boxes ``SanitizeBoundingBoxes`` keeps (at least ``min_size`` wide and
     high, ``min_area`` in area, every XYXY coordinate >= 0 and inside the canvas)."""
-    xyxy = to_xyxy(boxes.data, boxes.format)
+    xyxy: np.ndarray = to_xyxy(boxes.data, boxes.format, boxes.dtype).astype(math_dtype(boxes.dtype))
     ws, hs = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
     h, w = boxes.canvas
     valid = (ws >= min_size) & (hs >= min_size) & (xyxy >= 0).all(axis=1) & (ws * hs >= min_area)
@@ -149,7 +177,7 @@ class ConvertBoundingBoxFormat(JointOp):
         def leaf(x: Any) -> Any:
             if not isinstance(x, Boxes):
                 return x
-            return dataclasses.replace(x, data=convert_format(x.data, x.format, self.format),
+            return dataclasses.replace(x, data=convert_format(x.data, x.format, self.format, x.dtype),
                                        format=self.format)
 
         return sample.with_target(map_leaves(sample.target, leaf))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.image.detection._boxes import clamp_boxes, first_boxes, to_xyxy
+from gpufeed.image.detection._boxes import clamp_boxes, first_boxes, math_dtype, to_xyxy
 from gpufeed.image.detection._fills import Fill, check_fill, fill_for
 from gpufeed.image.detection._geometry import (
     check_p,
@@ -387,15 +387,6 @@ class RandomZoomOut(JointOp):
         return pad_sample(sample, params["padding"], self.fill)
 
 
-def _iou(xyxy: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
-    """IoU of each (N, 4) XYXY box with one box (torchvision's ``box_iou``)."""
-    lt = np.maximum(xyxy[:, :2], box[:2])
-    rb = np.minimum(xyxy[:, 2:], box[2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=1)
-    area = (xyxy[:, 2] - xyxy[:, 0]) * (xyxy[:, 3] - xyxy[:, 1])
-    return inter / (area + (box[2] - box[0]) * (box[3] - box[1]) - inter)
-
-
 @dataclass(frozen=True)
 class RandomIoUCrop(JointOp):
     """torchvision's ``RandomIoUCrop`` (SSD): picks a minimum IoU from ``sampler_options`` (>= 1:
@@ -429,7 +420,8 @@ class RandomIoUCrop(JointOp):
         if boxes is None:
             raise TypeError("RandomIoUCrop() requires the target to contain bounding boxes.")
         h, w = sample.size
-        xyxy = to_xyxy(boxes.data, boxes.format)
+        # in the boxes' dtype, as torchvision tests the centres and IoUs
+        xyxy: np.ndarray = to_xyxy(boxes.data, boxes.format, boxes.dtype).astype(math_dtype(boxes.dtype))
         cx, cy = 0.5 * (xyxy[:, 0] + xyxy[:, 2]), 0.5 * (xyxy[:, 1] + xyxy[:, 3])
         options = self.sampler_options
         assert options is not None
@@ -469,7 +461,7 @@ class RandomIoUCrop(JointOp):
             used.append(pos)
         chosen = None
         if windows:
-            win = np.array(windows, np.float64)
+            win = np.array(windows, xyxy.dtype)
             inside = ((win[:, :1] < cx) & (cx < win[:, 2:3]) & (win[:, 1:2] < cy) & (cy < win[:, 3:]))
             lt = np.maximum(xyxy[None, :, :2], win[:, None, :2])
             rb = np.minimum(xyxy[None, :, 2:], win[:, None, 2:])

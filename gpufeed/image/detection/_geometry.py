@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gpufeed.image.detection._boxes import from_xyxy, to_xyxy
+from gpufeed.image.detection._boxes import flip_boxes
 from gpufeed.image.detection._sample import (
     Boxes,
     ImageWindow,
@@ -242,12 +242,7 @@ def flip_sample(sample: Sample, horizontal: bool) -> Sample:
 
     def leaf(x: Any) -> Any:
         if isinstance(x, Boxes):
-            xyxy = to_xyxy(x.data, x.format)
-            if horizontal:
-                xyxy[:, [0, 2]] = x.canvas[1] - xyxy[:, [2, 0]]
-            else:
-                xyxy[:, [1, 3]] = x.canvas[0] - xyxy[:, [3, 1]]
-            return dataclasses.replace(x, data=from_xyxy(xyxy, x.format))
+            return dataclasses.replace(x, data=flip_boxes(x, horizontal))
         if isinstance(x, KeyPoints):
             data = np.array(x.data, dtype=np.float64)
             axis, extent = (0, x.canvas[1]) if horizontal else (1, x.canvas[0])
