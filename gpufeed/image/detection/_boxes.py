@@ -25,6 +25,7 @@ from gpufeed.image.detection._sample import (
     KeyPoints,
     Mask,
     Sample,
+    is_integer_dtype,
     map_leaves,
 )
 
@@ -58,10 +59,12 @@ def box_format(fmt: Any) -> str:
     return name.upper()
 
 
-def math_dtype(dtype: str) -> type[np.floating[Any]]:
+def math_dtype(dtype: str) -> type[np.number[Any]]:
     """The numpy type torchvision's box kernels compute a leaf of torch dtype ``dtype`` in, step
-    by step: float32 (or float16) for such leaves, else float64 (integer leaves have their own
-    float32 paths where torchvision casts them)."""
+    by step: float32 (or float16) for such leaves, int64 for an integer leaf (the kernels that
+    cast it to float32 first are given "float32"), else float64."""
+    if is_integer_dtype(dtype):
+        return np.int64
     return np.float32 if dtype == "float32" else np.float16 if dtype == "float16" else np.float64
 
 
@@ -69,14 +72,15 @@ def to_xyxy(data: np.ndarray, fmt: str, dtype: str = "float64") -> np.ndarray:
     """(N, 4) boxes in ``fmt`` as XYXY (a new float64 array), each step rounded to the leaf's
     ``dtype`` as torchvision's in-place conversion computes it (a box on the canvas' edge can
     land on either side of it by that rounding, and ``SanitizeBoundingBoxes`` then decides)."""
-    out: np.ndarray = np.array(data, dtype=math_dtype(dtype)).reshape(-1, 4)
+    integer = is_integer_dtype(dtype)  # torchvision converts it in float32, then casts it back
+    out: np.ndarray = np.array(data, dtype=np.float32 if integer else math_dtype(dtype)).reshape(-1, 4)
     if fmt == "XYWH":
         out[:, 2:] += out[:, :2]
     elif fmt == "CXCYWH":
         half = out[:, 2:] / 2
         out[:, :2] -= half
         out[:, 2:] = out[:, :2] + 2 * half
-    return out.astype(np.float64)
+    return (np.trunc(out) if integer else out).astype(np.float64)
 
 
 def from_xyxy(xyxy: np.ndarray, fmt: str, dtype: str = "float64") -> np.ndarray:
@@ -86,7 +90,8 @@ def from_xyxy(xyxy: np.ndarray, fmt: str, dtype: str = "float64") -> np.ndarray:
         out[:, 2:] -= out[:, :2]
     elif fmt == "CXCYWH":
         wh = out[:, 2:] - out[:, :2]
-        out[:, :2] = (out[:, :2] * 2 + wh) / 2
+        # an integer leaf's centre rounds down (torchvision's floor division)
+        out[:, :2] = (out[:, :2] * 2 + wh) // 2 if is_integer_dtype(dtype) else (out[:, :2] * 2 + wh) / 2
         out[:, 2:] = wh
     return out.astype(np.float64)
 
@@ -125,11 +130,13 @@ def clamp_boxes(boxes: Boxes, clamping_mode: str | None = "auto") -> Boxes:
     mode = boxes.clamping_mode if clamping_mode == "auto" else clamping_mode
     if mode is None:
         return boxes
-    xyxy = to_xyxy(boxes.data, boxes.format, boxes.dtype)
+    # torchvision clamps an integer leaf in float32 (and casts it back)
+    dtype = "float32" if is_integer_dtype(boxes.dtype) else boxes.dtype
+    xyxy = to_xyxy(boxes.data, boxes.format, dtype)
     h, w = boxes.canvas
     np.clip(xyxy[:, 0::2], 0, w, out=xyxy[:, 0::2])
     np.clip(xyxy[:, 1::2], 0, h, out=xyxy[:, 1::2])
-    return with_boxes(boxes, from_xyxy(xyxy, boxes.format, boxes.dtype))
+    return with_boxes(boxes, from_xyxy(xyxy, boxes.format, dtype))
 
 
 def clamp_keypoints(points: KeyPoints) -> KeyPoints:

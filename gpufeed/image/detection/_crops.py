@@ -470,6 +470,8 @@ class RandomIoUCrop(JointOp):
             win_area = ((win[:, 2] - win[:, 0]) * (win[:, 3] - win[:, 1]))[:, None]
             with np.errstate(divide="ignore", invalid="ignore"):
                 iou = inter / (area + win_area - inter)
+            if xyxy.dtype == np.int64:  # torch divides integers into float32
+                iou = iou.astype(np.float32)
             best = np.where(inside, iou, -np.inf).max(axis=1, initial=-np.inf)
             passed = np.flatnonzero(inside.any(axis=1) & ~(best < min_iou))  # NaN passes, as max() did
             chosen = int(passed[0]) if len(passed) else None
