@@ -50,7 +50,12 @@ def _pipelines():
         V.RandomChoice([V.Compose([V.Pad([7, 3, 11, 5]), V.CenterCrop((180, 220))])]),
         V.RandomOrder([V.RandomVerticalFlip(p=1.0), V.Identity()]),
         V.ToImage(), V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
-    return {"flip_resize": flip_resize, "formats": formats, "pad_crop": pad_crop, "containers": containers}
+    # before the conversion torchvision resizes the PIL image: PIL's nearest pixels, always antialiased
+    pil_stage = V.Compose([V.Resize((150, 190), interpolation=V.InterpolationMode.NEAREST),
+                           V.RandomHorizontalFlip(p=1.0), V.Resize(97, antialias=False), V.ToImage(),
+                           V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
+    return {"flip_resize": flip_resize, "formats": formats, "pad_crop": pad_crop, "containers": containers,
+            "pil_stage": pil_stage}
 
 
 @pytest.mark.parametrize("name", sorted(_pipelines()))

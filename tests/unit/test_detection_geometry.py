@@ -321,3 +321,22 @@ def test_float32_leaves_round_after_each_op_as_torchvision_computes_them():
     px = np.stack([np.float32(W - 1) - points[:, 0], points[:, 1]], 1)
     want_points = px * np.array([53 / W, 37 / H], np.float32)
     assert out.target["points"].data.astype(np.float32).tolist() == want_points.tolist()
+
+
+def test_pil_nearest_index_picks_pils_own_pixels():
+    """A resize before the conversion to tensor runs on torchvision's PIL image, with PIL's
+    nearest pixels: the accumulated step, which is neither torch's nearest nor nearest-exact."""
+    from PIL import Image
+
+    from gpufeed.image.detection._geometry import PIL_NEAREST, nearest_exact_index, pil_nearest_index, resize_image
+
+    rng = np.random.default_rng(0)
+    differs_from_exact = 0
+    for _ in range(150):
+        (h, w), (oh, ow) = rng.integers(2, 500, 2).tolist(), rng.integers(1, 700, 2).tolist()
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        want = np.asarray(Image.fromarray(img).resize((ow, oh), Image.NEAREST))
+        np.testing.assert_array_equal(resize_image(img, oh, ow, PIL_NEAREST), want, err_msg=f"{(h, w)} -> {(oh, ow)}")
+        differs_from_exact += not (np.array_equal(pil_nearest_index(h, oh), nearest_exact_index(h, oh))
+                                   and np.array_equal(pil_nearest_index(w, ow), nearest_exact_index(w, ow)))
+    assert differs_from_exact > 10  # the reason for an index of its own

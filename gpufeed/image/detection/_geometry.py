@@ -54,6 +54,10 @@ __all__ = [
 #: PIL's integer filter codes, which torchvision accepts as interpolations.
 _PIL_CODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
+#: PIL's nearest resize, which torchvision runs on a PIL image (an op before the conversion to
+#: tensor): the translation's name for such an op's "nearest" (masks, tensors there too, keep
+#: torch's nearest)
+PIL_NEAREST = "pil-nearest"
 
 
 def interpolation_name(interpolation: Any) -> str:
@@ -63,7 +67,7 @@ def interpolation_name(interpolation: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = _PIL_CODES.get(value, value)
     name = value.lower() if isinstance(value, str) else value
-    if name not in INTERPOLATIONS:
+    if name not in INTERPOLATIONS and name != PIL_NEAREST:
         raise ValueError(f"`interpolation` must be one of {', '.join(INTERPOLATIONS)} (others run as "
                          f"given). Found: {interpolation!r}.")
     return str(name)
@@ -114,9 +118,21 @@ def nearest_exact_index(in_size: int, out_size: int) -> np.ndarray:
     return np.minimum(np.floor(dst * scale).astype(np.int64), in_size - 1)
 
 
+def pil_nearest_index(in_size: int, out_size: int) -> np.ndarray:
+    """Source index of each output index under PIL's nearest resize: PIL steps a float64
+    coordinate from half a step by adding the step (``in / out``) once per output pixel, and
+    truncates it (not ``floor((dst + 0.5) * step)``, which differs from it at times)."""
+    step = in_size / out_size
+    steps = np.full(out_size, step)
+    steps[:1] = step * 0.5
+    return np.minimum(np.add.accumulate(steps).astype(np.int64), in_size - 1)
+
+
 def _index(interpolation: str, in_size: int, out_size: int) -> np.ndarray:
     if interpolation == "nearest-exact":
         return nearest_exact_index(in_size, out_size)
+    if interpolation == PIL_NEAREST:
+        return pil_nearest_index(in_size, out_size)
     return torch_nearest_index(in_size, out_size)
 
 
@@ -129,7 +145,7 @@ def resize_image(img: np.ndarray, oh: int, ow: int, interpolation: str = "biline
     h, w = img.shape[:2]
     if (h, w) == (oh, ow):
         return img
-    if interpolation in ("nearest", "nearest-exact"):
+    if interpolation in ("nearest", "nearest-exact", PIL_NEAREST):
         return img[_index(interpolation, h, oh)][:, _index(interpolation, w, ow)]
     if _by_torch((h, w), (oh, ow), interpolation, antialias):
         return _torch_resize(img, oh, ow, interpolation)

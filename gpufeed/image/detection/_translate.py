@@ -39,6 +39,7 @@ from gpufeed.image.detection._containers import (
     RandomOrder,
 )
 from gpufeed.image.detection._fills import type_name
+from gpufeed.image.detection._geometry import PIL_NEAREST, interpolation_name
 from gpufeed.image.detection._pipeline import DetectionPipeline
 from gpufeed.image.detection._sample import JointOp, Sample
 
@@ -145,12 +146,13 @@ def _inside(op: Any) -> list[Any]:
                    for x in _inside(sub)]
 
 
-def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = "image"
-                    ) -> tuple[JointOp | None, str]:
+def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = "image",
+                    pil: bool = False) -> tuple[JointOp | None, str]:
     """(gpufeed's container of the ops inside v2 container ``op`` (``RandomApply``,
     ``RandomChoice``, ``RandomOrder``), "") or (None, why not: a conversion, dtype or output
     op inside). An op inside with a joint op in ``table`` runs fast, another as given on
-    ``kind`` images; a ``Compose`` inside is one unit, an ``Identity`` an empty one."""
+    ``kind`` images; a ``Compose`` inside is one unit, an ``Identity`` an empty one. ``pil``:
+    the container is given PIL images (see :func:`build_joint`)."""
     units: list[JointOp] = []
     for item in op.transforms:
         inner: list[JointOp] = []
@@ -162,9 +164,9 @@ def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = 
                 return None, f"{sub_name} inside it"
             joint: JointOp | None = None
             if _is_tv(sub) and sub_name in _CONTAINERS:
-                joint, _ = build_container(sub_name, sub, table, kind)
+                joint, _ = build_container(sub_name, sub, table, kind, pil)
             elif _is_tv(sub) or _is_ref(sub, "PadIfSmaller", "size", "fill"):
-                joint, _ = build_joint(sub_name, sub, table)
+                joint, _ = build_joint(sub_name, sub, table, pil)
             inner.append(joint if joint is not None else AsGiven(sub, kind))
         units.append(inner[0] if len(inner) == 1 else Compose(tuple(inner)))
     if not units:
@@ -176,14 +178,21 @@ def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = 
         return None, f"gpufeed's {name} cannot take these arguments ({exc})"
 
 
-def build_joint(name: str, op: Any, table: Mapping[str, Entry]) -> tuple[JointOp | None, str]:
-    """(gpufeed's joint op for ``op`` from ``table``, "") or (None, why not)."""
+def build_joint(name: str, op: Any, table: Mapping[str, Entry], pil: bool = False
+                ) -> tuple[JointOp | None, str]:
+    """(gpufeed's joint op for ``op`` from ``table``, "") or (None, why not). ``pil``: the op
+    is given PIL images (before the conversion to tensor), where torchvision resizes the image
+    with PIL: always antialiased, and nearest by PIL's own source pixels."""
     entry = table.get(name)
     if entry is None:
         return None, "no gpufeed joint op"
     cls, args = entry
     try:
         pos, kw = args(op)
+        if pil and "antialias" in kw:
+            kw["antialias"] = True
+            if interpolation_name(kw["interpolation"]) == "nearest":
+                kw["interpolation"] = PIL_NEAREST
         return cls(*pos, **kw), ""
     except (TypeError, ValueError, AttributeError) as exc:
         return None, f"gpufeed's {cls.__name__} cannot take these arguments ({exc})"
@@ -322,7 +331,7 @@ def _walk(walk: _Walk, op: Any, pil: bool) -> None:
         walk.pure = True
         walk.routes.append((name, "fast: output stage (plain tensors)"))
     elif tv or _is_ref(op, "PadIfSmaller", "size", "fill"):
-        _joint(walk, op, name)
+        _joint(walk, op, name, pil and not walk.converted)
     elif _is_ref(op, "FixedSizeCrop", "crop_height", "crop_width", "fill"):
         if walk.image_dtype is not None:
             walk.flush()
@@ -384,16 +393,16 @@ def _normalize(walk: _Walk, op: Any) -> None:
     walk.routes.append(("Normalize", "fast: output stage"))
 
 
-def _joint(walk: _Walk, op: Any, name: str) -> None:
+def _joint(walk: _Walk, op: Any, name: str, pil: bool) -> None:
     if walk.image_dtype is not None and name not in _TARGET_ONLY:
         walk.flush()
     if walk.flushed:
         walk.given(op, "the image is float here")
         return
     if name in _CONTAINERS:
-        joint, why = build_container(name, op, walk.table, walk.kind)
+        joint, why = build_container(name, op, walk.table, walk.kind, pil)
     else:
-        joint, why = build_joint(name, op, walk.table)
+        joint, why = build_joint(name, op, walk.table, pil)
     if joint is None:
         walk.given(op, why)
         return
