@@ -325,6 +325,24 @@ def test_plain_image_and_tv_tensors_output():
     assert target["boxes"].canvas_size == (60, 80) and target["boxes"].format.name == "XYXY"
 
 
+@pytest.mark.parametrize("conversion", [T.PILToTensor, T.ToImage])
+@pytest.mark.parametrize("key", [tv_tensors.Image, torch.Tensor])
+def test_a_dtype_dict_converts_the_image_by_its_own_type(conversion, key):
+    """``ToDtype({Image or Tensor: float32, Mask: int64, "others": None})``: after
+    ``PILToTensor`` the image is a plain tensor, which torchvision converts by the Tensor key
+    only ("others": None leaves it uint8); after ``ToImage`` by the Image key only."""
+    pipeline = T.Compose([conversion(), T.ToDtype({key: torch.float32, tv_tensors.Mask: torch.int64,
+                                                   "others": None}, scale=True)])
+    translated, _ = translate_detection(pipeline)
+    assert translated is not None
+    sample, pil, tv_target = _detection_sample(2)
+    image, target = _ours(translated, sample, 0)
+    want_image, want = pipeline(pil, tv_target)
+    assert image.dtype == want_image.dtype and target["masks"].dtype == want["masks"].dtype == torch.int64
+    _assert_same(image, want_image)
+    _assert_same(target, want)
+
+
 def test_conversions_round_trip():
     sample, _, _ = _detection_sample(1)
     sample.target["points"] = KeyPoints(np.array([[1.5, 2.5], [3.0, 4.0]]), canvas=(60, 80))

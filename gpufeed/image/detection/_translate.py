@@ -228,19 +228,19 @@ def _is_ref(op: Any, name: str, *attrs: str) -> bool:
     return type(op).__name__ == name and not _is_tv(op) and all(hasattr(op, a) for a in attrs)
 
 
-def _dtypes(op: Any) -> tuple[torch.dtype, torch.dtype | None] | None:
+def _dtypes(op: Any, kind: str) -> tuple[torch.dtype, torch.dtype | None] | None:
     """(image dtype, mask dtype or None) of a ``ToDtype``/``ConvertImageDtype`` the output stage
-    can apply (uint8 or float images; a dict may name Image/Tensor, Mask and "others": None)."""
+    can apply (uint8 or float images). A dict may name Image, Tensor, Mask and "others": None;
+    the image is an Image after ``ToImage`` (``kind`` "image"), a plain tensor ("Tensor") after
+    ``PILToTensor``, and a dict without its key leaves it as it is (uint8), as torchvision's
+    "others": None does."""
     dtype = op.dtype
     mask = None
     if isinstance(dtype, Mapping):
         by_name = {type_name(k): v for k, v in dtype.items()}
-        images = [by_name[k] for k in ("Image", "Tensor") if k in by_name]
-        if len(images) != 1 or set(by_name) - {"Image", "Tensor", "Mask", "others"}:
+        if set(by_name) - {"Image", "Tensor", "Mask", "others"} or by_name.get("others") is not None:
             return None
-        if by_name.get("others") is not None:
-            return None
-        dtype, mask = images[0], by_name.get("Mask")
+        dtype, mask = by_name.get("Image" if kind == "image" else "Tensor", torch.uint8), by_name.get("Mask")
     if not isinstance(dtype, torch.dtype) or not (dtype == torch.uint8 or dtype.is_floating_point):
         return None
     return dtype, mask
@@ -360,7 +360,7 @@ def _conversion(walk: _Walk, op: Any, name: str) -> None:
 
 
 def _to_dtype(walk: _Walk, op: Any, name: str) -> None:
-    dtypes = _dtypes(op)
+    dtypes = _dtypes(op, walk.kind)
     scale = name == "ConvertImageDtype" or bool(getattr(op, "scale", False))
     if not walk.converted:
         walk.blocker = f"{name} before the conversion to tensor (the image is a PIL image there)"
