@@ -54,8 +54,13 @@ def _pipelines():
     pil_stage = V.Compose([V.Resize((150, 190), interpolation=V.InterpolationMode.NEAREST),
                            V.RandomHorizontalFlip(p=1.0), V.Resize(97, antialias=False), V.ToImage(),
                            V.ToDtype(torch.float32, scale=True), V.ToPureTensor()])
+    # ... and warps it with PIL's affine transform (a quarter turn of a non-square image without
+    # expand is not one of PIL's shortcuts: its fixed-point steps pick other pixels than torch's grid)
+    pil_warps = V.Compose([V.RandomRotation((90, 90)), V.RandomAffine((15, 15), scale=(1.25, 1.25), shear=(8, 8, 0, 0)),
+                           V.RandomRotation((-20, -20), expand=True, fill={tv_tensors.Image: (9, 8, 7), "others": 0}),
+                           V.ToImage(), V.ToDtype(torch.float32, scale=True)])
     return {"flip_resize": flip_resize, "formats": formats, "pad_crop": pad_crop, "containers": containers,
-            "pil_stage": pil_stage}
+            "pil_stage": pil_stage, "pil_warps": pil_warps}
 
 
 @pytest.mark.parametrize("name", sorted(_pipelines()))

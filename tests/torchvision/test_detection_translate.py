@@ -343,6 +343,27 @@ def test_a_dtype_dict_converts_the_image_by_its_own_type(conversion, key):
     _assert_same(target, want)
 
 
+@pytest.mark.parametrize("stage", ["pil", "tv_tensor", "tensor"])
+@pytest.mark.parametrize("key", [tv_tensors.Image, torch.Tensor, Image.Image, "others"])
+def test_a_fill_dict_fills_the_image_by_its_type_where_the_op_runs(stage, key):
+    """torchvision looks a fill dict up by the image's type where the op runs: a PIL image before
+    the conversion, an Image after ``ToImage``, a plain tensor after ``PILToTensor``; a key of
+    another type leaves the image to "others" (here absent: 0)."""
+    zoom = T.RandomZoomOut(fill={key: (123, 117, 104), tv_tensors.Mask: 7}, side_range=(3.0, 3.0), p=1.0)
+    ops = {"pil": [zoom, T.PILToTensor()], "tv_tensor": [T.ToImage(), zoom], "tensor": [T.PILToTensor(), zoom]}
+    pipeline = T.Compose(ops[stage])
+    translated, _ = translate_detection(pipeline)
+    assert translated is not None
+    sample, pil, tv_target = _detection_sample(3)
+    image, target = _ours(translated, sample, 0)
+    want_image, want = pipeline(pil, tv_target)
+    # the zoomed-out canvas is 3x the image: its corners are fill wherever the image lands
+    assert image[:, 0, 0].tolist() == want_image[:, 0, 0].tolist()
+    assert target["masks"][:, 0, 0].tolist() == want["masks"][:, 0, 0].tolist()
+    type_of = {"pil": Image.Image, "tv_tensor": tv_tensors.Image, "tensor": torch.Tensor}
+    assert want_image[:, 0, 0].tolist() == ([123, 117, 104] if key in ("others", type_of[stage]) else [0, 0, 0])
+
+
 def test_conversions_round_trip():
     sample, _, _ = _detection_sample(1)
     sample.target["points"] = KeyPoints(np.array([[1.5, 2.5], [3.0, 4.0]]), canvas=(60, 80))

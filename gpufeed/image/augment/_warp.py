@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["INTERPOLATIONS", "affine_matrix", "rotate_matrix", "warp"]
+__all__ = ["INTERPOLATIONS", "affine_matrix", "rotate_expanded", "rotate_matrix", "warp"]
 
 Matrix = tuple[float, float, float, float, float, float]
 
@@ -30,9 +30,10 @@ INTERPOLATIONS = {"nearest": "INTER_NEAREST", "bilinear": "INTER_LINEAR", "bicub
 
 
 def warp(row: np.ndarray, matrix: Matrix, fill: Sequence[int], interpolation: str = "nearest",
-         ) -> np.ndarray:
-    """``row`` warped by the PIL inverse ``matrix`` (module docstring); pixels from outside the
-    row are ``fill`` (R, G, B). Returns a new array (warps cannot run in place)."""
+         size: tuple[int, int] | None = None) -> np.ndarray:
+    """``row`` warped by the PIL inverse ``matrix`` (module docstring) into ``size`` (H, W; the
+    row's by default); pixels from outside the row are ``fill`` (R, G, B). Returns a new array
+    (warps cannot run in place)."""
     import cv2
 
     a, b, c, d, e, f = matrix
@@ -41,7 +42,7 @@ def warp(row: np.ndarray, matrix: Matrix, fill: Sequence[int], interpolation: st
         a, b, d, e, x0, y0 = (math.floor(v * 65536.0 + 0.5) / 65536.0 for v in (a, b, d, e, x0, y0))
     m = np.array([[a, b, x0 - 0.5], [d, e, y0 - 0.5]], np.float64)
     flags = getattr(cv2, INTERPOLATIONS[interpolation]) | cv2.WARP_INVERSE_MAP
-    h, w = row.shape[:2]
+    h, w = row.shape[:2] if size is None else size
     return cv2.warpAffine(row, m, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT,
                           borderValue=tuple(float(v) for v in fill))
 
@@ -65,13 +66,25 @@ def affine_matrix(center: Sequence[float], angle: float, translate: Sequence[flo
     return (m[0], m[1], m[2], m[3], m[4], m[5])
 
 
-def rotate_matrix(angle: float, height: int, width: int) -> Matrix:
-    """PIL's ``Image.rotate(angle)`` (degrees, counter-clockwise, about the centre) as an inverse
-    matrix."""
-    cx, cy = width / 2.0, height / 2.0
+def rotate_matrix(angle: float, height: int, width: int, center: Sequence[float] | None = None) -> Matrix:
+    """PIL's ``Image.rotate(angle, center=center)`` (degrees, counter-clockwise, about the
+    centre by default) as an inverse matrix."""
+    cx, cy = (width / 2.0, height / 2.0) if center is None else (float(center[0]), float(center[1]))
     r = -math.radians(angle % 360.0)
     a, b = round(math.cos(r), 15), round(math.sin(r), 15)
     d, e = round(-math.sin(r), 15), round(math.cos(r), 15)
     c = a * -cx + b * -cy + cx
     f = d * -cx + e * -cy + cy
     return (a, b, c, d, e, f)
+
+
+def rotate_expanded(matrix: Matrix, height: int, width: int) -> tuple[Matrix, tuple[int, int]]:
+    """PIL's ``Image.rotate(..., expand=True)``: the rotation's inverse ``matrix`` moved so that
+    the whole rotated image fits, and the output (H, W) that holds it."""
+    a, b, c, d, e, f = matrix
+    xs, ys = zip(*((a * x + b * y + c, d * x + e * y + f)
+                   for x, y in ((0, 0), (width, 0), (width, height), (0, height))))
+    nw = math.ceil(max(xs)) - math.floor(min(xs))
+    nh = math.ceil(max(ys)) - math.floor(min(ys))
+    tx, ty = -(nw - width) / 2.0, -(nh - height) / 2.0
+    return (a, b, a * tx + b * ty + c, d, e, d * tx + e * ty + f), (nh, nw)

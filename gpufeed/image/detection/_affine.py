@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import shorten
-from gpufeed.image.detection._affine_warp import Matrix, affine_matrix, expanded_size, warp_image, warp_mask
+from gpufeed.image.augment import _warp as pil_matrix
+from gpufeed.image.detection._affine_warp import (
+    Matrix,
+    affine_matrix,
+    expanded_size,
+    pil_warp_image,
+    warp_image,
+    warp_mask,
+)
 from gpufeed.image.detection._boxes import from_xyxy, to_xyxy
 from gpufeed.image.detection._fills import Fill, fill_for, setup_fill
 from gpufeed.image.detection._sample import (
@@ -258,10 +266,16 @@ def _warp_mask_leaf(mask: Mask, geo: _Geometry, fill: Fill) -> Mask:
     return Mask(data=out if mask.planes else out[0])
 
 
-def _warp_sample(sample: Sample, geo: _Geometry, interpolation: str, fills: dict[str, Fill]) -> Sample:
-    k = _rot90_k(geo, sample.size)
+def _warp_sample(sample: Sample, geo: _Geometry, interpolation: str, fills: dict[str, Fill],
+                 pil: tuple[Matrix, tuple[int, int]] | None = None) -> Sample:
+    """The warp of the image and every leaf; ``pil``: (PIL's inverse matrix, output (H, W)) for
+    an op given torchvision's PIL image, which PIL warps (masks, boxes and keypoints are tensors
+    in torchvision there too)."""
+    k = _rot90_k(geo, sample.size)  # PIL's rotate takes the same quarter-turn shortcuts
     if k is not None:
         image = np.ascontiguousarray(np.rot90(sample.image, k=k, axes=(0, 1)))
+    elif pil is not None:
+        image = pil_warp_image(sample.image, pil[0], pil[1], interpolation, fill_for(fills, "Image"))
     else:
         inv, out_hw = geo.inverse(sample.size)
         image = warp_image(sample.image, inv, out_hw, interpolation, fill_for(fills, "Image"))
@@ -304,6 +318,7 @@ class RandomAffine(JointOp):
     interpolation: Any = "nearest"
     fill: Any = field(default=0, hash=False)
     center: Any = None
+    pil: bool = False  # given torchvision's PIL image (before the conversion to tensor)
     name = "RandomAffine"
 
     def __post_init__(self) -> None:
@@ -343,7 +358,12 @@ class RandomAffine(JointOp):
         t = params["translate"]
         geo = _Geometry(float(params["angle"]), (float(t[0]), float(t[1])), float(params["scale"]),
                         (float(params["shear"][0]), float(params["shear"][1])), self.center)
-        return _warp_sample(sample, geo, self.interpolation, self._fills)  # type: ignore[attr-defined]
+        pil = None
+        if self.pil:  # torchvision's _affine_image_pil: its inverse matrix, the image's size
+            h, w = sample.size
+            center = (w * 0.5, h * 0.5) if self.center is None else self.center
+            pil = (list(pil_matrix.affine_matrix(center, geo.angle, geo.translate, geo.scale, geo.shear)), (h, w))
+        return _warp_sample(sample, geo, self.interpolation, self._fills, pil)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -358,6 +378,7 @@ class RandomRotation(JointOp):
     expand: bool = False
     center: Any = None
     fill: Any = field(default=0, hash=False)
+    pil: bool = False  # given torchvision's PIL image (before the conversion to tensor)
     name = "RandomRotation"
 
     def __post_init__(self) -> None:
@@ -377,4 +398,11 @@ class RandomRotation(JointOp):
         angle = float(params["angle"])
         geo = _Geometry(-angle, (0.0, 0.0), 1.0, (0.0, 0.0), self.center, self.expand,
                         pixel_angle=-(angle % 360), rot90=True)
-        return _warp_sample(sample, geo, self.interpolation, self._fills)  # type: ignore[attr-defined]
+        pil = None
+        if self.pil:  # PIL's Image.rotate, as torchvision's _rotate_image_pil calls it
+            h, w = sample.size
+            pil = (list(pil_matrix.rotate_matrix(angle, h, w, self.center)), (h, w))
+            if self.expand:
+                matrix, out_hw = pil_matrix.rotate_expanded(tuple(pil[0]), h, w)  # type: ignore[arg-type]
+                pil = (list(matrix), out_hw)
+        return _warp_sample(sample, geo, self.interpolation, self._fills, pil)  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ import numpy as np
 from gpufeed.errors import shorten
 from gpufeed.image.detection._fills import Fill
 
-__all__ = ["Matrix", "affine_matrix", "expanded_size", "warp_image", "warp_mask"]
+__all__ = ["Matrix", "affine_matrix", "expanded_size", "pil_warp_image", "warp_image", "warp_mask"]
 
 #: a resolved fill: None (zeros, no fill channel), a number, or one number per channel
 #: (a, b, c, d, e, f): x' = a x + b y + c, y' = d x + e y + f
@@ -200,3 +200,40 @@ def _warp_planes(planes: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fi
     if not src.is_floating_point():
         out = out.round_().to(src.dtype)
     return out[0].numpy()
+
+
+# --- PIL's warps (an op before the conversion to tensor) --------------------------------------
+
+def _fixed(value: float) -> int:
+    return math.floor(value * 65536.0 + 0.5)
+
+
+def _pil_nearest(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill: tuple[int, ...]) -> np.ndarray:
+    """PIL's nearest affine transform exactly: it steps through the output in 16.16 fixed point
+    from the centre of pixel (0, 0) and reads the pixel its truncated position falls in (integer
+    steps, so the sums are the same in any order)."""
+    a, b, c, d, e, f = matrix
+    (oh, ow), (h, w) = out_hw, image.shape[:2]
+    ys, xs = np.arange(oh, dtype=np.int64)[:, None], np.arange(ow, dtype=np.int64)[None, :]
+    xi = (_fixed(a * 0.5 + b * 0.5 + c) + ys * _fixed(b) + xs * _fixed(a)) >> 16
+    yi = (_fixed(d * 0.5 + e * 0.5 + f) + ys * _fixed(e) + xs * _fixed(d)) >> 16
+    inside = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+    out = np.empty((oh, ow, 3), np.uint8)
+    out[:] = fill
+    out[inside] = image[yi[inside], xi[inside]]
+    return out
+
+
+def pil_warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], interpolation: str,
+                   fill: Fill) -> np.ndarray:
+    """The (H, W, 3) uint8 image through PIL's inverse ``matrix`` (``Image.transform(AFFINE)``'s
+    convention: output pixel centres to input positions) into ``out_hw``, as torchvision's PIL
+    kernels warp a PIL image: nearest exactly as PIL; bilinear and bicubic as the classification
+    path's PIL warps (OpenCV on PIL's sampling positions). ``fill`` truncated to integers, as
+    torchvision gives it to PIL."""
+    from gpufeed.image.augment import _warp
+
+    colour = tuple(int(v) for v in _image_fill(fill))
+    if interpolation == "nearest":
+        return _pil_nearest(image, matrix, out_hw, colour)
+    return _warp.warp(np.ascontiguousarray(image), tuple(matrix), colour, interpolation, out_hw)  # type: ignore[arg-type]

@@ -166,7 +166,7 @@ def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = 
             if _is_tv(sub) and sub_name in _CONTAINERS:
                 joint, _ = build_container(sub_name, sub, table, kind, pil)
             elif _is_tv(sub) or _is_ref(sub, "PadIfSmaller", "size", "fill"):
-                joint, _ = build_joint(sub_name, sub, table, pil)
+                joint, _ = build_joint(sub_name, sub, table, pil, kind)
             inner.append(joint if joint is not None else AsGiven(sub, kind))
         units.append(inner[0] if len(inner) == 1 else Compose(tuple(inner)))
     if not units:
@@ -178,11 +178,15 @@ def build_container(name: str, op: Any, table: Mapping[str, Entry], kind: str = 
         return None, f"gpufeed's {name} cannot take these arguments ({exc})"
 
 
-def build_joint(name: str, op: Any, table: Mapping[str, Entry], pil: bool = False
+def build_joint(name: str, op: Any, table: Mapping[str, Entry], pil: bool = False, kind: str = "image"
                 ) -> tuple[JointOp | None, str]:
     """(gpufeed's joint op for ``op`` from ``table``, "") or (None, why not). ``pil``: the op
     is given PIL images (before the conversion to tensor), where torchvision resizes the image
-    with PIL: always antialiased, and nearest by PIL's own source pixels."""
+    with PIL (always antialiased, and nearest by PIL's own source pixels) and warps it with
+    PIL's affine transform. A ``fill`` dict's entry for the image is the one torchvision looks
+    up by the image's type there: ``PIL.Image.Image`` (``pil``), ``tv_tensors.Image`` (``kind``
+    "image", after ``ToImage``) or ``torch.Tensor`` ("tensor", after ``PILToTensor``), else
+    "others"."""
     entry = table.get(name)
     if entry is None:
         return None, "no gpufeed joint op"
@@ -193,9 +197,34 @@ def build_joint(name: str, op: Any, table: Mapping[str, Entry], pil: bool = Fals
             kw["antialias"] = True
             if interpolation_name(kw["interpolation"]) == "nearest":
                 kw["interpolation"] = PIL_NEAREST
+        if pil and name in ("RandomAffine", "RandomRotation"):
+            kw["pil"] = True  # the image warped by PIL
+        if isinstance(kw.get("fill"), Mapping):
+            kw["fill"] = _stage_fill(kw["fill"], "pil" if pil else kind)
         return cls(*pos, **kw), ""
     except (TypeError, ValueError, AttributeError) as exc:
         return None, f"gpufeed's {cls.__name__} cannot take these arguments ({exc})"
+
+
+def _image_key(key: Any, stage: str) -> bool:
+    """Whether ``key`` of a fill dict is the type of the image at ``stage``."""
+    module, name = getattr(key, "__module__", ""), getattr(key, "__name__", None)
+    if stage == "pil":
+        return module.startswith("PIL") and name == "Image"
+    if stage == "tensor":
+        return key is torch.Tensor
+    return module.startswith("torchvision") and name == "Image"
+
+
+def _stage_fill(fill: Mapping[Any, Any], stage: str) -> dict[Any, Any]:
+    """``fill`` with one image entry ("Image", the name gpufeed's joint ops look the image's
+    fill up by): the value of the key that is the image's type at ``stage``, else of
+    "others" (torchvision's ``_get_fill(fill, type(image))``), else none."""
+    out = {k: v for k, v in fill.items() if type_name(k) not in ("Image", "Tensor")}
+    image = [v for k, v in fill.items() if _image_key(k, stage)]
+    if image or "others" in fill:
+        out["Image"] = image[0] if image else fill["others"]
+    return out
 
 
 def _is_tv(op: Any) -> bool:
@@ -402,7 +431,7 @@ def _joint(walk: _Walk, op: Any, name: str, pil: bool) -> None:
     if name in _CONTAINERS:
         joint, why = build_container(name, op, walk.table, walk.kind, pil)
     else:
-        joint, why = build_joint(name, op, walk.table, pil)
+        joint, why = build_joint(name, op, walk.table, pil, walk.kind)
     if joint is None:
         walk.given(op, why)
         return
