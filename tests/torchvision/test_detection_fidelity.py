@@ -217,22 +217,25 @@ def test_box_ops_match_torchvision(fmt, clamping):
             compare(got, want_image, want_target, False, f"{name}{args} {fmt} {clamping} seed={seed}")
 
 
+class _LazyPlanes:
+    """Instance planes read out only where asked, as COCO's masks are."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.data.shape
+
+    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return self.data[:, rows[:, None], cols[None, :]]
+
+
 def test_lazy_planes_match_dense_through_sanitize_and_crop():
-    class Lazy:
-        def __init__(self, data: np.ndarray) -> None:
-            self.data = data
-
-        @property
-        def shape(self) -> tuple[int, int, int]:
-            return self.data.shape
-
-        def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-            return self.data[:, rows[:, None], cols[None, :]]
-
     sample = make_sample(5, "XYXY", "soft", n=8)
     sample.target["boxes"].data[:2] = [[5, 5, 5, 30], [10, 10, 10.5, 40]]
     image, target = to_tv(sample)
-    sample.target["masks"] = Mask(lazy=Lazy(sample.target["masks"].data))
+    sample.target["masks"] = Mask(lazy=_LazyPlanes(sample.target["masks"].data))
     pipeline = [("RandomIoUCrop", (), {}), ("SanitizeBoundingBoxes", (), {})]
     for name, args, kwargs in pipeline:
         mine, theirs = ours(name, *args, **kwargs), getattr(V, name)(*args, **kwargs)
@@ -314,20 +317,6 @@ def test_pad_and_center_crop_after_an_expanding_rotation_follow_the_boxes_canvas
         compare(mine.apply(sample, mine.draw(np.random.default_rng(0), sample)),
                 *run_tv(theirs, {}, image, target), False, f"{name}{args} seed={seed} {params}")
     assert off >= 3, "no rotation left the boxes' canvas off the image's: the test checks nothing"
-
-
-class _LazyPlanes:
-    """Instance planes read out only where asked, as COCO's masks are."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.data.shape
-
-    def pixels(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        return self.data[:, rows[:, None], cols[None, :]]
 
 
 CHAIN_OPS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
