@@ -208,32 +208,78 @@ def _fixed(value: float) -> int:
     return math.floor(value * 65536.0 + 0.5)
 
 
+def _pil_steps(start: float, step: float, n: int, extent: int) -> np.ndarray:
+    """PIL's ``ImagingScaleAffine`` source index of each of ``n`` outputs along one axis, -1
+    outside ``extent``."""
+    steps = np.full(n, float(step))
+    steps[:1] = start
+    pos = np.add.accumulate(steps)
+    index = np.where(pos < 0, -1, pos.astype(np.int64))
+    return np.where(index < extent, index, -1)
+
+
+def _fixed_steps(start: int, step: int, n: int, extent: int) -> np.ndarray:
+    """PIL's 16.16 fixed-point source index of each of ``n`` outputs along one axis, -1
+    outside ``extent``."""
+    index = (start + np.arange(n, dtype=np.int64) * step) >> 16
+    return np.where((index >= 0) & (index < extent), index, -1)
+
+
+def _gather(image: np.ndarray, rows: np.ndarray, cols: np.ndarray, fill: tuple[int, ...],
+            swapped: bool = False) -> np.ndarray:
+    """out[y, x] = image[rows[y], cols[x]] (``swapped``: image[rows[x], cols[y]]), ``fill``
+    where an index is -1."""
+    picked = image.take(np.maximum(rows, 0), axis=0).take(np.maximum(cols, 0), axis=1)
+    picked[rows < 0] = fill
+    picked[:, cols < 0] = fill
+    return np.ascontiguousarray(picked.transpose(1, 0, 2)) if swapped else picked
+
+
 def _pil_nearest(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], fill: tuple[int, ...]) -> np.ndarray:
-    """PIL's nearest affine transform exactly: it steps through the output in 16.16 fixed point
-    from the centre of pixel (0, 0) and reads the pixel its truncated position falls in (integer
-    steps, so the sums are the same in any order)."""
+    """PIL's nearest affine transform exactly: a scale (b = d = 0) steps a float64 position per
+    pixel (``ImagingScaleAffine``); any other matrix steps through the output in 16.16 fixed
+    point from the centre of pixel (0, 0), and reads the pixel its truncated position falls in
+    (integer steps, so the sums are the same in any order). An axis kept or swapped in 16.16
+    (quarter turns) is two index vectors; a general matrix two int32 maps gathered by
+    ``cv2.remap`` (outside: ``fill``)."""
+    import cv2
+
     a, b, c, d, e, f = matrix
     (oh, ow), (h, w) = out_hw, image.shape[:2]
-    ys, xs = np.arange(oh, dtype=np.int64)[:, None], np.arange(ow, dtype=np.int64)[None, :]
-    xi = (_fixed(a * 0.5 + b * 0.5 + c) + ys * _fixed(b) + xs * _fixed(a)) >> 16
-    yi = (_fixed(d * 0.5 + e * 0.5 + f) + ys * _fixed(e) + xs * _fixed(d)) >> 16
-    inside = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
-    out = np.empty((oh, ow, 3), np.uint8)
-    out[:] = fill
-    out[inside] = image[yi[inside], xi[inside]]
-    return out
+    if b == 0 and d == 0:
+        return _gather(image, _pil_steps(f + e * 0.5, e, oh, h), _pil_steps(c + a * 0.5, a, ow, w), fill)
+    fa, fb, fd, fe = (_fixed(v) for v in (a, b, d, e))
+    x0, y0 = _fixed(a * 0.5 + b * 0.5 + c), _fixed(d * 0.5 + e * 0.5 + f)
+    if fb == 0 and fd == 0:
+        return _gather(image, _fixed_steps(y0, fe, oh, h), _fixed_steps(x0, fa, ow, w), fill)
+    if fa == 0 and fe == 0:  # x from the output row, y from the output column
+        return _gather(image, _fixed_steps(y0, fd, ow, h), _fixed_steps(x0, fb, oh, w), fill, swapped=True)
+    rows, cols = np.arange(oh, dtype=np.int64)[:, None], np.arange(ow, dtype=np.int64)[None, :]
+    maps = []
+    for start, down, across, extent in ((x0, fb, fa, w), (y0, fe, fd, h)):
+        row, col = start + rows * down, cols * across
+        fits = int(np.abs(row).max(initial=0)) + int(np.abs(col).max(initial=0)) < 2 ** 31
+        kind = np.int32 if fits else np.int64
+        index = (row.astype(kind) + col.astype(kind)) >> 16
+        index[(index < 0) | (index >= extent)] = -1  # remap's constant border
+        maps.append(index.astype(np.float32))
+    return cv2.remap(np.ascontiguousarray(image), maps[0], maps[1], cv2.INTER_NEAREST,
+                     borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(float(v) for v in fill))
 
 
 def pil_warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], interpolation: str,
                    fill: Fill) -> np.ndarray:
     """The (H, W, 3) uint8 image through PIL's inverse ``matrix`` (``Image.transform(AFFINE)``'s
     convention: output pixel centres to input positions) into ``out_hw``, as torchvision's PIL
-    kernels warp a PIL image: nearest exactly as PIL; bilinear and bicubic as the classification
-    path's PIL warps (OpenCV on PIL's sampling positions). ``fill`` truncated to integers, as
-    torchvision gives it to PIL."""
+    kernels warp a PIL image, as the classification path's PIL warps (OpenCV on PIL's sampling
+    positions; nearest on its 16.16 steps) or, for a nearest warp that keeps or swaps an axis,
+    by PIL's own integer steps. ``fill`` truncated to integers, as torchvision gives it to PIL."""
     from gpufeed.image.augment import _warp
 
     colour = tuple(int(v) for v in _image_fill(fill))
-    if interpolation == "nearest":
+    if interpolation == "nearest" and 0 in (_fixed(v) for v in (matrix[0], matrix[1], matrix[3], matrix[4])):
+        # an axis kept or swapped (quarter turns, scales, one-axis shears) puts positions on
+        # pixel edges, where OpenCV's rounding parts from PIL's: PIL's own steps (about 10x
+        # OpenCV's time); elsewhere OpenCV on PIL's 16.16 steps gives PIL's pixels
         return _pil_nearest(image, matrix, out_hw, colour)
     return _warp.warp(np.ascontiguousarray(image), tuple(matrix), colour, interpolation, out_hw)  # type: ignore[arg-type]
