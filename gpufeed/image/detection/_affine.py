@@ -401,8 +401,8 @@ class RandomRotation(JointOp):
         pil = None
         if self.pil:  # PIL's Image.rotate, as torchvision's _rotate_image_pil calls it
             h, w = sample.size
-            pil = (list(pil_matrix.rotate_matrix(angle, h, w, self.center)), (h, w))
+            matrix, out_hw = pil_matrix.rotate_matrix(angle, h, w, self.center), (h, w)
             if self.expand:
-                matrix, out_hw = pil_matrix.rotate_expanded(tuple(pil[0]), h, w)  # type: ignore[arg-type]
-                pil = (list(matrix), out_hw)
+                matrix, out_hw = pil_matrix.rotate_expanded(matrix, h, w)
+            pil = (list(matrix), out_hw)
         return _warp_sample(sample, geo, self.interpolation, self._fills, pil)  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import shorten
+from gpufeed.image.augment import _warp
 from gpufeed.image.detection._fills import Fill
 
 __all__ = ["Matrix", "affine_matrix", "expanded_size", "pil_warp_image", "warp_image", "warp_mask"]
@@ -274,8 +275,6 @@ def pil_warp_image(image: np.ndarray, matrix: Matrix, out_hw: tuple[int, int], i
     kernels warp a PIL image, as the classification path's PIL warps (OpenCV on PIL's sampling
     positions; nearest on its 16.16 steps) or, for a nearest warp that keeps or swaps an axis,
     by PIL's own integer steps. ``fill`` truncated to integers, as torchvision gives it to PIL."""
-    from gpufeed.image.augment import _warp
-
     colour = tuple(int(v) for v in _image_fill(fill))
     if interpolation == "nearest" and 0 in (_fixed(v) for v in (matrix[0], matrix[1], matrix[3], matrix[4])):
         # an axis kept or swapped (quarter turns, scales, one-axis shears) puts positions on

@@ -94,10 +94,9 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
     keypoint leaf's own (top, left, h, w) from its canvas, where torchvision's kernel computes
     it from the canvas rather than the image (``F.pad``, ``F.center_crop``: after an expanding
     rotation the boxes' canvas can be a pixel off the image's)."""
-    itop, ileft = top, left
     image_fill = _image_fill(fill_for(fill, image_kind))
     window = sample.image_window()
-    image = None if window is not None else _window_image(sample.image, itop, ileft, h, w, image_fill)
+    image = None if window is not None else _window_image(sample.image, top, left, h, w, image_fill)
     mfill = _mask_fill(fill_for(fill, "Mask") if mask_fill is None else mask_fill)
 
     def leaf(x: Any) -> Any:
@@ -110,7 +109,7 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
         if isinstance(x, Mask):
             mh, mw = x.size
             out = dataclasses.replace(x)
-            rows, cols = _window_index(itop, h, mh), _window_index(ileft, w, mw)
+            rows, cols = _window_index(top, h, mh), _window_index(left, w, mw)
             # A window inside the mask adds no fill (and keeps a pending one of another value).
             inside = rows.min(initial=0) >= 0 and cols.min(initial=0) >= 0
             out.select(rows, cols, fill=None if inside else mfill)
@@ -119,7 +118,7 @@ def window_sample(sample: Sample, top: int, left: int, h: int, w: int, fill: Any
 
     target = map_leaves(sample.target, leaf)
     if window is not None:  # the image stays a window (nothing read until an op needs pixels)
-        return Sample.windowed(window.crop(itop, ileft, h, w, image_fill), target)
+        return Sample.windowed(window.crop(top, left, h, w, image_fill), target)
     assert image is not None
     return Sample(image, target)
 
